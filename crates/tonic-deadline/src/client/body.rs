@@ -1,0 +1,152 @@
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use super::future::Race;
+use crate::BoxError;
+
+pin_project! {
+    /// The response body of [`ClientDeadline`](super::ClientDeadline): the
+    /// deadline covers the whole call, including every streamed message.
+    ///
+    /// When the deadline passes or the scope ends, the next poll yields a
+    /// `DEADLINE_EXCEEDED` / `CANCELLED` status as the body error and the
+    /// stream is reset at once, even if the caller keeps the body (or its
+    /// request stream) around. Dropping the body before its end resets the
+    /// stream too.
+    pub struct ClientBody<B> {
+        #[pin]
+        inner: Option<B>,
+        #[pin]
+        race: Race,
+        done: bool,
+    }
+}
+
+impl<B> ClientBody<B> {
+    pub(super) fn new(inner: B, race: Race) -> Self {
+        Self {
+            inner: Some(inner),
+            race,
+            done: false,
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ClientBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBody").finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for ClientBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(status) = this.race.as_mut().poll_lost(cx) {
+            *this.done = true;
+            // Let go of the stream now rather than when the caller drops the
+            // body: the server must learn the call is over.
+            this.inner.set(None);
+            this.race.as_mut().abandon();
+            return Poll::Ready(Some(Err(Box::new(status))));
+        }
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        match inner.poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                *this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(err))) => {
+                *this.done = true;
+                Poll::Ready(Some(Err(this.race.map_error(err.into()))))
+            }
+            Poll::Ready(Some(Ok(mut frame))) => {
+                if let Some(trailers) = frame.trailers_mut() {
+                    this.race.correct_late_cancel(trailers);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.as_ref().is_none_or(B::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map(B::size_hint).unwrap_or_default()
+    }
+}
+
+pin_project! {
+    /// The request body of a call: the caller's body until the call is
+    /// abandoned, then an error that makes hyper reset the stream with
+    /// `CANCEL`.
+    ///
+    /// Without it a client- or bidi-streaming call whose deadline passed (or
+    /// whose scope was cancelled) would keep its stream open for as long as
+    /// the caller holds its request stream: hyper only resets a stream whose
+    /// request body is done or failed.
+    pub(crate) struct RequestBody<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        abandoned: WaitForCancellationFutureOwned,
+    }
+}
+
+impl<B> RequestBody<B> {
+    pub(super) fn new(inner: B, abandoned: WaitForCancellationFutureOwned) -> Self {
+        Self { inner, abandoned }
+    }
+}
+
+impl<B> Body for RequestBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        if this.abandoned.poll(cx).is_ready() {
+            // hyper resets the stream with the h2 reason found in the error.
+            let reset = h2::Error::from(h2::Reason::CANCEL);
+            return Poll::Ready(Some(Err(Box::new(reset))));
+        }
+        this.inner.poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,221 @@
+//! The client layer: every outbound call carries the remaining budget of the
+//! current scope, and ends when that scope does.
+//!
+//! For each request the layer
+//! 1. takes the deadline as `min(current scope, per-request timeout)` — the
+//!    per-request timeout being whatever `tonic::Request::set_timeout` wrote;
+//! 2. fails locally, sending **no** HTTP/2 frame, when the scope has already
+//!    ended: `DEADLINE_EXCEEDED` if it expired, `CANCELLED` if cancelled;
+//! 3. writes `grpc-timeout` = deadline − now at the last moment before the
+//!    request is handed to the connection (no deadline ⇒ no header);
+//! 4. copies the metadata the server layer was told to forward;
+//! 5. races the response *and its body* against the deadline and the scope:
+//!    at the deadline the call returns `DEADLINE_EXCEEDED` and the stream is
+//!    reset (RST_STREAM CANCEL); on cancel it returns `CANCELLED` and resets
+//!    too — at once, even while the caller still holds a response stream or
+//!    a request stream of its own (the request body is ended with the reset);
+//! 6. reports a `CANCELLED` from the server that arrives after our deadline
+//!    as `DEADLINE_EXCEEDED`, as the gRPC spec asks.
+//!
+//! Transport errors pass through unchanged, so tonic still reports a lost
+//! connection as `UNAVAILABLE` and a message cut in the middle as `INTERNAL`.
+//!
+//! How it differs from `tower::timeout` and tonic's `Endpoint::timeout`:
+//! those time one call from a fixed duration, stop at the response head and
+//! answer `CANCELLED`; this one follows the request's scope across the whole
+//! call and tells the server how much time is left.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tonic::transport::Channel;
+//! use tonic_deadline::{ClientDeadlineLayer, Scope};
+//! use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let channel = Channel::from_static("http://127.0.0.1:50051").connect().await?;
+//! let channel = tower::ServiceBuilder::new()
+//!     .layer(ClientDeadlineLayer::new())
+//!     .service(channel);
+//! let mut client = HealthClient::new(channel);
+//!
+//! // Inside a handler the server layer has installed the scope already;
+//! // here we make one: the call carries `grpc-timeout: 999…u`.
+//! let scope = Scope::background().with_timeout(Duration::from_secs(1));
+//! let reply = scope.enter(client.check(HealthCheckRequest::default())).await?;
+//! # let _ = reply;
+//! # Ok(())
+//! # }
+//! ```
+
+mod body;
+mod future;
+mod layer;
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use tower_service::Service;
+
+use crate::BoxError;
+use crate::scope::{Cause, Scope};
+use crate::status::status_for;
+use crate::timeout_header::{self, GRPC_TIMEOUT};
+
+pub use body::ClientBody;
+use body::RequestBody;
+pub use future::ResponseFuture;
+pub use layer::ClientDeadlineLayer;
+
+/// The service produced by [`ClientDeadlineLayer`]. See the [module docs](self).
+#[derive(Debug)]
+pub struct ClientDeadline<S> {
+    inner: S,
+    /// Bounds the wait for a ready connection by the caller's deadline.
+    ready_timer: Option<Pin<Box<Sleep>>>,
+    /// The deadline passed while waiting for readiness: the next call fails
+    /// without reaching the inner service.
+    ready_expired: bool,
+}
+
+impl<S: Clone> Clone for ClientDeadline<S> {
+    fn clone(&self) -> Self {
+        Self::new(self.inner.clone())
+    }
+}
+
+impl<S> ClientDeadline<S> {
+    /// Wraps `inner`.
+    pub const fn new(inner: S) -> Self {
+        Self {
+            inner,
+            ready_timer: None,
+            ready_expired: false,
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// The request body is handed on as a [`tonic::body::Body`], the type a tonic
+/// `Channel` takes, wrapped so that the call can reset its stream.
+impl<S, B, RB> Service<Request<B>> for ClientDeadline<S>
+where
+    S: Service<Request<tonic::body::Body>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ClientBody<RB>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        let scope = Scope::try_current();
+        if scope.as_ref().is_some_and(Scope::is_ended) {
+            // `call` will fail locally; no need to wait for a connection.
+            self.ready_expired = true;
+            return Poll::Ready(Ok(()));
+        }
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(ready) => {
+                self.ready_timer = None;
+                Poll::Ready(ready.map_err(Into::into))
+            }
+            Poll::Pending => {
+                let Some(deadline) = scope.and_then(|s| s.deadline()) else {
+                    return Poll::Pending;
+                };
+                let timer = self
+                    .ready_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    self.ready_timer = None;
+                    self.ready_expired = true;
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        let scope = Scope::try_current();
+        if std::mem::take(&mut self.ready_expired) {
+            let cause = scope
+                .as_ref()
+                .and_then(Scope::cause)
+                .unwrap_or(Cause::DeadlineExceeded);
+            return ResponseFuture::failed(status_for(cause));
+        }
+        let requested = match timeout_header::from_headers(request.headers()) {
+            Ok(requested) => requested,
+            Err(malformed) => {
+                return ResponseFuture::failed(tonic::Status::internal(malformed.to_string()));
+            }
+        };
+        let mut deadline = requested.and_then(|t| Instant::now().checked_add(t));
+        if let Some(scope) = &scope {
+            if let Some(cause) = scope.cause() {
+                return ResponseFuture::failed(status_for(cause));
+            }
+            deadline = match (deadline, scope.deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(forwarded) = scope.forwarded() {
+                let headers = request.headers_mut();
+                // Decide per key, not per value: a key may carry several values.
+                for name in forwarded.keys() {
+                    if !headers.contains_key(name) {
+                        for value in forwarded.get_all(name) {
+                            headers.append(name.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+        }
+        match deadline {
+            Some(deadline) => {
+                // As late as possible: the next step hands the request over.
+                let now = Instant::now();
+                if deadline <= now {
+                    return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
+                }
+                let wire = timeout_header::encode(deadline - now);
+                let value = HeaderValue::try_from(wire).expect("an encoded timeout is ASCII");
+                request.headers_mut().insert(GRPC_TIMEOUT, value);
+            }
+            None => {
+                request.headers_mut().remove(GRPC_TIMEOUT);
+            }
+        }
+        let abandoned = CancellationToken::new();
+        let request = request.map(|body| {
+            tonic::body::Body::new(RequestBody::new(body, abandoned.clone().cancelled_owned()))
+        });
+        let inner = self.inner.call(request);
+        ResponseFuture::running(inner, deadline, scope, abandoned.drop_guard())
+    }
+}
+
+#[cfg(test)]
+mod tests;

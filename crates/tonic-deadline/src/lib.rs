@@ -1,0 +1,23 @@
+#![doc = include_str!("../README.md")]
+
+pub mod admission;
+pub mod client;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod db;
+#[cfg(feature = "jobs")]
+pub mod jobs;
+pub mod scope;
+pub mod server;
+pub mod status;
+pub mod timeout_header;
+
+pub use client::ClientDeadlineLayer;
+pub use scope::{Cause, Scope, detach, outlived_count, spawn};
+pub use server::ServerDeadlineLayer;
+pub use status::Ended;
+
+/// The error type that crosses service boundaries (as in tower and tonic).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[doc = include_str!("../../../docs/propagation.md")]
+pub mod guide {}

@@ -1,0 +1,481 @@
+//! The scope: a deadline plus a cancellation tree, the Rust counterpart of
+//! Go's request `context.Context`.
+//!
+//! A [`Scope`] holds an optional absolute deadline (no deadline is a real
+//! state, not a very large one), a [`CancellationToken`] and, once it has
+//! ended, the [`Cause`]. Scopes form a tree: children obey the *minimum
+//! rule* — a child's deadline is never later than its parent's — and
+//! cancelling a parent ends every descendant with the parent's cause.
+//!
+//! The server layer installs a scope as the task-local *current scope* around
+//! every handler, and the client layer reads it for every outbound call, so a
+//! handler that calls another service passes its remaining budget on with no
+//! code at all. Work that must outlive the request has to say so with
+//! [`detach`]; nothing else breaks the chain.
+//!
+//! How it differs from `tokio::time::timeout`: a timeout is a local race
+//! around one future; a scope is shared by everything done on behalf of one
+//! request — outbound calls, spawned tasks, blocking work — and it travels.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tonic_deadline::{Cause, Scope};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let request = Scope::background().with_timeout(Duration::from_secs(1));
+//! let lookup = request.with_cap(Duration::from_millis(20)); // a cache may take 20 ms at most
+//! assert!(lookup.remaining() <= Some(Duration::from_millis(20)));
+//!
+//! let worker = request.spawn(async {
+//!     tokio::time::sleep(Duration::from_secs(10)).await; // far beyond the budget
+//! });
+//! request.cancel();
+//! assert_eq!(worker.await.unwrap().unwrap_err().cause(), Cause::Cancelled);
+//! assert_eq!(lookup.cause(), Some(Cause::Cancelled), "children end with their parent");
+//! # }
+//! ```
+//!
+//! # Invariants
+//!
+//! 1. A child's deadline is `min(parent deadline, own limit)`; no operation
+//!    produces a child that ends later than its parent.
+//! 2. The cause is fixed by whichever happens first: the deadline passing or
+//!    a cancellation (of this scope or an ancestor). It never changes after.
+//! 3. A scope is ended exactly when its cause is `Some`.
+
+mod current;
+mod task;
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http::HeaderMap;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::status::Ended;
+
+pub(crate) use current::CURRENT;
+pub use current::current_or_background;
+#[cfg(feature = "sqlite")]
+pub(crate) use task::note_if_outlived;
+pub use task::{detach, outlived_count, spawn};
+
+/// Why a scope ended.
+///
+/// Each cause maps to exactly one gRPC status code (see [`Cause::code`]);
+/// the conversion lives in one table, so a deadline can never surface as
+/// `UNKNOWN` or `CANCELLED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cause {
+    /// The deadline this scope obeys (its own or an inherited one) passed.
+    DeadlineExceeded,
+    /// Code in this process called [`Scope::cancel`] on this scope or an ancestor.
+    Cancelled,
+    /// The remote caller went away: it reset the stream (its own timeout or
+    /// cancel) or the connection closed.
+    CallerCancelled,
+    /// The request this scope served has been answered; work still tied to it
+    /// is no longer wanted (Go cancels a handler's context the same way).
+    Completed,
+}
+
+impl Cause {
+    /// The gRPC status code this cause is reported as.
+    ///
+    /// ```
+    /// use tonic_deadline::Cause;
+    /// assert_eq!(Cause::DeadlineExceeded.code(), tonic::Code::DeadlineExceeded);
+    /// assert_eq!(Cause::CallerCancelled.code(), tonic::Code::Cancelled);
+    /// ```
+    pub fn code(self) -> tonic::Code {
+        crate::status::code_for(self)
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Cause::DeadlineExceeded => "deadline exceeded",
+            Cause::Cancelled => "cancelled",
+            Cause::CallerCancelled => "cancelled by caller",
+            Cause::Completed => "request completed",
+        })
+    }
+}
+
+/// A deadline plus a node in the cancellation tree. Cheap to clone: clones
+/// share the same node.
+///
+/// See the [module docs](self) for the model.
+#[derive(Clone)]
+pub struct Scope {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    deadline: Option<Instant>,
+    token: CancellationToken,
+    /// Set once, by the first cancellation of *this* node.
+    ended: OnceLock<(Cause, Instant)>,
+    parent: Option<Scope>,
+    /// Incoming metadata allowed to travel to outbound calls.
+    forwarded: Option<Arc<HeaderMap>>,
+}
+
+impl Scope {
+    /// A root scope with no deadline that is never cancelled unless
+    /// [`cancel`](Scope::cancel) is called on it: Go's `context.Background()`.
+    pub fn background() -> Scope {
+        Scope::root(None)
+    }
+
+    /// A root scope ending at `deadline` (or never, with `None`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// let scope = tonic_deadline::Scope::root(Some(Instant::now() + Duration::from_secs(1)));
+    /// assert_eq!(scope.remaining(), Some(Duration::from_secs(1)));
+    /// # }
+    /// ```
+    pub fn root(deadline: Option<Instant>) -> Scope {
+        Scope::node(deadline, CancellationToken::new(), None, None)
+    }
+
+    pub(crate) fn root_with_metadata(deadline: Option<Instant>, forwarded: HeaderMap) -> Scope {
+        let forwarded = (!forwarded.is_empty()).then(|| Arc::new(forwarded));
+        Scope::node(deadline, CancellationToken::new(), None, forwarded)
+    }
+
+    fn node(
+        deadline: Option<Instant>,
+        token: CancellationToken,
+        parent: Option<Scope>,
+        forwarded: Option<Arc<HeaderMap>>,
+    ) -> Scope {
+        Scope {
+            inner: Arc::new(Inner {
+                deadline,
+                token,
+                ended: OnceLock::new(),
+                parent,
+                forwarded,
+            }),
+        }
+    }
+
+    /// The current scope of this task, installed by the server layer or by
+    /// [`Scope::enter`]; `None` outside any.
+    pub fn try_current() -> Option<Scope> {
+        current::try_current()
+    }
+
+    /// The current scope of this task, or [`Scope::background`] outside any.
+    pub fn current() -> Scope {
+        current_or_background()
+    }
+
+    /// The absolute deadline, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.inner.deadline
+    }
+
+    /// Time left before the deadline: `None` without a deadline,
+    /// `Some(Duration::ZERO)` once it has passed.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.inner
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether the deadline has passed (a cancelled scope with time left is
+    /// not expired; see [`is_ended`](Scope::is_ended)).
+    pub fn is_expired(&self) -> bool {
+        self.inner.deadline.is_some_and(|d| d <= Instant::now())
+    }
+
+    /// Whether the scope has ended, by deadline or cancellation.
+    pub fn is_ended(&self) -> bool {
+        self.inner.token.is_cancelled() || self.is_expired()
+    }
+
+    /// Why the scope ended, or `None` while it is still live.
+    pub fn cause(&self) -> Option<Cause> {
+        if self.inner.token.is_cancelled() {
+            let (cause, at) = self.origin();
+            // A deadline that passed before the cancellation came first.
+            let expired_first = self.inner.deadline.is_some_and(|d| d <= at);
+            return Some(if expired_first {
+                Cause::DeadlineExceeded
+            } else {
+                cause
+            });
+        }
+        self.is_expired().then_some(Cause::DeadlineExceeded)
+    }
+
+    /// The cause and time recorded by the node whose cancellation reached us.
+    fn origin(&self) -> (Cause, Instant) {
+        let mut node = Some(self);
+        while let Some(scope) = node {
+            if let Some(&ended) = scope.inner.ended.get() {
+                return ended;
+            }
+            node = scope.inner.parent.as_ref();
+        }
+        // Unreachable by construction (every token cancel goes through
+        // `end`), but a token handed out by `cancellation_token` may be
+        // cancelled directly: that is an explicit cancel.
+        (Cause::Cancelled, Instant::now())
+    }
+
+    /// `Ok(())` while live; the reason as an error once ended. The error
+    /// converts into the right [`tonic::Status`], so `scope.check()?` in a
+    /// handler answers `DEADLINE_EXCEEDED` or `CANCELLED`, never `UNKNOWN`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(5));
+    /// assert!(scope.check().is_ok());
+    /// tokio::time::advance(Duration::from_millis(5)).await;
+    /// let status: tonic::Status = scope.check().unwrap_err().into();
+    /// assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+    /// # }
+    /// ```
+    pub fn check(&self) -> Result<(), Ended> {
+        match self.cause() {
+            None => Ok(()),
+            Some(cause) => Err(Ended::new(cause)),
+        }
+    }
+
+    /// Cancels this scope and all its descendants with [`Cause::Cancelled`].
+    /// Does nothing to a scope that has already ended.
+    pub fn cancel(&self) {
+        self.end(Cause::Cancelled);
+    }
+
+    /// Ends the scope with `cause` unless it already ended.
+    pub(crate) fn end(&self, cause: Cause) {
+        if self.inner.token.is_cancelled() {
+            return;
+        }
+        let _ = self.inner.ended.set((cause, Instant::now()));
+        self.inner.token.cancel();
+    }
+
+    /// Waits until the scope ends and returns why.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Safe: dropping the future only stops the wait.
+    pub async fn ended(&self) -> Cause {
+        if let Some(cause) = self.cause() {
+            return cause;
+        }
+        match self.inner.deadline {
+            Some(deadline) => {
+                tokio::select! {
+                    biased;
+                    () = self.inner.token.cancelled() => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            None => self.inner.token.cancelled().await,
+        }
+        self.cause().unwrap_or(Cause::DeadlineExceeded)
+    }
+
+    /// A child token for libraries that take a [`CancellationToken`]. It is
+    /// cancelled when this scope is *cancelled*; it does not observe the
+    /// deadline by itself (pair it with [`deadline`](Scope::deadline)).
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.inner.token.child_token()
+    }
+
+    /// This node's own token: cancelled exactly when the scope is.
+    pub(crate) fn token(&self) -> &CancellationToken {
+        &self.inner.token
+    }
+
+    fn child_with(&self, deadline: Option<Instant>) -> Scope {
+        Scope::node(
+            deadline,
+            self.inner.token.child_token(),
+            Some(self.clone()),
+            self.inner.forwarded.clone(),
+        )
+    }
+
+    /// A child with the same deadline that can be cancelled on its own.
+    pub fn child(&self) -> Scope {
+        self.child_with(self.inner.deadline)
+    }
+
+    /// A child ending at `min(parent deadline, deadline)`.
+    pub fn with_deadline(&self, deadline: Instant) -> Scope {
+        let deadline = match self.inner.deadline {
+            Some(parent) => parent.min(deadline),
+            None => deadline,
+        };
+        self.child_with(Some(deadline))
+    }
+
+    /// A child ending at `min(parent deadline, now + timeout)`: Go's
+    /// `context.WithTimeout`.
+    pub fn with_timeout(&self, timeout: Duration) -> Scope {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.with_deadline(deadline),
+            None => self.child(),
+        }
+    }
+
+    /// Caps a dependency tighter than the caller: `min(parent, now + cap)`.
+    /// The same rule as [`with_timeout`](Scope::with_timeout), named for its
+    /// per-hop use (a cache lookup capped at 20 ms, logic → route 200 ms).
+    pub fn with_cap(&self, cap: Duration) -> Scope {
+        self.with_timeout(cap)
+    }
+
+    /// Keeps `reserve` of the budget for this hop's own completion and gives
+    /// the rest to a child: `deadline − reserve`.
+    ///
+    /// A scope without a deadline has nothing to reserve from; the child has
+    /// no deadline either.
+    ///
+    /// # Errors
+    ///
+    /// `DEADLINE_EXCEEDED` at once when what is left is not more than the
+    /// reserve: calling on would only start work that cannot be used.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// let hop = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(300));
+    /// let push = hop.reserve(Duration::from_millis(50)).expect("250 ms are left for push");
+    /// assert_eq!(push.remaining(), Some(Duration::from_millis(250)));
+    /// assert!(hop.reserve(Duration::from_millis(300)).is_err(), "nothing would be left");
+    /// # }
+    /// ```
+    pub fn reserve(&self, reserve: Duration) -> Result<Scope, Ended> {
+        self.check()?;
+        let Some(deadline) = self.inner.deadline else {
+            return Ok(self.child());
+        };
+        match deadline.checked_sub(reserve) {
+            Some(child) if child > Instant::now() => Ok(self.child_with(Some(child))),
+            _ => Err(Ended::new(Cause::DeadlineExceeded)),
+        }
+    }
+
+    /// Runs `future` with this scope as the current scope, without racing it.
+    /// Outbound calls made inside carry this scope's budget.
+    pub async fn enter<F: Future>(&self, future: F) -> F::Output {
+        current::CURRENT.scope(self.clone(), future).await
+    }
+
+    /// Runs `future` as the current scope and stops it when the scope ends.
+    ///
+    /// # Errors
+    ///
+    /// [`Ended`] with the cause if the scope ended first; the future is
+    /// dropped at that point.
+    ///
+    /// # Cancellation safety
+    ///
+    /// As safe as `future` itself.
+    pub async fn run<F: Future>(&self, future: F) -> Result<F::Output, Ended> {
+        let work = self.enter(future);
+        tokio::select! {
+            biased;
+            cause = self.ended() => Err(Ended::new(cause)),
+            out = work => Ok(out),
+        }
+    }
+
+    /// Spawns `future` on the runtime in a child scope: it is the current
+    /// scope inside, and the task stops when this scope ends.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let scope = tonic_deadline::Scope::background();
+    /// let task = scope.spawn(async { 40 + 2 });
+    /// assert_eq!(task.await.unwrap().unwrap(), 42);
+    /// # }
+    /// ```
+    pub fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<Result<F::Output, Ended>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let child = self.child();
+        tokio::spawn(async move { child.run(future).await })
+    }
+
+    /// Runs blocking or CPU-bound `work` on tokio's blocking pool and returns
+    /// as soon as it finishes or the scope ends, whichever is first.
+    ///
+    /// Threads cannot be stopped from outside, so `work` receives the scope
+    /// and should call [`check`](Scope::check) between steps. Work that is
+    /// still running after the scope ended is counted by
+    /// [`outlived_count`](crate::outlived_count) and logged with how long it
+    /// outlived its scope.
+    ///
+    /// # Errors
+    ///
+    /// [`Ended`] if the scope ended before the work returned.
+    ///
+    /// # Panics
+    ///
+    /// Resumes a panic raised by `work`.
+    pub async fn spawn_blocking<F, R>(&self, work: F) -> Result<R, Ended>
+    where
+        F: FnOnce(&Scope) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let scope = self.child();
+        let watched = scope.clone();
+        let handle = tokio::task::spawn_blocking(move || {
+            let out = work(&watched);
+            task::note_if_outlived(&watched, "blocking work");
+            out
+        });
+        tokio::select! {
+            biased;
+            joined = handle => match joined {
+                Ok(out) => Ok(out),
+                Err(err) => std::panic::resume_unwind(err.into_panic()),
+            },
+            cause = scope.ended() => Err(Ended::new(cause)),
+        }
+    }
+
+    /// Incoming metadata the server layer was told to forward.
+    pub(crate) fn forwarded(&self) -> Option<&HeaderMap> {
+        self.inner.forwarded.as_deref()
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("remaining", &self.remaining())
+            .field("cause", &self.cause())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,74 @@
+//! Tasks tied to a scope, the explicit way out, and the count of work that
+//! outlived its scope.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::task::JoinHandle;
+
+use super::Scope;
+use crate::status::Ended;
+
+static OUTLIVED: AtomicU64 = AtomicU64::new(0);
+
+/// Spawns `future` under the current scope (see [`Scope::spawn`]): the task is
+/// cancelled with the request that started it.
+pub fn spawn<F>(future: F) -> JoinHandle<Result<F::Output, Ended>>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    Scope::current().spawn(future)
+}
+
+/// Spawns `future` **outside** the current scope: no deadline, and nothing
+/// cancels it — not the caller giving up, not the request finishing.
+///
+/// This is the one way to break the chain, and it is meant to be rare and
+/// easy to find (`grep detach`). Outbound calls made inside carry no
+/// `grpc-timeout`. Prefer a durable hand-off for work that must survive the
+/// request; use `detach` only for work whose loss is acceptable.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let audit = tonic_deadline::detach(async {
+///     assert!(tonic_deadline::Scope::current().deadline().is_none());
+///     "written"
+/// });
+/// assert_eq!(audit.await.unwrap(), "written");
+/// # }
+/// ```
+pub fn detach<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(Scope::background().enter_owned(future))
+}
+
+impl Scope {
+    fn enter_owned<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        super::current::CURRENT.scope(self, future)
+    }
+}
+
+/// Counts and logs work that finished after its scope had already ended.
+pub(crate) fn note_if_outlived(scope: &Scope, what: &'static str) {
+    let Some(cause) = scope.cause() else { return };
+    OUTLIVED.fetch_add(1, Ordering::Relaxed);
+    let outlived = scope
+        .deadline()
+        .map(|d| tokio::time::Instant::now().saturating_duration_since(d));
+    tracing::warn!(
+        what,
+        %cause,
+        outlived_deadline_by = ?outlived,
+        "work outlived its scope",
+    );
+}
+
+/// How many pieces of scope-tied work ran on after their scope had ended
+/// (work that ignores cancellation), since the process started.
+pub fn outlived_count() -> u64 {
+    OUTLIVED.load(Ordering::Relaxed)
+}

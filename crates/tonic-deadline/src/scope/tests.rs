@@ -1,0 +1,707 @@
+//! The scope model: the minimum rule, per-hop reserves, the cancellation
+//! tree and its causes, and the ways work is tied to (or freed from) a scope.
+//!
+//! Every test runs on a paused clock, so deadlines are exact.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, advance};
+
+use super::*;
+use crate::status::Ended;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// `outlived_count` is process-wide; tests that read it exactly take turns.
+static OUTLIVED_COUNTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Sets its flag when dropped: shows that a future was stopped, not leaked.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+fn drop_flag() -> (DropFlag, Arc<AtomicBool>) {
+    let flag = Arc::new(AtomicBool::new(false));
+    (DropFlag(flag.clone()), flag)
+}
+
+#[tokio::test(start_paused = true)]
+async fn child_cannot_extend_parent_deadline() {
+    let parent = Scope::background().with_timeout(100 * MS);
+    let parent_deadline = parent.deadline().expect("with_timeout must set a deadline");
+    assert_eq!(parent_deadline, Instant::now() + 100 * MS);
+
+    let longer = [
+        ("with_timeout", parent.with_timeout(Duration::from_secs(10))),
+        (
+            "with_deadline",
+            parent.with_deadline(Instant::now() + Duration::from_secs(10)),
+        ),
+        ("with_cap", parent.with_cap(Duration::from_secs(10))),
+        ("child", parent.child()),
+        ("with_timeout(MAX)", parent.with_timeout(Duration::MAX)),
+    ];
+    for (how, child) in &longer {
+        assert_eq!(
+            child.deadline(),
+            Some(parent_deadline),
+            "{how}: a child asking for more must keep the parent's deadline"
+        );
+    }
+
+    let shorter = [
+        ("with_timeout", parent.with_timeout(40 * MS)),
+        (
+            "with_deadline",
+            parent.with_deadline(Instant::now() + 40 * MS),
+        ),
+        ("with_cap", parent.with_cap(40 * MS)),
+    ];
+    for (how, child) in &shorter {
+        assert_eq!(
+            child.deadline(),
+            Some(Instant::now() + 40 * MS),
+            "{how}: a child may shrink the parent's deadline"
+        );
+        let grandchild = child.with_timeout(Duration::from_secs(1));
+        assert_eq!(
+            grandchild.deadline(),
+            child.deadline(),
+            "{how}: the minimum rule must hold at every level"
+        );
+    }
+
+    advance(30 * MS).await;
+    let late = parent.with_timeout(100 * MS);
+    assert_eq!(
+        late.deadline(),
+        Some(parent_deadline),
+        "a child made later must still end with its parent"
+    );
+    assert_eq!(late.remaining(), Some(70 * MS));
+}
+
+#[tokio::test(start_paused = true)]
+async fn child_of_scope_without_deadline_takes_its_own() {
+    let root = Scope::background();
+    assert_eq!(root.deadline(), None, "background has no deadline");
+    assert_eq!(root.remaining(), None);
+    assert_eq!(
+        root.child().deadline(),
+        None,
+        "child() inherits no deadline"
+    );
+    assert_eq!(
+        root.with_cap(20 * MS).remaining(),
+        Some(20 * MS),
+        "a cap on an unbounded scope must become the deadline"
+    );
+    assert_eq!(
+        root.with_timeout(Duration::MAX).deadline(),
+        None,
+        "a timeout beyond the clock's range must mean no deadline, not a panic"
+    );
+}
+
+proptest! {
+    #[test]
+    fn child_deadline_is_min_of_parent_and_limit(parent_ms in 0u64..10_000, cap_ms in 0u64..10_000) {
+        let parent = Scope::root(Some(Instant::now() + Duration::from_millis(parent_ms)));
+        let parent_deadline = parent.deadline().expect("a root with a deadline");
+        let limit = Instant::now() + Duration::from_millis(cap_ms);
+        let child = parent.with_deadline(limit);
+        prop_assert_eq!(child.deadline(), Some(parent_deadline.min(limit)));
+        let capped = parent.with_cap(Duration::from_millis(cap_ms));
+        prop_assert!(capped.deadline() <= Some(parent_deadline), "a cap must never extend");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn reserve_gives_the_child_remaining_minus_reserve() {
+    let hop = Scope::background().with_timeout(300 * MS);
+    let push = hop
+        .reserve(50 * MS)
+        .expect("250 ms must be left for the dependency");
+    assert_eq!(push.remaining(), Some(250 * MS));
+
+    advance(100 * MS).await;
+    let later = hop
+        .reserve(50 * MS)
+        .expect("150 ms must be left for the dependency");
+    assert_eq!(
+        later.remaining(),
+        Some(150 * MS),
+        "the reserve must come off what is left now, not the original budget"
+    );
+
+    hop.cancel();
+    assert_eq!(
+        push.cause(),
+        Some(Cause::Cancelled),
+        "a reserved child must still be part of the tree"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn reserve_refuses_at_once_when_nothing_would_be_left() {
+    let hop = Scope::background().with_timeout(300 * MS);
+    for reserve in [300 * MS, 301 * MS, Duration::from_secs(3600), Duration::MAX] {
+        let refused = hop
+            .reserve(reserve)
+            .expect_err("a reserve not smaller than what is left must be refused");
+        assert_eq!(
+            refused.cause(),
+            Cause::DeadlineExceeded,
+            "reserve {reserve:?}"
+        );
+    }
+    let tight = hop
+        .reserve(299 * MS)
+        .expect("a reserve just below the budget must leave a sliver");
+    assert_eq!(tight.remaining(), Some(MS));
+    assert!(
+        hop.check().is_ok(),
+        "a refused reserve must not end the hop's own scope"
+    );
+
+    let cancelled = Scope::background().with_timeout(Duration::from_secs(1));
+    cancelled.cancel();
+    assert_eq!(
+        cancelled
+            .reserve(MS)
+            .expect_err("an ended scope has nothing to reserve from")
+            .cause(),
+        Cause::Cancelled,
+        "refusing an ended scope must report why it ended"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn reserve_without_deadline_gives_child_without_deadline() {
+    let unbounded = Scope::background();
+    let child = unbounded
+        .reserve(Duration::from_secs(3600))
+        .expect("without a deadline there is nothing to refuse");
+    assert_eq!(
+        child.deadline(),
+        None,
+        "the child must not invent a deadline"
+    );
+    unbounded.cancel();
+    assert_eq!(
+        child.cause(),
+        Some(Cause::Cancelled),
+        "the child must still be linked"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_cascades_to_descendants_with_parent_cause() {
+    let root = Scope::background().with_timeout(Duration::from_secs(10));
+    let child = root.child();
+    let sibling = root.with_cap(Duration::from_secs(5));
+    let grandchild = child.with_cap(Duration::from_secs(1));
+    let reserved = grandchild.reserve(100 * MS).expect("time is left");
+    let all = [&root, &child, &sibling, &grandchild, &reserved];
+    for scope in all {
+        assert_eq!(scope.cause(), None, "nothing has ended yet");
+    }
+
+    root.cancel();
+    for scope in all {
+        assert!(scope.is_ended(), "every descendant must end with the root");
+        assert_eq!(
+            scope.cause(),
+            Some(Cause::Cancelled),
+            "with the root's cause: {scope:?}"
+        );
+        assert!(
+            !scope.is_expired(),
+            "a cancelled scope with time left is not expired"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn caller_cancel_cascades_with_its_own_cause() {
+    let request = Scope::root(Some(Instant::now() + Duration::from_secs(1)));
+    let downstream = request.with_cap(200 * MS);
+    let task_scope = downstream.child();
+
+    request.end(Cause::CallerCancelled);
+    assert_eq!(downstream.cause(), Some(Cause::CallerCancelled));
+    assert_eq!(
+        task_scope.cause(),
+        Some(Cause::CallerCancelled),
+        "a descendant must report the caller going away, not a local cancel"
+    );
+    assert_eq!(
+        tonic::Status::from(task_scope.check().expect_err("it ended")).code(),
+        tonic::Code::Cancelled
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_child_leaves_parent_and_siblings_alone() {
+    let root = Scope::background().with_timeout(Duration::from_secs(1));
+    let left = root.child();
+    let right = root.child();
+    let left_leaf = left.child();
+
+    left.cancel();
+    assert_eq!(
+        left_leaf.cause(),
+        Some(Cause::Cancelled),
+        "the cancel must reach below"
+    );
+    assert_eq!(root.cause(), None, "a cancel must never travel up");
+    assert_eq!(right.cause(), None, "a cancel must never travel sideways");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_of_parent_ends_descendants_as_deadline_exceeded() {
+    let root = Scope::background().with_timeout(100 * MS);
+    let child = root.child();
+    let grandchild = child.with_cap(Duration::from_secs(5));
+
+    advance(99 * MS).await;
+    assert_eq!(grandchild.cause(), None, "one millisecond is still left");
+    advance(MS).await;
+    for scope in [&root, &child, &grandchild] {
+        assert!(scope.is_expired());
+        assert_eq!(scope.cause(), Some(Cause::DeadlineExceeded), "{scope:?}");
+        assert_eq!(
+            scope.remaining(),
+            Some(Duration::ZERO),
+            "an expired scope has zero left"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cause_is_fixed_by_whichever_came_first() {
+    // Cancelled first, then the deadline passes: still cancelled.
+    let cancelled_first = Scope::background().with_timeout(100 * MS);
+    advance(50 * MS).await;
+    cancelled_first.cancel();
+    advance(100 * MS).await;
+    assert_eq!(
+        cancelled_first.cause(),
+        Some(Cause::Cancelled),
+        "a deadline passing after a cancel must not rewrite the cause"
+    );
+
+    // The deadline passes first, then a cancel arrives: still the deadline.
+    let expired_first = Scope::background().with_timeout(100 * MS);
+    advance(150 * MS).await;
+    expired_first.cancel();
+    assert_eq!(
+        expired_first.cause(),
+        Some(Cause::DeadlineExceeded),
+        "a cancel after the deadline must not rewrite the cause"
+    );
+    expired_first.end(Cause::CallerCancelled);
+    assert_eq!(
+        expired_first.cause(),
+        Some(Cause::DeadlineExceeded),
+        "the cause never changes"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn child_whose_cap_passed_before_parent_cancel_reports_deadline() {
+    let parent = Scope::background();
+    let capped = parent.with_cap(50 * MS);
+    let roomy = parent.with_cap(Duration::from_secs(1));
+
+    advance(60 * MS).await;
+    parent.cancel();
+    assert_eq!(parent.cause(), Some(Cause::Cancelled));
+    assert_eq!(
+        capped.cause(),
+        Some(Cause::DeadlineExceeded),
+        "the child's own cap passed before the parent was cancelled"
+    );
+    assert_eq!(
+        roomy.cause(),
+        Some(Cause::Cancelled),
+        "a child with time left must take the parent's cause"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ended_waits_for_the_first_cause() {
+    let by_deadline = Scope::background().with_timeout(100 * MS);
+    let start = Instant::now();
+    assert_eq!(by_deadline.ended().await, Cause::DeadlineExceeded);
+    assert_eq!(
+        Instant::now() - start,
+        100 * MS,
+        "ended() must wake exactly at the deadline"
+    );
+
+    let by_cancel = Scope::background().with_timeout(Duration::from_secs(10));
+    let canceller = by_cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(30 * MS).await;
+        canceller.cancel();
+    });
+    let start = Instant::now();
+    assert_eq!(by_cancel.child().ended().await, Cause::Cancelled);
+    assert_eq!(
+        Instant::now() - start,
+        30 * MS,
+        "ended() must wake at the cancel"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_token_follows_cancel_but_not_deadline() {
+    let scope = Scope::background().with_timeout(10 * MS);
+    let token = scope.cancellation_token();
+    advance(20 * MS).await;
+    assert!(scope.is_ended());
+    assert!(
+        !token.is_cancelled(),
+        "the token must not claim to observe the deadline"
+    );
+    scope.cancel();
+    assert!(token.is_cancelled(), "the token must follow a cancel");
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawned_tasks_are_cancelled_with_the_scope() {
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let (flag, dropped) = drop_flag();
+    let task = scope.spawn(async move {
+        let _flag = flag;
+        std::future::pending::<()>().await;
+    });
+    tokio::time::sleep(10 * MS).await;
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "the task must run while the scope lives"
+    );
+
+    scope.cancel();
+    let ended = task
+        .await
+        .expect("the task must not panic")
+        .expect_err("the task must be stopped by the cancel");
+    assert_eq!(ended.cause(), Cause::Cancelled);
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the task's future must be dropped"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawned_tasks_stop_at_the_deadline() {
+    let scope = Scope::background().with_timeout(100 * MS);
+    let start = Instant::now();
+    let task = scope.spawn(tokio::time::sleep(Duration::from_secs(10)));
+    let ended = task
+        .await
+        .expect("the task must not panic")
+        .expect_err("the task must be stopped by the deadline");
+    assert_eq!(ended.cause(), Cause::DeadlineExceeded);
+    assert_eq!(
+        Instant::now() - start,
+        100 * MS,
+        "stopped exactly at the deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawned_task_runs_in_a_child_scope_and_can_finish() {
+    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    let parent_deadline = scope.deadline();
+    let task = scope.spawn(async {
+        let inside = Scope::try_current().expect("a spawned task must have a current scope");
+        inside.deadline()
+    });
+    let seen = task
+        .await
+        .expect("no panic")
+        .expect("the task finishes in time");
+    assert_eq!(
+        seen, parent_deadline,
+        "the task's scope must share the deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn free_spawn_uses_the_current_scope() {
+    let request = Scope::background().with_timeout(Duration::from_secs(10));
+    let task = CURRENT.sync_scope(request.clone(), || {
+        crate::spawn(std::future::pending::<()>())
+    });
+    request.cancel();
+    let ended = task
+        .await
+        .expect("no panic")
+        .expect_err("a task spawned inside a scope must end with it");
+    assert_eq!(ended.cause(), Cause::Cancelled);
+
+    let outside = crate::spawn(async { Scope::current().deadline() });
+    assert_eq!(
+        outside.await.expect("no panic"),
+        Ok(None),
+        "outside any scope the task runs without a deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn detach_escapes_deadline_and_cancel() {
+    let request = Scope::background().with_timeout(100 * MS);
+    let (release, released) = oneshot::channel::<()>();
+    let detached = CURRENT.sync_scope(request.clone(), || {
+        crate::detach(async move {
+            let own = Scope::current();
+            assert_eq!(own.deadline(), None, "detached work must carry no deadline");
+            released.await.expect("the test releases the work");
+            own.cause()
+        })
+    });
+
+    request.cancel();
+    advance(Duration::from_secs(1)).await;
+    assert!(request.is_ended());
+    release
+        .send(())
+        .expect("the detached task must still be waiting");
+    let cause = detached
+        .await
+        .expect("the detached task must finish, not be aborted");
+    assert_eq!(cause, None, "nothing may end a detached task's scope");
+}
+
+#[tokio::test(start_paused = true)]
+async fn enter_installs_the_current_scope() {
+    assert!(Scope::try_current().is_none(), "no scope outside enter");
+    assert_eq!(
+        Scope::current().deadline(),
+        None,
+        "current() falls back to background"
+    );
+
+    let outer = Scope::background().with_timeout(Duration::from_secs(2));
+    let inner = outer.with_cap(Duration::from_secs(1));
+    let seen = outer
+        .enter(async {
+            let before = Scope::try_current().map(|s| s.deadline());
+            let nested = inner.enter(async { Scope::current().deadline() }).await;
+            let after = Scope::current().deadline();
+            (before, nested, after)
+        })
+        .await;
+    assert_eq!(
+        seen.0,
+        Some(outer.deadline()),
+        "enter must install the scope"
+    );
+    assert_eq!(seen.1, inner.deadline(), "a nested enter must take over");
+    assert_eq!(
+        seen.2,
+        outer.deadline(),
+        "leaving the nested enter must restore the outer"
+    );
+
+    let current = outer.enter(async { Scope::current() }).await;
+    outer.cancel();
+    assert_eq!(
+        current.cause(),
+        Some(Cause::Cancelled),
+        "the installed scope must be the same node, not a copy"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_returns_output_or_the_cause() {
+    let scope = Scope::background().with_timeout(100 * MS);
+    let quick = scope
+        .run(async {
+            tokio::time::sleep(10 * MS).await;
+            Scope::current().deadline()
+        })
+        .await;
+    assert_eq!(
+        quick,
+        Ok(scope.deadline()),
+        "run must install the scope and return the output"
+    );
+
+    let (flag, dropped) = drop_flag();
+    let start = Instant::now();
+    let slow = scope
+        .run(async move {
+            let _flag = flag;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        })
+        .await;
+    assert_eq!(slow.map_err(|e| e.cause()), Err(Cause::DeadlineExceeded));
+    assert_eq!(
+        Instant::now() - start,
+        90 * MS,
+        "run must stop the future at the deadline"
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the stopped future must be dropped"
+    );
+
+    let cancelled = Scope::background();
+    cancelled.cancel();
+    let polled = AtomicBool::new(false);
+    let refused = cancelled
+        .run(async {
+            polled.store(true, Ordering::SeqCst);
+        })
+        .await;
+    assert_eq!(refused.map_err(|e| e.cause()), Err(Cause::Cancelled));
+    assert!(
+        !polled.load(Ordering::SeqCst),
+        "an ended scope must not start the work"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn check_converts_to_the_right_status() {
+    fn handler_step(scope: &Scope) -> Result<&'static str, tonic::Status> {
+        scope.check()?;
+        Ok("done")
+    }
+
+    let live = Scope::background().with_timeout(100 * MS);
+    assert_eq!(
+        handler_step(&live).expect("a live scope passes check"),
+        "done"
+    );
+
+    let cancelled = live.child();
+    cancelled.cancel();
+    let status = handler_step(&cancelled).expect_err("a cancelled scope must fail check");
+    assert_eq!(status.code(), tonic::Code::Cancelled);
+
+    advance(100 * MS).await;
+    let status = handler_step(&live).expect_err("an expired scope must fail check");
+    assert_eq!(
+        status.code(),
+        tonic::Code::DeadlineExceeded,
+        "never UNKNOWN"
+    );
+    assert_eq!(
+        status.message(),
+        "deadline exceeded",
+        "a fixed text, no request details"
+    );
+    assert_eq!(live.check(), Err(Ended::new(Cause::DeadlineExceeded)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawn_blocking_returns_the_work_output_in_time() {
+    let _turn = OUTLIVED_COUNTER.lock().await;
+    let before = outlived_count();
+    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    let out = scope
+        .spawn_blocking(|scope| {
+            assert!(scope.check().is_ok(), "the work must see its live scope");
+            scope.deadline()
+        })
+        .await
+        .expect("work that finishes in time must return its output");
+    assert_eq!(
+        out,
+        scope.deadline(),
+        "the work's scope must share the deadline"
+    );
+    assert_eq!(
+        outlived_count(),
+        before,
+        "work that finished within its scope must not be counted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawn_blocking_returns_at_scope_end_and_counts_outliving_work() {
+    let _turn = OUTLIVED_COUNTER.lock().await;
+    let before = outlived_count();
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (finished_tx, finished_rx) = std::sync::mpsc::channel::<()>();
+    let canceller = scope.clone();
+    tokio::spawn(async move {
+        started_rx.await.expect("the work starts");
+        canceller.cancel();
+    });
+
+    // The work ignores its scope: it blocks until released.
+    let ended = scope
+        .spawn_blocking(move |_scope| {
+            let _ = started_tx.send(());
+            release_rx.recv().expect("the test releases the work");
+            let _ = finished_tx.send(());
+        })
+        .await
+        .expect_err("spawn_blocking must return when the scope ends, not when the work does");
+    assert_eq!(ended.cause(), Cause::Cancelled);
+    assert!(
+        finished_rx.try_recv().is_err(),
+        "the work must still be running when spawn_blocking returns"
+    );
+
+    release_tx.send(()).expect("the work is waiting");
+    let counted = tokio::task::spawn_blocking(move || {
+        finished_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the released work must finish");
+        // The count is taken just after the work returns, on its thread.
+        for _ in 0..10_000 {
+            if outlived_count() > before {
+                return outlived_count() - before;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        0
+    })
+    .await
+    .expect("no panic");
+    assert_eq!(
+        counted, 1,
+        "work that outlived its scope must be counted exactly once"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "work panicked")]
+async fn spawn_blocking_resumes_a_panic_of_the_work() {
+    let scope = Scope::background();
+    let _ = scope
+        .spawn_blocking(|_| -> u8 { panic!("work panicked") })
+        .await;
+}
+
+#[test]
+fn cause_maps_to_code_and_text() {
+    assert_eq!(
+        Cause::DeadlineExceeded.code(),
+        tonic::Code::DeadlineExceeded
+    );
+    for cause in [Cause::Cancelled, Cause::CallerCancelled, Cause::Completed] {
+        assert_eq!(cause.code(), tonic::Code::Cancelled, "{cause}");
+    }
+    assert_ne!(
+        Cause::CallerCancelled.to_string(),
+        Cause::Cancelled.to_string(),
+        "logs must tell a caller cancel from a local one"
+    );
+}

@@ -1,0 +1,168 @@
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use super::timer::LazyTimer;
+use crate::scope::{CURRENT, Cause, Scope};
+use crate::status::status_for;
+
+/// Ends the request's scope when dropped: with the cause given to
+/// [`finish`](EndGuard::finish), or [`Cause::CallerCancelled`] if it is dropped
+/// unfinished (the client reset the stream or the connection closed).
+#[derive(Debug)]
+pub(crate) struct EndGuard {
+    scope: Scope,
+    done: bool,
+}
+
+impl EndGuard {
+    pub(crate) fn new(scope: Scope) -> Self {
+        Self { scope, done: false }
+    }
+
+    pub(crate) fn finish(mut self, cause: Cause) {
+        self.done = true;
+        self.scope.end(cause);
+    }
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.scope.end(Cause::CallerCancelled);
+        }
+    }
+}
+
+pin_project! {
+    /// The response body of [`ServerDeadline`](super::ServerDeadline): the
+    /// handler's body, polled inside the request's scope and cut off at the
+    /// deadline with `DEADLINE_EXCEEDED` in the trailers.
+    ///
+    /// The default value is an empty body, used for answers the layer gives
+    /// itself (trailers-only responses).
+    pub struct ServerBody<B> {
+        #[pin]
+        inner: Option<B>,
+        timer: Option<LazyTimer>,
+        guard: Option<EndGuard>,
+    }
+}
+
+impl<B> Default for ServerBody<B> {
+    fn default() -> Self {
+        Self {
+            inner: None,
+            timer: None,
+            guard: None,
+        }
+    }
+}
+
+impl<B: Body> ServerBody<B> {
+    pub(super) fn new(inner: B, guard: EndGuard, timer: Option<LazyTimer>) -> Self {
+        if inner.is_end_stream() {
+            // Trailers-only answers (handler errors) have nothing left to send.
+            guard.finish(Cause::Completed);
+            return Self {
+                inner: Some(inner),
+                timer: None,
+                guard: None,
+            };
+        }
+        Self {
+            inner: Some(inner),
+            timer,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ServerBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBody").finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for ServerBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        let Some(mut inner) = this.inner.as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        let Some(guard) = this.guard.as_ref() else {
+            // Finished: the stream has ended (or was cut at the deadline).
+            return Poll::Ready(None);
+        };
+        let expired = this.timer.as_ref().is_some_and(LazyTimer::passed);
+        let polled = if expired {
+            Poll::Pending
+        } else {
+            let scope = guard.scope.clone();
+            CURRENT.sync_scope(scope, || inner.as_mut().poll_frame(cx))
+        };
+        if polled.is_pending() {
+            if expired
+                || this
+                    .timer
+                    .as_mut()
+                    .is_some_and(|t| t.poll_pending(cx).is_ready())
+            {
+                *this.timer = None;
+                if let Some(guard) = this.guard.take() {
+                    guard.finish(Cause::DeadlineExceeded);
+                }
+                return Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))));
+            }
+            return Poll::Pending;
+        }
+        match &polled {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => finish(this.guard, this.timer),
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => finish(this.guard, this.timer),
+            // hyper sends a frame after which the body reports its end as the
+            // last one and never polls again: the answer is complete.
+            Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => finish(this.guard, this.timer),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            None => true,
+            Some(inner) => self.guard.is_none() || inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map(B::size_hint).unwrap_or_default()
+    }
+}
+
+fn finish(guard: &mut Option<EndGuard>, timer: &mut Option<LazyTimer>) {
+    *timer = None;
+    if let Some(guard) = guard.take() {
+        guard.finish(Cause::Completed);
+    }
+}
+
+fn deadline_trailers() -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    // `add_header` only fails on a message that cannot be percent-encoded;
+    // ours is a fixed ASCII text.
+    let _ = status_for(Cause::DeadlineExceeded).add_header(&mut trailers);
+    trailers
+}

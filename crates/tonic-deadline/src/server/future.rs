@@ -1,0 +1,120 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
+use tokio::time::Instant;
+
+use super::body::{EndGuard, ServerBody};
+use super::timer::LazyTimer;
+use crate::scope::{Cause, Scope};
+use crate::status::status_for;
+
+pin_project! {
+    /// The response future of [`ServerDeadline`](super::ServerDeadline).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping it before it completes means the client went away (hyper drops
+    /// the handler on RST_STREAM): the request's scope is cancelled with
+    /// [`Cause::CallerCancelled`].
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Answer { status: Option<tonic::Status> },
+        Running {
+            #[pin]
+            inner: TaskLocalFuture<Scope, F>,
+            timer: Option<LazyTimer>,
+            guard: Option<EndGuard>,
+        },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn answer(status: tonic::Status) -> Self {
+        Self {
+            state: State::Answer {
+                status: Some(status),
+            },
+        }
+    }
+
+    pub(super) fn running(
+        inner: TaskLocalFuture<Scope, F>,
+        scope: Scope,
+        timer: Option<Instant>,
+    ) -> Self {
+        Self {
+            state: State::Running {
+                inner,
+                timer: timer.map(LazyTimer::new),
+                guard: Some(EndGuard::new(scope)),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: http_body::Body,
+{
+    type Output = Result<Response<ServerBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Answer { status } => {
+                let status = status
+                    .take()
+                    .expect("ResponseFuture polled after completion");
+                Poll::Ready(Ok(status.into_http()))
+            }
+            StateProj::Running {
+                inner,
+                timer,
+                guard,
+            } => {
+                let expired = timer.as_ref().is_some_and(LazyTimer::passed);
+                let polled = if expired {
+                    Poll::Pending
+                } else {
+                    inner.poll(cx)
+                };
+                let Poll::Ready(result) = polled else {
+                    if expired
+                        || timer
+                            .as_mut()
+                            .is_some_and(|t| t.poll_pending(cx).is_ready())
+                    {
+                        if let Some(guard) = guard.take() {
+                            guard.finish(Cause::DeadlineExceeded);
+                        }
+                        return Poll::Ready(Ok(status_for(Cause::DeadlineExceeded).into_http()));
+                    }
+                    return Poll::Pending;
+                };
+                let guard = guard
+                    .take()
+                    .expect("ResponseFuture polled after completion");
+                Poll::Ready(match result {
+                    Ok(response) => {
+                        Ok(response.map(|body| ServerBody::new(body, guard, timer.take())))
+                    }
+                    Err(err) => {
+                        guard.finish(Cause::Completed);
+                        Err(err)
+                    }
+                })
+            }
+        }
+    }
+}

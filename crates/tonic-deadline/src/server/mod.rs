@@ -1,0 +1,167 @@
+//! The server layer: reads `grpc-timeout`, enforces the deadline with its own
+//! timer, and runs every handler inside its [`Scope`].
+//!
+//! For each request the layer
+//! 1. decodes `grpc-timeout` strictly; a malformed value is answered with
+//!    `INTERNAL` naming the header, before the handler runs;
+//! 2. applies the configured default (for requests without a deadline) and
+//!    maximum (so a caller cannot pin resources for 100 hours);
+//! 3. answers `DEADLINE_EXCEEDED` at once if the budget is already zero;
+//! 4. installs a root scope as the task-local current scope and as a request
+//!    extension, with the allow-listed metadata to forward;
+//! 5. races the handler and the response body against its own timer: at the
+//!    deadline the client gets `DEADLINE_EXCEEDED` (trailers-only, or in the
+//!    trailers of a stream already under way) and the scope is cancelled,
+//!    whether or not the handler looks at it;
+//! 6. cancels the scope with [`Cause::CallerCancelled`] when the client resets
+//!    the stream (hyper drops the handler), and with [`Cause::Completed`] once
+//!    the response is complete, so tasks spawned under it stop too.
+//!
+//! How it differs from tonic's `Server::timeout`: that timer answers
+//! `CANCELLED`, ignores malformed headers, covers only the response head and
+//! cancels nothing but the handler future.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tonic_deadline::ServerDeadlineLayer;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let (_, health) = tonic_health::server::health_reporter();
+//! tonic::transport::Server::builder()
+//!     .layer(
+//!         ServerDeadlineLayer::new()
+//!             .default_timeout(Duration::from_millis(500))
+//!             .max_timeout(Duration::from_secs(30))
+//!             .forward_metadata("x-trace-id"),
+//!     )
+//!     .add_service(health)
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Inside a handler, `Scope::current()` (or `request.extensions().get::<Scope>()`)
+//! is the request's scope.
+
+mod body;
+mod future;
+mod layer;
+mod timer;
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, Request, Response};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::scope::{CURRENT, Cause, Scope};
+use crate::status::status_for;
+use crate::timeout_header;
+
+pub use body::ServerBody;
+pub use future::ResponseFuture;
+pub use layer::ServerDeadlineLayer;
+
+/// How early the server's timer fires before the deadline.
+///
+/// tonic's `Server` wraps every layer in its own `grpc-timeout` timer, which
+/// answers `CANCELLED`. It reads the same header a few microseconds before we
+/// do, so with equal budgets it could win a millisecond tick and report the
+/// wrong code. Firing one tick early makes ours always first; the client's
+/// own timer, not ours, decides when it gives up.
+const TONIC_TIMER_LEAD: Duration = Duration::from_millis(1);
+
+#[derive(Debug, Clone, Default)]
+struct Config {
+    default_timeout: Option<Duration>,
+    max_timeout: Option<Duration>,
+    forward: Vec<HeaderName>,
+}
+
+impl Config {
+    fn budget(&self, requested: Option<Duration>) -> Option<Duration> {
+        let budget = requested.or(self.default_timeout);
+        match (budget, self.max_timeout) {
+            (Some(b), Some(max)) => Some(b.min(max)),
+            (None, max) => max,
+            (b, None) => b,
+        }
+    }
+
+    fn forwarded(&self, headers: &HeaderMap) -> HeaderMap {
+        let mut out = HeaderMap::new();
+        for name in &self.forward {
+            for value in headers.get_all(name) {
+                out.append(name.clone(), value.clone());
+            }
+        }
+        out
+    }
+}
+
+/// The service produced by [`ServerDeadlineLayer`]. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct ServerDeadline<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> ServerDeadline<S> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for ServerDeadline<S>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    RB: http_body::Body,
+{
+    type Response = Response<ServerBody<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        let requested = match timeout_header::from_headers(request.headers()) {
+            Ok(requested) => requested,
+            Err(malformed) => {
+                tracing::debug!(path = %request.uri().path(), %malformed, "refused before the handler");
+                return ResponseFuture::answer(tonic::Status::internal(malformed.to_string()));
+            }
+        };
+        let budget = self.config.budget(requested);
+        if budget == Some(Duration::ZERO) {
+            tracing::debug!(path = %request.uri().path(), "refused as already expired");
+            return ResponseFuture::answer(status_for(Cause::DeadlineExceeded));
+        }
+        let deadline = budget.and_then(|b| Instant::now().checked_add(b));
+        let scope = Scope::root_with_metadata(deadline, self.config.forwarded(request.headers()));
+        request.extensions_mut().insert(scope.clone());
+        let timer = deadline.map(|d| d.checked_sub(TONIC_TIMER_LEAD).unwrap_or(d));
+        let inner = CURRENT.sync_scope(scope.clone(), || self.inner.call(request));
+        ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, timer)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,38 @@
+//! The server's deadline timer, registered only when it can matter.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::time::{Instant, Sleep};
+
+/// Fires at `at`. Most handlers answer on their first poll, long before any
+/// deadline; registering a timer for them would be pure overhead. So the
+/// clock is read on every poll, and the timer is only created and polled
+/// once the inner work is pending — the only case where a wake-up at the
+/// deadline is needed.
+#[derive(Debug)]
+pub(crate) struct LazyTimer {
+    at: Instant,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl LazyTimer {
+    pub(crate) fn new(at: Instant) -> Self {
+        Self { at, sleep: None }
+    }
+
+    /// Whether the deadline has passed, by the clock alone.
+    pub(crate) fn passed(&self) -> bool {
+        self.at <= Instant::now()
+    }
+
+    /// Registers for a wake-up at the deadline; ready once it passed.
+    pub(crate) fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let at = self.at;
+        self.sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
+            .as_mut()
+            .poll(cx)
+    }
+}

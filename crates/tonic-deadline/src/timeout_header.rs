@@ -1,0 +1,363 @@
+//! The `grpc-timeout` header: encode and decode, as pure functions.
+//!
+//! The wire format is 1–8 ASCII digits followed by one unit letter
+//! (`H` hours, `M` minutes, `S` seconds, `m` milliseconds, `u` microseconds,
+//! `n` nanoseconds). Both directions follow grpc-go exactly, so a Rust hop and a
+//! Go hop write and accept the same bytes.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tonic_deadline::timeout_header::{decode, encode};
+//!
+//! // The finest unit whose value, rounded up, fits in 8 digits.
+//! assert_eq!(encode(Duration::from_millis(50)), "50000000n");
+//! assert_eq!(encode(Duration::from_secs(1)), "1000000u");
+//! assert_eq!(encode(Duration::from_secs(2 * 3600)), "7200000m");
+//! assert_eq!(encode(Duration::from_secs(100 * 3600)), "360000S");
+//!
+//! assert_eq!(decode(b"999978u"), Ok(Duration::from_micros(999_978)));
+//! assert!(decode(b"1a").is_err());
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+/// The largest value the header may carry: eight decimal digits.
+const MAX_VALUE: u128 = 99_999_999;
+
+/// The units from finest to coarsest, with their length in nanoseconds.
+const UNITS: [(char, u128); 6] = [
+    ('n', 1),
+    ('u', 1_000),
+    ('m', 1_000_000),
+    ('S', 1_000_000_000),
+    ('M', 60 * 1_000_000_000),
+    ('H', 3_600 * 1_000_000_000),
+];
+
+/// The longest duration a decoded header can mean: grpc-go clamps hours that
+/// overflow its signed 64-bit nanosecond `Duration` to this value.
+pub const MAX_DECODED: Duration = Duration::from_nanos(i64::MAX as u64);
+
+/// Encodes a remaining budget as a `grpc-timeout` value.
+///
+/// Picks the finest unit whose value, rounded *up*, fits in eight digits, so
+/// the receiver never sees less time than the sender had left. A zero budget
+/// encodes as `0n` (already expired). Budgets beyond `99999999H` are clamped.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::timeout_header::encode;
+///
+/// assert_eq!(encode(Duration::from_nanos(49_994_167)), "49994167n");
+/// assert_eq!(encode(Duration::from_nanos(999_977_001)), "999978u");
+/// assert_eq!(encode(Duration::ZERO), "0n");
+/// ```
+pub fn encode(budget: Duration) -> String {
+    let nanos = budget.as_nanos();
+    if nanos == 0 {
+        return "0n".to_owned();
+    }
+    for (unit, len) in UNITS {
+        let value = nanos.div_ceil(len);
+        if value <= MAX_VALUE {
+            return format!("{value}{unit}");
+        }
+    }
+    format!("{MAX_VALUE}H")
+}
+
+/// Decodes a `grpc-timeout` value with grpc-go's rules.
+///
+/// Accepted: 2–9 bytes, all but the last an ASCII digit (leading zeros
+/// allowed; no sign, space or separator), the last one of `HMSmun`. A zero
+/// value decodes to [`Duration::ZERO`], meaning already expired. Hours too
+/// large for a signed 64-bit nanosecond count clamp to [`MAX_DECODED`].
+///
+/// # Errors
+///
+/// [`MalformedTimeout`] naming what is wrong with the value.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::timeout_header::decode;
+///
+/// assert_eq!(decode(b"00000001S"), Ok(Duration::from_secs(1)));
+/// assert_eq!(decode(b"0n"), Ok(Duration::ZERO));
+/// assert!(decode(b"+1S").is_err());
+/// assert!(decode(b"123456789S").is_err());
+/// ```
+pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
+    let malformed = |reason| MalformedTimeout {
+        reason,
+        value: String::from_utf8_lossy(value).into_owned(),
+    };
+    let (&unit, digits) = value.split_last().ok_or(malformed(Reason::TooShort))?;
+    if digits.is_empty() {
+        return Err(malformed(Reason::TooShort));
+    }
+    if value.len() > 9 {
+        return Err(malformed(Reason::TooLong));
+    }
+    let unit_nanos = UNITS
+        .iter()
+        .find(|(u, _)| *u as u8 == unit)
+        .map(|(_, len)| *len)
+        .ok_or(malformed(Reason::UnknownUnit))?;
+    let mut count: u128 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(malformed(Reason::NotADigit));
+        }
+        count = count * 10 + u128::from(d - b'0');
+    }
+    let nanos = count * unit_nanos;
+    let max = MAX_DECODED.as_nanos();
+    // Only hours can pass the maximum with eight digits; grpc-go clamps them.
+    Ok(Duration::from_nanos(nanos.min(max) as u64))
+}
+
+/// A `grpc-timeout` value that breaks the wire rules.
+///
+/// Its `Display` names the header and the offending value, so it can go
+/// straight into an `INTERNAL` status message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MalformedTimeout {
+    reason: Reason,
+    value: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    TooShort,
+    TooLong,
+    UnknownUnit,
+    NotADigit,
+    NotAscii,
+    Duplicated,
+}
+
+impl MalformedTimeout {
+    /// The header was sent more than once; the budget is ambiguous.
+    pub(crate) fn duplicated() -> Self {
+        Self {
+            reason: Reason::Duplicated,
+            value: String::new(),
+        }
+    }
+
+    /// The header value is not visible ASCII.
+    pub(crate) fn not_ascii(value: &[u8]) -> Self {
+        Self {
+            reason: Reason::NotAscii,
+            value: String::from_utf8_lossy(value).into_owned(),
+        }
+    }
+}
+
+impl fmt::Display for MalformedTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let why = match self.reason {
+            Reason::TooShort => "needs at least one digit and a unit",
+            Reason::TooLong => "has more than 8 digits",
+            Reason::UnknownUnit => "unit is not one of H M S m u n",
+            Reason::NotADigit => "value is not all ASCII digits",
+            Reason::NotAscii => {
+                "holds bytes other than visible ASCII (spaces, control or non-ASCII bytes)"
+            }
+            Reason::Duplicated => "was sent more than once",
+        };
+        if self.reason == Reason::Duplicated {
+            write!(f, "malformed grpc-timeout: header {why}")
+        } else {
+            write!(f, "malformed grpc-timeout {:?}: {why}", self.value)
+        }
+    }
+}
+
+impl std::error::Error for MalformedTimeout {}
+
+/// Reads the one `grpc-timeout` header of a request, if any.
+///
+/// `Ok(None)` means the caller set no deadline. Several values, non-ASCII
+/// bytes and anything [`decode`] refuses are errors.
+pub(crate) fn from_headers(
+    headers: &http::HeaderMap,
+) -> Result<Option<Duration>, MalformedTimeout> {
+    let mut values = headers.get_all(GRPC_TIMEOUT).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(MalformedTimeout::duplicated());
+    }
+    if !value.as_bytes().iter().all(u8::is_ascii_graphic) {
+        return Err(MalformedTimeout::not_ascii(value.as_bytes()));
+    }
+    decode(value.as_bytes()).map(Some)
+}
+
+/// The header's name.
+pub(crate) const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NS: u64 = 1;
+    const US: u64 = 1_000;
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn encode_picks_finest_unit_that_fits_eight_digits() {
+        let table: &[(u64, &str)] = &[
+            (0, "0n"),
+            (1, "1n"),
+            (99_999_999, "99999999n"),
+            (100_000_000, "100000u"),
+            (100_000_001, "100001u"),
+            (49_994_167, "49994167n"),
+            (999_977_001, "999978u"),
+            (4_999_983_100, "4999984u"),
+            (89_999_968_500, "89999969u"),
+            (99_999_999 * US, "99999999u"),
+            (99_999_999 * US + 1, "100000m"),
+            (2 * 3600 * S, "7200000m"),
+            (99_999_999 * MS + 1, "100000S"),
+            (100 * 3600 * S, "360000S"),
+            (99_999_999 * S + 1, "1666667M"),
+        ];
+        for &(nanos, want) in table {
+            assert_eq!(
+                encode(Duration::from_nanos(nanos)),
+                want,
+                "encoding {nanos}ns must match grpc-go"
+            );
+        }
+        assert_eq!(
+            encode(Duration::from_secs(99_999_999 * 60 + 1)),
+            "1666667H",
+            "beyond 99999999M the unit must be hours"
+        );
+        assert_eq!(
+            encode(Duration::MAX),
+            "99999999H",
+            "budgets beyond the format must clamp"
+        );
+    }
+
+    #[test]
+    fn decode_follows_grpc_go_table() {
+        let ok: &[(&[u8], u64)] = &[
+            (b"1n", NS),
+            (b"1u", US),
+            (b"1m", MS),
+            (b"1S", S),
+            (b"1M", 60 * S),
+            (b"1H", 3600 * S),
+            (b"0n", 0),
+            (b"0H", 0),
+            (b"00000001S", S),
+            (b"99999999n", 99_999_999),
+            (b"999978u", 999_978 * US),
+            (b"2562047H", 2_562_047 * 3600 * S),
+        ];
+        for &(value, nanos) in ok {
+            assert_eq!(
+                decode(value),
+                Ok(Duration::from_nanos(nanos)),
+                "{:?} must decode",
+                String::from_utf8_lossy(value)
+            );
+        }
+        assert_eq!(
+            decode(b"2562048H"),
+            Ok(MAX_DECODED),
+            "hours past i64 nanoseconds must clamp like grpc-go"
+        );
+        assert_eq!(decode(b"99999999H"), Ok(MAX_DECODED));
+
+        let bad: &[&[u8]] = &[
+            b"",
+            b"1",
+            b"n",
+            b"123456789n",
+            b"1a",
+            b"1s",
+            b"1h",
+            b"+1S",
+            b"-1S",
+            b" 1S",
+            b"1 S",
+            b"1_0S",
+            b"0x1S",
+            b"1.5S",
+            "１S".as_bytes(),
+            b"1\xffS",
+        ];
+        for &value in bad {
+            let err = decode(value).expect_err("malformed values must be refused");
+            assert!(
+                err.to_string().contains("malformed grpc-timeout"),
+                "the message must name the header: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_map_refuses_duplicates_and_non_ascii() {
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(from_headers(&headers), Ok(None), "absent means no deadline");
+        headers.insert(GRPC_TIMEOUT, http::HeaderValue::from_static("1S"));
+        assert_eq!(from_headers(&headers), Ok(Some(Duration::from_secs(1))));
+        headers.append(GRPC_TIMEOUT, http::HeaderValue::from_static("2S"));
+        assert!(
+            from_headers(&headers).is_err(),
+            "two values must be refused"
+        );
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            GRPC_TIMEOUT,
+            http::HeaderValue::from_bytes(b"1\xe9S").expect("opaque bytes are a valid header"),
+        );
+        assert!(from_headers(&headers).is_err(), "non-ASCII must be refused");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn decode_accepts_exactly_the_grammar(value in "[0-9]{0,10}[HMSmunxs ]?") {
+            let bytes = value.as_bytes();
+            let grammar = bytes.len() >= 2
+                && bytes.len() <= 9
+                && bytes[..bytes.len() - 1].iter().all(u8::is_ascii_digit)
+                && b"HMSmun".contains(&bytes[bytes.len() - 1]);
+            prop_assert_eq!(decode(bytes).is_ok(), grammar);
+        }
+
+        #[test]
+        fn encode_round_trips_within_one_unit(nanos in 0u64..=(i64::MAX as u64)) {
+            let budget = Duration::from_nanos(nanos);
+            let wire = encode(budget);
+            prop_assert!(wire.len() <= 9, "{} is longer than 8 digits + unit", wire);
+            let back = decode(wire.as_bytes()).expect("our own encoding must decode");
+            let unit = UNITS
+                .iter()
+                .find(|(u, _)| wire.ends_with(*u))
+                .map(|(_, len)| Duration::from_nanos(*len as u64))
+                .expect("a known unit");
+            prop_assert!(back >= budget, "rounding must be up: {:?} < {:?}", back, budget);
+            prop_assert!(back - budget < unit, "{:?} is off by a unit or more", wire);
+        }
+    }
+}

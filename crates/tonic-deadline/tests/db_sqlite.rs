@@ -1,0 +1,179 @@
+//! The SQLite pool: cancellation reaches the query, cleanup is
+//! deterministic, queue time spends the budget.
+#![cfg(feature = "sqlite")]
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic_deadline::db::sqlite::{SqlitePool, rusqlite};
+use tonic_deadline::{Cause, Scope};
+
+/// Counts forever: far more than any budget in these tests.
+const ENDLESS: &str =
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+
+fn endless(conn: &mut rusqlite::Connection) -> rusqlite::Result<i64> {
+    conn.query_row(ENDLESS, [], |r| r.get(0))
+}
+
+fn one(conn: &mut rusqlite::Connection) -> rusqlite::Result<i64> {
+    conn.query_row("SELECT 1", [], |r| r.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_interrupts_the_running_query_and_the_connection_is_reusable_at_once() {
+    let pool = SqlitePool::open_in_memory(1).expect("opens");
+    let scope = Scope::background().with_timeout(Duration::from_millis(200));
+    let start = Instant::now();
+    let err = pool
+        .run_in(&scope, endless)
+        .await
+        .expect_err("an endless query must be stopped");
+    let stopped = start.elapsed();
+    assert_eq!(err.cause(), Some(Cause::DeadlineExceeded));
+    assert!(
+        stopped < Duration::from_secs(2),
+        "stopped near the 200 ms deadline, not when the query ends: {stopped:?}"
+    );
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.idle, stats.interrupted),
+        (1, 1),
+        "the connection is back: {stats:?}"
+    );
+    let again = pool
+        .run_in(&Scope::background(), one)
+        .await
+        .expect("the same connection must work at once");
+    assert_eq!(again, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_cancel_interrupts_the_query() {
+    let pool = SqlitePool::open_in_memory(1).expect("opens");
+    let scope = Scope::background();
+    let canceller = scope.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        canceller.cancel();
+    });
+    let err = pool.run_in(&scope, endless).await.expect_err("cancelled");
+    assert_eq!(err.cause(), Some(Cause::Cancelled));
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Cancelled);
+    assert_eq!(pool.stats().idle, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_call_stops_the_query_and_returns_the_connection() {
+    let pool = SqlitePool::open_in_memory(1).expect("opens");
+    let never_ends = Scope::background();
+    let call = pool.run_in(&never_ends, endless);
+    // A plain timeout drops the future; the scope itself never ends.
+    let _ = tokio::time::timeout(Duration::from_millis(50), call).await;
+    let waited = Instant::now();
+    while pool.stats().idle < 1 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "the query must stop after its future is dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        pool.run_in(&Scope::background(), one)
+            .await
+            .expect("usable"),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_transaction_is_rolled_back_before_the_connection_is_reused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pool = SqlitePool::open(dir.path().join("t.db"), 1).expect("opens");
+    pool.run_in(&Scope::background(), |c| {
+        c.execute_batch("CREATE TABLE t (x INTEGER)")
+    })
+    .await
+    .expect("schema");
+    let scope = Scope::background().with_timeout(Duration::from_millis(100));
+    let err = pool
+        .run_in(&scope, |c| {
+            c.execute_batch("BEGIN; INSERT INTO t VALUES (1);")?;
+            endless(c)
+        })
+        .await
+        .expect_err("stopped mid-transaction");
+    assert_eq!(err.cause(), Some(Cause::DeadlineExceeded));
+    let (rows, autocommit) = pool
+        .run_in(&Scope::background(), |c| {
+            let rows: i64 = c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+            Ok((rows, c.is_autocommit()))
+        })
+        .await
+        .expect("usable");
+    assert_eq!(
+        rows, 0,
+        "the stopped transaction's insert must be rolled back"
+    );
+    assert!(autocommit, "no transaction may be left open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
+    let pool = SqlitePool::open_in_memory(2).expect("opens");
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks_before = metrics.num_alive_tasks();
+    let mut stopped = 0u64;
+    for round in 0..100u64 {
+        let mut calls = tokio::task::JoinSet::new();
+        let mut scopes = Vec::new();
+        for i in 0..1000u64 {
+            let scope =
+                Scope::background().with_timeout(Duration::from_millis(1 + (i + round) % 3));
+            scopes.push(scope.clone());
+            let pool = pool.clone();
+            calls.spawn(async move {
+                match i % 4 {
+                    // Dropped mid-wait or mid-query by an outer timeout.
+                    3 => tokio::time::timeout(
+                        Duration::from_micros(500),
+                        pool.run_in(&scope, endless),
+                    )
+                    .await
+                    .map_or(true, |r| r.is_err()),
+                    _ => pool.run_in(&scope, endless).await.is_err(),
+                }
+            });
+        }
+        for scope in scopes.iter().step_by(5) {
+            scope.cancel();
+        }
+        while let Some(done) = calls.join_next().await {
+            if done.expect("no panic") {
+                stopped += 1;
+            }
+        }
+    }
+    assert_eq!(
+        stopped, 100_000,
+        "every call was cancelled, expired or dropped"
+    );
+    let waited = Instant::now();
+    // Clean-up of dropped calls finishes on its own tasks; give it a moment.
+    while (pool.stats().idle < 2 || metrics.num_alive_tasks() > tasks_before)
+        && waited.elapsed() < Duration::from_secs(5)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stats = pool.stats();
+    assert_eq!(stats.idle, 2, "no connection leaked: {stats:?}");
+    assert_eq!(stats.queued, 0, "no caller left queued");
+    assert_eq!(pool.admission().stats().in_use, 0, "no permit leaked");
+    assert_eq!(metrics.num_alive_tasks(), tasks_before, "no task leaked");
+    assert_eq!(
+        pool.run_in(&Scope::background(), one)
+            .await
+            .expect("usable"),
+        1
+    );
+}
