@@ -1,0 +1,5 @@
+//! Benchmarks: plain tonic and ours side by side in one process.
+
+pub mod cancel;
+pub mod overhead;
+pub mod overload;

@@ -1,0 +1,183 @@
+//! Unary echo throughput and latency: plain tonic vs tonic with both layers.
+
+use std::time::Duration;
+
+use probe::CallRequest;
+use probe::probe_client::ProbeClient;
+use serde_json::json;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic_deadline::ServerDeadlineLayer;
+
+use crate::net::{self, Layered};
+use crate::report::{Outcome, quantile};
+use crate::systems::chain::{Hop, Plan};
+
+/// How hard and how long to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    /// Connections per variant.
+    pub connections: usize,
+    /// Calls in flight per connection.
+    pub streams: usize,
+    /// Rounds per variant; the variants alternate round by round.
+    pub rounds: usize,
+    /// Length of one round.
+    pub round: Duration,
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Self {
+            connections: 4,
+            streams: 16,
+            rounds: 8,
+            round: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Client {
+    Plain(ProbeClient<Channel>),
+    Layered(ProbeClient<Layered>),
+}
+
+impl Client {
+    async fn echo(&mut self) -> bool {
+        let mut request = tonic::Request::new(CallRequest::default());
+        // The same per-call deadline for both, so both pay for a timer.
+        request.set_timeout(Duration::from_secs(1));
+        match self {
+            Client::Plain(c) => c.call(request).await.is_ok(),
+            Client::Layered(c) => c.call(request).await.is_ok(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    calls: u64,
+    failed: u64,
+    busy: Duration,
+    latencies_us: Vec<f64>,
+}
+
+async fn round(clients: &[Client], streams: usize, length: Duration, tally: &mut Tally) {
+    let end = Instant::now() + length;
+    let mut tasks = Vec::new();
+    for client in clients {
+        for _ in 0..streams {
+            let mut client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut failed = 0u64;
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    if !client.echo().await {
+                        failed += 1;
+                    }
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                (lat, failed)
+            }));
+        }
+    }
+    let started = Instant::now();
+    for task in tasks {
+        if let Ok((lat, failed)) = task.await {
+            tally.calls += lat.len() as u64;
+            tally.failed += failed;
+            tally.latencies_us.extend(lat);
+        }
+    }
+    tally.busy += started.elapsed();
+}
+
+/// Runs the benchmark.
+pub async fn run(load: Load) -> anyhow::Result<Outcome> {
+    let plain_addr = net::serve(
+        "127.0.0.1:0",
+        Hop::new("plain", Plan::default(), None).routes(),
+        None,
+    )
+    .await?;
+    let ours_addr = net::serve(
+        "127.0.0.1:0",
+        Hop::new("ours", Plan::default(), None).routes(),
+        Some(ServerDeadlineLayer::new()),
+    )
+    .await?;
+    let mut plain = Vec::new();
+    let mut ours = Vec::new();
+    for _ in 0..load.connections {
+        plain.push(Client::Plain(ProbeClient::new(
+            net::connect(plain_addr).await?,
+        )));
+        ours.push(Client::Layered(ProbeClient::new(net::layered(
+            net::connect(ours_addr).await?,
+        ))));
+    }
+    // Warm both up before measuring.
+    let warm = Duration::from_millis(200);
+    round(&plain, load.streams, warm, &mut Tally::default()).await;
+    round(&ours, load.streams, warm, &mut Tally::default()).await;
+
+    let (mut p, mut o) = (Tally::default(), Tally::default());
+    for i in 0..load.rounds {
+        // ABBA order, so slow drift of the machine hits both alike.
+        if i % 2 == 0 {
+            round(&plain, load.streams, load.round, &mut p).await;
+            round(&ours, load.streams, load.round, &mut o).await;
+        } else {
+            round(&ours, load.streams, load.round, &mut o).await;
+            round(&plain, load.streams, load.round, &mut p).await;
+        }
+    }
+    let rps = |t: &Tally| t.calls as f64 / t.busy.as_secs_f64();
+    let p50 = |t: &mut Tally| {
+        t.latencies_us.sort_by(f64::total_cmp);
+        quantile(&t.latencies_us, 0.5)
+    };
+    let (plain_rps, layered_rps) = (rps(&p), rps(&o));
+    let (plain_p50, layered_p50) = (p50(&mut p), p50(&mut o));
+    let ratio = layered_rps / plain_rps;
+    let concurrency = load.connections * load.streams;
+    Ok(Outcome {
+        title: format!(
+            "bench overhead: unary echo, {} connections x {} streams, {} alternating rounds of {} ms",
+            load.connections,
+            load.streams,
+            load.rounds,
+            load.round.as_millis()
+        ),
+        json: json!({
+            "plain_rps": plain_rps.round(),
+            "layered_rps": layered_rps.round(),
+            "ratio": (ratio * 1000.0).round() / 1000.0,
+            "plain_p50_us": plain_p50.round(),
+            "layered_p50_us": layered_p50.round(),
+            "concurrency": concurrency,
+            "plain_failed": p.failed,
+            "layered_failed": o.failed,
+        }),
+        columns: vec!["variant", "req/s", "p50 us", "failed"],
+        rows: vec![
+            vec![
+                "plain tonic".into(),
+                format!("{plain_rps:.0}"),
+                format!("{plain_p50:.0}"),
+                p.failed.to_string(),
+            ],
+            vec![
+                "tonic + both layers".into(),
+                format!("{layered_rps:.0}"),
+                format!("{layered_p50:.0}"),
+                o.failed.to_string(),
+            ],
+        ],
+        notes: vec![format!(
+            "ratio layered/plain throughput: {ratio:.3} (goal >= 0.97)"
+        )],
+    })
+}

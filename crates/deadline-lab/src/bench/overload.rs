@@ -1,0 +1,328 @@
+//! Goodput under overload: a service whose handler needs a
+//! pooled database connection for a ~10 ms query, driven open-loop at 2× and
+//! 4× its measured capacity with 100 ms client deadlines.
+//!
+//! The pool is simulated — `connections` slots, each held for `query` — so the
+//! figure measures queueing, not the machine's CPU. Both servers run in this
+//! process, one after the other at each load level:
+//!
+//! - **plain**: plain tonic, the handler written the usual way — wait for a
+//!   connection from a first-in-first-out pool (`tokio::sync::Semaphore`,
+//!   as in deadpool or bb8), run the query, answer. A query, once started,
+//!   runs to its end on the database even if the caller has gone (dropping a
+//!   future does not stop a server).
+//! - **ours**: [`ServerDeadlineLayer`] and the pool behind an [`Admission`]:
+//!   queue time spends the request's budget, a request that cannot finish in
+//!   time is refused before it takes a connection, and a query is stopped
+//!   when the request's scope ends (what our SQLite and PostgreSQL pools do).
+//!   Measured with each queue [`Discipline`], so the default is chosen from
+//!   the figures.
+//!
+//! Goodput = answers received OK before the client's deadline, per second,
+//! ÷ capacity.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use probe::probe_client::ProbeClient;
+use probe::probe_server::{Probe, ProbeServer};
+use probe::{CallReply, CallRequest};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_stream::Stream;
+use tonic::service::Routes;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_deadline::admission::{Admission, Discipline};
+use tonic_deadline::{Scope, ServerDeadlineLayer};
+
+use crate::net;
+use crate::report::Outcome;
+
+/// How hard and how long to run.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Connections in the simulated database pool.
+    pub connections: usize,
+    /// How long one query holds a connection.
+    pub query: Duration,
+    /// The client's deadline for every call.
+    pub deadline: Duration,
+    /// Offered load, as multiples of the measured capacity.
+    pub levels: Vec<u32>,
+    /// How long each variant is driven at each level.
+    pub window: Duration,
+    /// gRPC connections from the load generator to each server.
+    pub channels: usize,
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Self {
+            connections: 4,
+            query: Duration::from_millis(10),
+            deadline: Duration::from_millis(100),
+            levels: vec![2, 4],
+            window: Duration::from_secs(3),
+            channels: 4,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Pool {
+    /// A first-in-first-out pool that knows no deadlines.
+    Plain(Arc<Semaphore>),
+    /// Our deadline-aware admission in front of the connections.
+    Ours(Admission),
+}
+
+#[derive(Clone)]
+struct Service {
+    pool: Pool,
+    query: Duration,
+}
+
+impl Service {
+    async fn plain(&self, pool: &Arc<Semaphore>) -> Result<(), Status> {
+        let connection = pool
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("pool closed"))?;
+        let query = self.query;
+        // The database runs the query to its end whatever happens to us.
+        tokio::spawn(async move {
+            tokio::time::sleep(query).await;
+            drop(connection);
+        })
+        .await
+        .map_err(|_| Status::internal("query failed"))
+    }
+
+    async fn ours(&self, admission: &Admission) -> Result<(), Status> {
+        let scope = Scope::current();
+        let connection = admission.acquire(&scope).await?;
+        // Stopped (and the connection freed) when the request's scope ends.
+        scope.run(tokio::time::sleep(self.query)).await?;
+        drop(connection);
+        Ok(())
+    }
+}
+
+type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Probe for Service {
+    async fn call(&self, _request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+        match &self.pool {
+            Pool::Plain(pool) => self.plain(pool).await?,
+            Pool::Ours(admission) => self.ours(admission).await?,
+        }
+        Ok(Response::new(CallReply::default()))
+    }
+
+    type WatchStream = ReplyStream;
+
+    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
+        Err(Status::unimplemented("not part of this benchmark"))
+    }
+
+    type ChatStream = ReplyStream;
+
+    async fn chat(
+        &self,
+        _: Request<Streaming<CallRequest>>,
+    ) -> Result<Response<ReplyStream>, Status> {
+        Err(Status::unimplemented("not part of this benchmark"))
+    }
+}
+
+/// One server under test and the clients that drive it.
+struct Target {
+    name: &'static str,
+    clients: Vec<ProbeClient<Channel>>,
+}
+
+async fn start(name: &'static str, pool: Pool, load: &Load) -> anyhow::Result<Target> {
+    let layer = matches!(pool, Pool::Ours(_)).then(ServerDeadlineLayer::new);
+    let service = Service {
+        pool,
+        query: load.query,
+    };
+    let addr = net::serve("127.0.0.1:0", Routes::new(ProbeServer::new(service)), layer).await?;
+    let mut clients = Vec::new();
+    for _ in 0..load.channels.max(1) {
+        clients.push(ProbeClient::new(net::connect(addr).await?));
+    }
+    Ok(Target { name, clients })
+}
+
+/// Closed loop, `callers` at a time, for `length`: completed calls per second.
+async fn closed_loop(target: &Target, callers: usize, length: Duration) -> f64 {
+    let end = Instant::now() + length;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..callers {
+        let mut client = target.clients[i % target.clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < end {
+                let mut request = Request::new(CallRequest::default());
+                request.set_timeout(Duration::from_secs(5));
+                if client.call(request).await.is_ok() {
+                    done += 1;
+                }
+            }
+            done
+        }));
+    }
+    let mut done = 0u64;
+    for task in tasks {
+        done += task.await.unwrap_or(0);
+    }
+    done as f64 / started.elapsed().as_secs_f64()
+}
+
+/// What one open-loop window produced.
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    sent: u64,
+    good: u64,
+    late: u64,
+    failed: u64,
+    seconds: f64,
+}
+
+/// Open loop at `rate` calls per second for `length`; every call carries
+/// `deadline`. Counts answers received OK before the deadline.
+async fn open_loop(target: &Target, rate: f64, length: Duration, deadline: Duration) -> Window {
+    let total = (rate * length.as_secs_f64()).round() as u64;
+    let gap = Duration::from_secs_f64(1.0 / rate);
+    let start = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + gap.mul_f64(i as f64)).await;
+        let mut client = target.clients[i as usize % target.clients.len()].clone();
+        calls.spawn(async move {
+            let sent = Instant::now();
+            let mut request = Request::new(CallRequest::default());
+            request.set_timeout(deadline);
+            let answer = tokio::time::timeout(deadline, client.call(request)).await;
+            match answer {
+                Ok(Ok(_)) if sent.elapsed() <= deadline => Answer::Good,
+                Ok(Ok(_)) => Answer::Late,
+                _ => Answer::Failed,
+            }
+        });
+    }
+    let mut window = Window {
+        sent: total,
+        seconds: length.as_secs_f64(),
+        ..Window::default()
+    };
+    while let Some(done) = calls.join_next().await {
+        match done {
+            Ok(Answer::Good) => window.good += 1,
+            Ok(Answer::Late) => window.late += 1,
+            _ => window.failed += 1,
+        }
+    }
+    window
+}
+
+enum Answer {
+    Good,
+    Late,
+    Failed,
+}
+
+/// Runs the benchmark.
+pub async fn run(load: Load) -> anyhow::Result<Outcome> {
+    let plain = start(
+        "plain",
+        Pool::Plain(Arc::new(Semaphore::new(load.connections))),
+        &load,
+    )
+    .await?;
+    let disciplines = [
+        ("ours", Discipline::default()),
+        ("ours_fifo", Discipline::Fifo),
+        ("ours_lifo", Discipline::Lifo),
+    ];
+    let mut ours = Vec::new();
+    for (name, discipline) in disciplines {
+        let admission = Admission::new(load.connections).discipline(discipline);
+        ours.push(start(name, Pool::Ours(admission), &load).await?);
+    }
+
+    // Capacity first: closed loop, enough callers to keep every connection
+    // busy, on both servers; the larger figure is the one we divide by.
+    let callers = load.connections * 4;
+    let warm = Duration::from_millis(300);
+    closed_loop(&plain, callers, warm).await;
+    closed_loop(&ours[0], callers, warm).await;
+    let capacity_plain = closed_loop(&plain, callers, Duration::from_millis(1500)).await;
+    let capacity_ours = closed_loop(&ours[0], callers, Duration::from_millis(1500)).await;
+    let capacity = capacity_plain.max(capacity_ours);
+
+    let mut rows_json = Vec::new();
+    let mut rows = Vec::new();
+    for &x in &load.levels {
+        let rate = capacity * f64::from(x);
+        let mut row = serde_json::Map::new();
+        row.insert("offered_x".into(), json!(x));
+        row.insert("offered_rps".into(), json!(rate.round()));
+        let mut cells = vec![format!("{x}x"), format!("{rate:.0}")];
+        for target in std::iter::once(&plain).chain(&ours) {
+            let w = open_loop(target, rate, load.window, load.deadline).await;
+            let goodput = w.good as f64 / w.seconds / capacity;
+            let goodput = (goodput * 1000.0).round() / 1000.0;
+            row.insert(format!("{}_goodput", target.name), json!(goodput));
+            row.insert(
+                format!("{}_calls", target.name),
+                json!({"sent": w.sent, "good": w.good, "late": w.late, "failed": w.failed}),
+            );
+            cells.push(format!("{goodput:.3}"));
+            // Let the plain server's abandoned queries drain before the next.
+            tokio::time::sleep(load.deadline * 3).await;
+        }
+        rows_json.push(serde_json::Value::Object(row));
+        rows.push(cells);
+    }
+
+    Ok(Outcome {
+        title: format!(
+            "bench overload: pool of {} connections x {} ms queries, {} ms client deadlines, {} s open-loop windows",
+            load.connections,
+            load.query.as_millis(),
+            load.deadline.as_millis(),
+            load.window.as_secs_f64()
+        ),
+        json: json!({
+            "capacity_rps": capacity.round(),
+            "capacity_plain_rps": capacity_plain.round(),
+            "capacity_ours_rps": capacity_ours.round(),
+            "connections": load.connections,
+            "query_ms": load.query.as_millis() as u64,
+            "deadline_ms": load.deadline.as_millis() as u64,
+            "window_s": load.window.as_secs_f64(),
+            "rows": rows_json,
+        }),
+        columns: vec![
+            "offered",
+            "req/s",
+            "plain tonic",
+            "ours (adaptive LIFO)",
+            "ours FIFO",
+            "ours LIFO",
+        ],
+        rows,
+        notes: vec![
+            format!("capacity: {capacity:.0} req/s (closed loop; plain {capacity_plain:.0}, ours {capacity_ours:.0})"),
+            "goodput = OK answers before the client's deadline per second / capacity (goal: ours >= 0.90 at 2x, >= 0.80 at 4x)".into(),
+        ],
+    })
+}

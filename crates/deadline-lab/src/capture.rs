@@ -1,0 +1,684 @@
+//! A TCP proxy that decodes the HTTP/2 frames going through it, in both
+//! directions, and can delay what the client sends.
+//!
+//! Bytes are forwarded untouched. On the way, every frame is parsed: its
+//! type, flags and stream id, the header block of HEADERS (+ CONTINUATION)
+//! decoded with HPACK (so `grpc-timeout`, `:path` and `grpc-status` can be
+//! read), and the error code of RST_STREAM and GOAWAY. Each direction keeps
+//! its own HPACK table, as the peers do.
+//!
+//! With a delay, each chunk read from the client is forwarded that long after
+//! it was read, in order and overlapping: a one-way link latency. (The seed's
+//! proxy slept before each chunk one after the other, so a request behind
+//! another chunk arrived two delays late; see `experiments::drift`.)
+//!
+//! ```no_run
+//! # async fn run(upstream: std::net::SocketAddr) -> std::io::Result<()> {
+//! use deadline_lab::capture::{Capture, Options};
+//! let capture = Capture::start_with(upstream, Options::default()).await?;
+//! // … point a client at capture.addr() …
+//! for record in capture.records() {
+//!     println!("{}", record.line());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+/// The connection preface a client sends before its first frame.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Frame types (RFC 9113 §6).
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PUSH_PROMISE: u8 = 5;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
+
+/// Flags.
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+
+/// One frame header seen on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    /// The frame type (0 DATA, 1 HEADERS, 3 RST_STREAM, 4 SETTINGS, …).
+    pub kind: u8,
+    /// The frame flags.
+    pub flags: u8,
+    /// The stream id; 0 for connection frames.
+    pub stream: u32,
+}
+
+impl Frame {
+    /// The frame type's name.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            0 => "DATA",
+            1 => "HEADERS",
+            2 => "PRIORITY",
+            3 => "RST_STREAM",
+            4 => "SETTINGS",
+            5 => "PUSH_PROMISE",
+            6 => "PING",
+            7 => "GOAWAY",
+            8 => "WINDOW_UPDATE",
+            9 => "CONTINUATION",
+            _ => "UNKNOWN",
+        }
+    }
+
+    /// The names of the flags set, for this frame type.
+    pub fn flag_names(&self) -> Vec<&'static str> {
+        let known: &[(u8, &str)] = match self.kind {
+            DATA => &[(END_STREAM, "END_STREAM"), (PADDED, "PADDED")],
+            HEADERS => &[
+                (END_STREAM, "END_STREAM"),
+                (END_HEADERS, "END_HEADERS"),
+                (PADDED, "PADDED"),
+                (PRIORITY, "PRIORITY"),
+            ],
+            SETTINGS | PING => &[(ACK, "ACK")],
+            PUSH_PROMISE | CONTINUATION => &[(END_HEADERS, "END_HEADERS")],
+            _ => &[],
+        };
+        known
+            .iter()
+            .filter(|(bit, _)| self.flags & bit != 0)
+            .map(|(_, name)| *name)
+            .collect()
+    }
+}
+
+/// The name of an HTTP/2 error code (RST_STREAM, GOAWAY).
+pub fn error_code_name(code: u32) -> &'static str {
+    match code {
+        0 => "NO_ERROR",
+        1 => "PROTOCOL_ERROR",
+        2 => "INTERNAL_ERROR",
+        3 => "FLOW_CONTROL_ERROR",
+        4 => "SETTINGS_TIMEOUT",
+        5 => "STREAM_CLOSED",
+        6 => "FRAME_SIZE_ERROR",
+        7 => "REFUSED_STREAM",
+        8 => "CANCEL",
+        9 => "COMPRESSION_ERROR",
+        10 => "CONNECT_ERROR",
+        11 => "ENHANCE_YOUR_CALM",
+        12 => "INADEQUATE_SECURITY",
+        13 => "HTTP_1_1_REQUIRED",
+        _ => "UNKNOWN_ERROR",
+    }
+}
+
+/// Which way a frame went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// From the client to the server.
+    ClientToServer,
+    /// From the server to the client.
+    ServerToClient,
+}
+
+impl Direction {
+    /// `c→s` or `s→c`.
+    pub fn arrow(self) -> &'static str {
+        match self {
+            Direction::ClientToServer => "c→s",
+            Direction::ServerToClient => "s→c",
+        }
+    }
+}
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Time since the proxy started (client → server: when forwarded, after
+    /// any delay).
+    pub at: Duration,
+    /// Which connection through the proxy (0, 1, …).
+    pub connection: u32,
+    /// Which way it went.
+    pub direction: Direction,
+    /// Which read of this direction carried the frame's end (0, 1, …): frames
+    /// with the same number were forwarded in one chunk.
+    pub chunk: u32,
+    /// The frame header.
+    pub frame: Frame,
+    /// The payload length.
+    pub len: u32,
+    /// The decoded header list, on the frame that ends a header block.
+    pub headers: Vec<(String, String)>,
+    /// The error code of RST_STREAM and GOAWAY.
+    pub error_code: Option<u32>,
+    /// What could not be decoded, if anything.
+    pub problem: Option<String>,
+}
+
+impl Record {
+    /// The value of header `name` in this frame's header block.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// One human line: time, direction, type, stream, flags, details.
+    pub fn line(&self) -> String {
+        let mut line = format!(
+            "{:>10.3} ms  #{} {}  {:<13} stream={:<3} len={:<5}",
+            self.at.as_secs_f64() * 1000.0,
+            self.connection,
+            self.direction.arrow(),
+            self.frame.kind_name(),
+            self.frame.stream,
+            self.len,
+        );
+        let flags = self.frame.flag_names();
+        if !flags.is_empty() {
+            line += &format!(" [{}]", flags.join("|"));
+        }
+        if let Some(code) = self.error_code {
+            line += &format!(" {}", error_code_name(code));
+        }
+        // The deadline-related headers first, so they are seen at a glance.
+        let rank = |name: &str| match name {
+            "grpc-timeout" | "grpc-status" => 0,
+            ":path" | "grpc-message" => 1,
+            _ => 2,
+        };
+        let mut headers: Vec<&(String, String)> = self.headers.iter().collect();
+        headers.sort_by_key(|(name, _)| rank(name));
+        for (name, value) in headers {
+            line += &format!(" {name}={value}");
+        }
+        if let Some(problem) = &self.problem {
+            line += &format!(" ({problem})");
+        }
+        line
+    }
+
+    /// The record as one JSON object.
+    pub fn json(&self) -> Value {
+        let headers: serde_json::Map<String, Value> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.clone(), Value::String(v.clone())))
+            .collect();
+        json!({
+            "at_ms": (self.at.as_secs_f64() * 1_000_000.0).round() / 1000.0,
+            "connection": self.connection,
+            "direction": self.direction.arrow(),
+            "chunk": self.chunk,
+            "type": self.frame.kind_name(),
+            "stream": self.frame.stream,
+            "flags": self.frame.flag_names(),
+            "len": self.len,
+            "headers": headers,
+            "error_code": self.error_code.map(error_code_name),
+            "problem": self.problem,
+        })
+    }
+}
+
+impl fmt::Display for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.line())
+    }
+}
+
+/// Called with every record as it is made (the CLI prints them live).
+pub type Observer = Arc<dyn Fn(&Record) + Send + Sync>;
+
+/// How the proxy runs.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Where to listen; a free loopback port when `None`.
+    pub listen: Option<String>,
+    /// How long each chunk from the client waits before it is forwarded.
+    pub delay: Duration,
+    /// Called with every record as it is made.
+    pub observer: Option<Observer>,
+    /// Do not keep records in memory (a long-running CLI proxy).
+    pub forget: bool,
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("listen", &self.listen)
+            .field("delay", &self.delay)
+            .field("observer", &self.observer.is_some())
+            .field("forget", &self.forget)
+            .finish()
+    }
+}
+
+#[derive(Clone)]
+struct Sink {
+    started: Instant,
+    records: Arc<Mutex<Vec<Record>>>,
+    observer: Option<Observer>,
+    forget: bool,
+}
+
+impl Sink {
+    fn push(&self, record: Record) {
+        if let Some(observer) = &self.observer {
+            observer(&record);
+        }
+        if !self.forget
+            && let Ok(mut records) = self.records.lock()
+        {
+            records.push(record);
+        }
+    }
+}
+
+/// A running capture proxy.
+#[derive(Debug, Clone)]
+pub struct Capture {
+    addr: SocketAddr,
+    records: Arc<Mutex<Vec<Record>>>,
+}
+
+impl Capture {
+    /// Listens on a free loopback port and forwards each connection to
+    /// `upstream`, without delay.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Capture> {
+        Self::start_with(upstream, Options::default()).await
+    }
+
+    /// Listens as `options` say and forwards each connection to `upstream`.
+    pub async fn start_with(upstream: SocketAddr, options: Options) -> std::io::Result<Capture> {
+        let listen = options.listen.as_deref().unwrap_or("127.0.0.1:0");
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink {
+            started: Instant::now(),
+            records: records.clone(),
+            observer: options.observer,
+            forget: options.forget,
+        };
+        let delay = options.delay;
+        tokio::spawn(async move {
+            let mut connection = 0;
+            while let Ok((client, _)) = listener.accept().await {
+                let sink = sink.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(upstream).await {
+                        let _ = relay(client, server, sink, connection, delay).await;
+                    }
+                });
+                connection += 1;
+            }
+        });
+        Ok(Capture { addr, records })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every client → server frame seen so far.
+    pub fn frames(&self) -> Vec<Frame> {
+        self.records()
+            .into_iter()
+            .filter(|r| r.direction == Direction::ClientToServer)
+            .map(|r| r.frame)
+            .collect()
+    }
+
+    /// Every frame seen so far, both directions, in the order recorded.
+    pub fn records(&self) -> Vec<Record> {
+        self.records.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Forgets what was recorded so far.
+    pub fn clear(&self) {
+        if let Ok(mut records) = self.records.lock() {
+            records.clear();
+        }
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    sink: Sink,
+    connection: u32,
+    delay: Duration,
+) -> std::io::Result<()> {
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = pump(
+        client_read,
+        server_write,
+        Decoder::new(Direction::ClientToServer, connection, sink.clone()),
+        delay,
+    );
+    let down = pump(
+        server_read,
+        client_write,
+        Decoder::new(Direction::ServerToClient, connection, sink),
+        Duration::ZERO,
+    );
+    let (up, down) = tokio::join!(up, down);
+    up.and(down)
+}
+
+/// Copies one direction, decoding on the way. With a delay, each chunk is
+/// forwarded `delay` after it was read, in order: a one-way link latency
+/// (chunks in flight overlap; a request written in two chunks arrives once
+/// late, not twice).
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut decoder: Decoder,
+    delay: Duration,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    if delay.is_zero() {
+        loop {
+            let n = from.read(&mut buf).await?;
+            if n == 0 {
+                return to.shutdown().await;
+            }
+            decoder.feed(&buf[..n]);
+            to.write_all(&buf[..n]).await?;
+        }
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(1024);
+    let reader = async move {
+        loop {
+            let n = from.read(&mut buf).await?;
+            if n == 0
+                || tx
+                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .await
+                    .is_err()
+            {
+                return std::io::Result::Ok(());
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            decoder.feed(&chunk);
+            to.write_all(&chunk).await?;
+        }
+        to.shutdown().await
+    };
+    let (read, write) = tokio::join!(reader, writer);
+    read.and(write)
+}
+
+/// One direction's frame parser, HPACK table and pending header block.
+struct Decoder {
+    direction: Direction,
+    connection: u32,
+    sink: Sink,
+    parser: FrameParser,
+    hpack: loona_hpack::Decoder<'static>,
+    /// The header block being assembled (HEADERS then CONTINUATIONs).
+    block: Vec<u8>,
+    /// HPACK failed once: the table is unknown from here on.
+    broken: bool,
+    /// Chunks read so far.
+    chunks: u32,
+}
+
+impl Decoder {
+    fn new(direction: Direction, connection: u32, sink: Sink) -> Self {
+        let preface = match direction {
+            Direction::ClientToServer => PREFACE.len(),
+            Direction::ServerToClient => 0,
+        };
+        Self {
+            direction,
+            connection,
+            sink,
+            parser: FrameParser::new(preface),
+            hpack: loona_hpack::Decoder::new(),
+            block: Vec::new(),
+            broken: false,
+            chunks: 0,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for (frame, payload) in self.parser.feed(bytes) {
+            let record = self.decode(frame, &payload);
+            self.sink.push(record);
+        }
+        self.chunks += 1;
+    }
+
+    fn decode(&mut self, frame: Frame, payload: &[u8]) -> Record {
+        let mut record = Record {
+            at: self.sink.started.elapsed(),
+            connection: self.connection,
+            direction: self.direction,
+            chunk: self.chunks,
+            frame,
+            len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
+            headers: Vec::new(),
+            error_code: None,
+            problem: None,
+        };
+        let code = |at: usize| {
+            payload
+                .get(at..at + 4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        match frame.kind {
+            RST_STREAM => record.error_code = code(0),
+            GOAWAY => record.error_code = code(4),
+            HEADERS | CONTINUATION => {
+                let fragment = if frame.kind == HEADERS {
+                    self.block.clear();
+                    header_fragment(frame.flags, payload)
+                } else {
+                    Some(payload)
+                };
+                match fragment {
+                    Some(fragment) => self.block.extend_from_slice(fragment),
+                    None => record.problem = Some("malformed padding".into()),
+                }
+                if frame.flags & END_HEADERS != 0 {
+                    let block = std::mem::take(&mut self.block);
+                    match self.decode_block(&block) {
+                        Ok(headers) => record.headers = headers,
+                        Err(problem) => record.problem = Some(problem),
+                    }
+                }
+            }
+            _ => {}
+        }
+        record
+    }
+
+    fn decode_block(&mut self, block: &[u8]) -> Result<Vec<(String, String)>, String> {
+        if self.broken {
+            return Err("HPACK state lost".into());
+        }
+        match self.hpack.decode(block) {
+            Ok(list) => Ok(list
+                .into_iter()
+                .map(|(n, v)| {
+                    (
+                        String::from_utf8_lossy(&n).into_owned(),
+                        String::from_utf8_lossy(&v).into_owned(),
+                    )
+                })
+                .collect()),
+            Err(e) => {
+                self.broken = true;
+                Err(format!("HPACK: {e:?}"))
+            }
+        }
+    }
+}
+
+/// The header block fragment of a HEADERS payload, without padding and
+/// priority fields.
+fn header_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
+    let mut start = 0;
+    let mut end = payload.len();
+    if flags & PADDED != 0 {
+        let pad = usize::from(*payload.first()?);
+        start = 1;
+        end = end.checked_sub(pad)?;
+    }
+    if flags & PRIORITY != 0 {
+        start += 5;
+    }
+    payload.get(start..end)
+}
+
+/// Splits a byte stream into frames, whatever the chunking.
+#[derive(Debug)]
+struct FrameParser {
+    preface_left: usize,
+    pending: Vec<u8>,
+}
+
+impl FrameParser {
+    fn new(preface: usize) -> Self {
+        Self {
+            preface_left: preface,
+            pending: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) -> Vec<(Frame, Vec<u8>)> {
+        let take = self.preface_left.min(bytes.len());
+        self.preface_left -= take;
+        bytes = &bytes[take..];
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(h) = self.pending.get(at..at + 9) {
+            let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+            let Some(payload) = self.pending.get(at + 9..at + 9 + len) else {
+                break;
+            };
+            let frame = Frame {
+                kind: h[3],
+                flags: h[4],
+                stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
+            };
+            out.push((frame, payload.to_vec()));
+            at += 9 + len;
+        }
+        self.pending.drain(..at);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(wire: &[u8], chunk: usize) -> Vec<(Frame, Vec<u8>)> {
+        let mut parser = FrameParser::new(PREFACE.len());
+        wire.chunks(chunk).flat_map(|c| parser.feed(c)).collect()
+    }
+
+    #[test]
+    fn parser_finds_frames_across_any_chunking() {
+        let mut wire = PREFACE.to_vec();
+        wire.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS
+        wire.extend([0, 0, 3, 1, 4, 0, 0, 0, 1, 0xaa, 0xbb, 0xcc]); // HEADERS on stream 1
+        wire.extend([0, 0, 4, 3, 0, 0, 0, 0, 1, 0, 0, 0, 8]); // RST_STREAM CANCEL
+        for chunk in 1..wire.len() {
+            let frames = parse_all(&wire, chunk);
+            let kinds: Vec<_> = frames.iter().map(|(f, _)| f.kind_name()).collect();
+            assert_eq!(
+                kinds,
+                ["SETTINGS", "HEADERS", "RST_STREAM"],
+                "chunk size {chunk}"
+            );
+            assert_eq!(frames[1].0.stream, 1, "the stream id must be read");
+            assert_eq!(frames[1].1, [0xaa, 0xbb, 0xcc], "the payload must be kept");
+        }
+    }
+
+    fn sink() -> Sink {
+        Sink {
+            started: Instant::now(),
+            records: Arc::default(),
+            observer: None,
+            forget: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn decoder_reads_grpc_timeout_and_reset_codes() {
+        let mut encoder = loona_hpack::Encoder::new();
+        let block = encoder.encode([
+            (&b":method"[..], &b"POST"[..]),
+            (b":path", b"/probe.v1.Probe/Call"),
+            (b"grpc-timeout", b"999978u"),
+        ]);
+        let mut wire = PREFACE.to_vec();
+        // HEADERS split in two: HEADERS without END_HEADERS, then CONTINUATION.
+        let (first, rest) = block.split_at(block.len() / 2);
+        wire.extend(frame_bytes(HEADERS, 0, 1, first));
+        wire.extend(frame_bytes(CONTINUATION, END_HEADERS, 1, rest));
+        wire.extend(frame_bytes(RST_STREAM, 0, 1, &8u32.to_be_bytes()));
+        let sink = sink();
+        let mut decoder = Decoder::new(Direction::ClientToServer, 0, sink.clone());
+        decoder.feed(&wire);
+        let records = sink.records.lock().expect("records").clone();
+        assert_eq!(records.len(), 2 + 1);
+        assert_eq!(
+            records[1].header("grpc-timeout"),
+            Some("999978u"),
+            "the header block must be decoded across CONTINUATION"
+        );
+        assert_eq!(records[2].error_code.map(error_code_name), Some("CANCEL"));
+        assert!(records[2].line().contains("RST_STREAM"));
+        assert!(records[1].line().contains("grpc-timeout=999978u"));
+    }
+
+    fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        out.extend(stream.to_be_bytes());
+        out.extend(payload);
+        out
+    }
+
+    #[test]
+    fn padding_and_priority_are_stripped() {
+        let payload = [2, 0, 0, 0, 0, 0, 0xaa, 0xbb, 0, 0];
+        assert_eq!(
+            header_fragment(PADDED | PRIORITY, &payload),
+            Some(&[0xaa, 0xbb][..])
+        );
+        assert_eq!(header_fragment(PADDED, &[9, 1]), None, "padding too long");
+    }
+}

@@ -1,0 +1,245 @@
+//! Cancellation reaches the database (R-22): a 5 s query under a 200 ms
+//! deadline, on SQLite (the embedded default) and on PostgreSQL.
+//!
+//! SQLite: the query runs on a blocking thread and is interrupted at the
+//! deadline; the same connection then answers at once. PostgreSQL: the
+//! statement is stopped *on the server* (checked in `pg_stat_activity` from a
+//! second connection), and the connection is back in the pool. The server is
+//! `TONIC_DEADLINE_PG_URL` if set, otherwise a throwaway one started here
+//! with `initdb` and `pg_ctl` in a temp dir (skipped only when no server
+//! binaries are installed).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tonic_deadline::Scope;
+use tonic_deadline::db::postgres::{PgPool, tokio_postgres};
+use tonic_deadline::db::sqlite::SqlitePool;
+
+use crate::report::{Outcome, ms};
+
+const DEADLINE: Duration = Duration::from_millis(200);
+
+/// About five seconds of counting on this machine class; stopped long before.
+const SQLITE_5S: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 30000000) \
+                         SELECT count(*) FROM c";
+
+async fn sqlite() -> anyhow::Result<Value> {
+    let pool = SqlitePool::open_in_memory(1)?;
+    let scope = Scope::background().with_timeout(DEADLINE);
+    let start = Instant::now();
+    let stopped = pool
+        .run_in(&scope, |c| {
+            c.query_row(SQLITE_5S, [], |r| r.get::<_, i64>(0))
+        })
+        .await;
+    let stopped_after = start.elapsed();
+    let cause = stopped.as_ref().err().and_then(|e| e.cause());
+    let again = Instant::now();
+    let reusable = pool
+        .run_in(
+            &Scope::background().with_timeout(Duration::from_secs(1)),
+            |c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)),
+        )
+        .await;
+    Ok(json!({
+        "query_stopped_ms": ms(stopped_after),
+        "cause": cause.map(|c| c.to_string()),
+        "conn_reusable": matches!(reusable, Ok(1)),
+        "next_query_ms": ms(again.elapsed()),
+        "pool_idle_after": pool.stats().idle,
+        "pool_size": pool.stats().size,
+    }))
+}
+
+/// A PostgreSQL server started for this experiment and stopped on drop.
+struct Throwaway {
+    dir: PathBuf,
+    bindir: PathBuf,
+    as_postgres: bool,
+    url: String,
+}
+
+fn run_as(as_postgres: bool, program: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let status = if as_postgres {
+        Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(program)
+            .args(args)
+            .output()?
+    } else {
+        Command::new(program).args(args).output()?
+    };
+    anyhow::ensure!(
+        status.status.success(),
+        "{} failed: {}",
+        program.display(),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    Ok(())
+}
+
+impl Throwaway {
+    fn bindir() -> Option<PathBuf> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|p| p.join("initdb").exists() && p.join("pg_ctl").exists())
+            .collect();
+        dirs.sort();
+        dirs.pop()
+    }
+
+    fn start(bindir: PathBuf) -> anyhow::Result<Self> {
+        let as_postgres = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let dir = std::env::temp_dir().join(format!("deadline-lab-pg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        if as_postgres {
+            let owned = Command::new("chown").arg("postgres").arg(&dir).status()?;
+            anyhow::ensure!(
+                owned.success(),
+                "chown postgres failed (is there a postgres user?)"
+            );
+        }
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let data = dir.join("data");
+        let data_s = data.to_string_lossy().into_owned();
+        let dir_s = dir.to_string_lossy().into_owned();
+        let this = Self {
+            url: format!("postgresql://postgres@127.0.0.1:{port}/postgres"),
+            dir,
+            bindir,
+            as_postgres,
+        };
+        run_as(
+            as_postgres,
+            &this.bindir.join("initdb"),
+            &["-D", &data_s, "-U", "postgres", "--auth=trust"],
+        )?;
+        let options = format!("-p {port} -k {dir_s} -c listen_addresses=127.0.0.1");
+        let log = format!("{dir_s}/server.log");
+        run_as(
+            as_postgres,
+            &this.bindir.join("pg_ctl"),
+            &["-D", &data_s, "-l", &log, "-w", "-o", &options, "start"],
+        )?;
+        Ok(this)
+    }
+}
+
+impl Drop for Throwaway {
+    fn drop(&mut self) {
+        let data = self.dir.join("data").to_string_lossy().into_owned();
+        let _ = run_as(
+            self.as_postgres,
+            &self.bindir.join("pg_ctl"),
+            &["-D", &data, "-m", "immediate", "-w", "stop"],
+        );
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn postgres() -> anyhow::Result<Value> {
+    let (url, _server) = match std::env::var("TONIC_DEADLINE_PG_URL") {
+        Ok(url) => (url, None),
+        Err(_) => match Throwaway::bindir() {
+            None => {
+                return Ok(
+                    json!({"skipped": "no PostgreSQL server binaries (initdb, pg_ctl) installed"}),
+                );
+            }
+            Some(bindir) => {
+                let server =
+                    tokio::task::spawn_blocking(move || Throwaway::start(bindir)).await??;
+                (server.url.clone(), Some(server))
+            }
+        },
+    };
+    let (monitor, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let pool = PgPool::connect(&url, 2).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let start = Instant::now();
+    let scope = Scope::background().with_timeout(DEADLINE);
+    let mut conn = pool.get(&scope).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pid: i32 = conn
+        .query("SELECT pg_backend_pid()", &[])
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?[0]
+        .get(0);
+    let stopped = conn.query("SELECT pg_sleep(5)", &[]).await;
+    let stopped_after = start.elapsed();
+    let cause = stopped.as_ref().err().and_then(|e| e.cause());
+    let active: i64 = monitor
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'",
+            &[&pid],
+        )
+        .await?
+        .get(0);
+    drop(conn);
+    let stats = pool.stats();
+    Ok(json!({
+        "query_stopped_ms": ms(stopped_after),
+        "cause": cause.map(|c| c.to_string()),
+        "server_side_stopped": active == 0 && cause.is_some(),
+        "cancel_requests_sent": stats.cancels_sent,
+        "pool_idle_after": stats.idle,
+        "pool_size": stats.size,
+        "pool_max_size": stats.max_size,
+    }))
+}
+
+/// Runs the experiment.
+pub async fn run() -> anyhow::Result<Outcome> {
+    let sqlite = sqlite().await?;
+    let postgres = postgres().await?;
+    let cell = |v: &Value, k: &str| v.get(k).map_or_else(|| "-".to_owned(), ToString::to_string);
+    let mut rows = vec![vec![
+        "sqlite".to_owned(),
+        cell(&sqlite, "query_stopped_ms"),
+        "yes (interrupted)".to_owned(),
+        cell(&sqlite, "conn_reusable"),
+        format!(
+            "{}/{}",
+            cell(&sqlite, "pool_idle_after"),
+            cell(&sqlite, "pool_size")
+        ),
+    ]];
+    rows.push(match postgres.get("skipped") {
+        Some(reason) => vec![
+            "postgres".into(),
+            format!("skipped: {reason}"),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ],
+        None => vec![
+            "postgres".to_owned(),
+            cell(&postgres, "query_stopped_ms"),
+            cell(&postgres, "server_side_stopped"),
+            "-".into(),
+            format!(
+                "{}/{}",
+                cell(&postgres, "pool_idle_after"),
+                cell(&postgres, "pool_size")
+            ),
+        ],
+    });
+    Ok(Outcome {
+        title: "experiment db-cancel: a 5 s query under a 200 ms deadline".into(),
+        json: json!({ "sqlite": sqlite, "postgres": postgres }),
+        columns: vec!["database", "stopped after ms", "stopped on the server", "conn reusable", "pool idle/size"],
+        rows,
+        notes: vec![
+            "postgres: checked in pg_stat_activity from a second connection after the call returned".into(),
+        ],
+    })
+}

@@ -1,0 +1,64 @@
+//! A call whose deadline passed 1 s ago: answered locally, zero frames sent.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use probe::CallRequest;
+use serde_json::json;
+use tokio::time::Instant;
+use tonic_deadline::{Scope, ServerDeadlineLayer};
+
+use crate::capture::Capture;
+use crate::experiments::layered_client;
+use crate::net;
+use crate::report::{Outcome, code_name};
+use crate::systems::chain::{Hop, Plan};
+
+/// Runs the experiment.
+pub async fn run() -> anyhow::Result<Outcome> {
+    let server = Hop::new("server", Plan::default(), None);
+    let addr = net::serve(
+        "127.0.0.1:0",
+        server.routes(),
+        Some(ServerDeadlineLayer::new()),
+    )
+    .await?;
+    let capture = Capture::start(addr).await?;
+    // The connection is open and has carried one call before we measure.
+    let mut client = layered_client(capture.addr()).await?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = capture.frames().len();
+
+    let past = Instant::now()
+        .checked_sub(Duration::from_secs(1))
+        .ok_or_else(|| anyhow::anyhow!("the clock is too young to hold a past deadline"))?;
+    let scope = Scope::root(Some(past));
+    let started = Instant::now();
+    let result = scope.enter(client.call(CallRequest::default())).await;
+    let elapsed = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let after = capture.frames();
+    let new = &after[before.min(after.len())..];
+    let mut kinds = BTreeMap::new();
+    for frame in new {
+        *kinds.entry(frame.kind_name()).or_insert(0u32) += 1;
+    }
+    let status = match &result {
+        Ok(_) => "OK",
+        Err(status) => code_name(status.code()),
+    };
+    let elapsed_ms = (elapsed.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0;
+    Ok(Outcome {
+        title: "expired: a call with a deadline 1 s in the past, over an open connection".into(),
+        json: json!({ "status": status, "elapsed_ms": elapsed_ms, "frames": new.len(), "frame_kinds": kinds }),
+        columns: vec!["status", "elapsed ms", "frames on the wire", "seed"],
+        rows: vec![vec![
+            status.to_owned(),
+            format!("{elapsed_ms:.3}"),
+            new.len().to_string(),
+            "DEADLINE_EXCEEDED, 0.0 ms, 0 frames".to_owned(),
+        ]],
+        notes: vec!["frames are counted by a TCP proxy that parses every HTTP/2 frame header the client sends".into()],
+    })
+}

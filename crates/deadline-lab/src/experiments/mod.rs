@@ -1,0 +1,43 @@
+//! Experiments: each runs real services on loopback and measures one claim.
+
+pub mod chain;
+pub mod db_cancel;
+pub mod drift;
+pub mod expired;
+pub mod handler;
+pub mod im;
+pub mod orders;
+pub mod propagation;
+pub mod shop;
+pub mod wire;
+
+use probe::CallRequest;
+use probe::probe_client::ProbeClient;
+
+use crate::net::{self, Layered};
+
+/// A client to `addr` through our layer, with the connection already open.
+pub async fn layered_client(addr: std::net::SocketAddr) -> anyhow::Result<ProbeClient<Layered>> {
+    let mut client = ProbeClient::new(net::layered(net::connect(addr).await?));
+    // Warm the connection so the measured call pays no handshake.
+    client.call(CallRequest::default()).await?;
+    Ok(client)
+}
+
+/// The status name of a call's result (`OK` or the gRPC code name).
+pub fn status_name<T>(result: &Result<T, tonic::Status>) -> &'static str {
+    match result {
+        Ok(_) => "OK",
+        Err(status) => crate::report::code_name(status.code()),
+    }
+}
+
+/// The frames worth reading in a capture (requests, replies, resets), as
+/// human lines.
+pub fn wire_lines(records: &[crate::capture::Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter(|r| matches!(r.frame.kind, 0 | 1 | 3 | 7 | 9))
+        .map(crate::capture::Record::line)
+        .collect()
+}

@@ -1,0 +1,15 @@
+//! The lab behind the `deadline-lab` command: the seed systems as real tonic
+//! services, the experiments and benchmarks that measure them, and a capture
+//! proxy that reads HTTP/2 frames on the wire.
+//!
+//! Everything runs on loopback in one process by default.
+
+pub mod bench;
+pub mod capture;
+pub mod demo;
+pub mod experiments;
+pub mod html;
+pub mod net;
+pub mod pb;
+pub mod report;
+pub mod systems;

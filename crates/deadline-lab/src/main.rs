@@ -1,0 +1,351 @@
+//! `deadline-lab`: runs the seed systems on one machine and prints every
+//! deadline claim as a measured table (or, with `--json`, one JSON object).
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use deadline_lab::report::Outcome;
+use deadline_lab::{bench, experiments, systems};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "deadline-lab",
+    about = "Measures deadline propagation and cancellation on real gRPC services"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs every experiment and benchmark, prints the tables and writes an
+    /// HTML report.
+    Demo {
+        /// Where to write the HTML report.
+        #[arg(long, default_value = "target/deadline-lab/report.html")]
+        report: std::path::PathBuf,
+    },
+    /// A TCP proxy that prints every HTTP/2 frame going through it, both ways.
+    Capture {
+        /// Where to listen (the first line printed is the bound address).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// The server to forward to.
+        #[arg(long)]
+        upstream: std::net::SocketAddr,
+        /// Delay each chunk the client sends by this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serves one of the systems until killed; the first line is its address.
+    Serve {
+        #[command(subcommand)]
+        system: System,
+    },
+    /// Runs one experiment.
+    Experiment {
+        #[command(subcommand)]
+        which: Experiment,
+        /// Print exactly one JSON object instead of the table.
+        #[arg(long, global = true)]
+        json: bool,
+    },
+    /// Runs one benchmark (plain tonic and ours, interleaved in one process).
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+        /// Print exactly one JSON object instead of the table.
+        #[arg(long, global = true)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum System {
+    /// A → B → C, each spending `--hop-ms` before calling the next.
+    Chain {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long, default_value_t = 100)]
+        hop_ms: u64,
+    },
+    /// grpc.health.v1.Health/Check, behind our server layer unless `--plain`.
+    Echo {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long)]
+        plain: bool,
+    },
+    /// The IM chain gateway → logic → route / push (roles: push, route, logic, gateway).
+    Im(Split),
+    /// The API in front of inventory, pricing and cache (roles: inventory, pricing, cache, api).
+    Shop(Split),
+    /// Orders (SQLite) calling payments (roles: payments, orders).
+    Orders {
+        #[command(flatten)]
+        split: Split,
+        /// An SQLite file instead of the in-memory database.
+        #[arg(long)]
+        db: Option<std::path::PathBuf>,
+    },
+}
+
+/// Where a system listens, and which part of it runs in this process.
+#[derive(Debug, clap::Args)]
+struct Split {
+    /// The entry service's address (or the role's, with `--role`).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// Run only this service; the services it calls come from `--peer`.
+    #[arg(long)]
+    role: Option<String>,
+    /// `name=addr` of a service this role calls (repeatable).
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+}
+
+impl Split {
+    fn peers(&self) -> anyhow::Result<systems::Peers> {
+        systems::Peers::parse(self.peers.iter().map(String::as_str))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Experiment {
+    /// grpc-timeout on the wire for budgets from 50 ms to 100 h.
+    Wire,
+    /// Remaining budget on entry at A, B and C.
+    Chain {
+        #[arg(long, default_value_t = 100)]
+        hop_ms: u64,
+    },
+    /// Completions downstream after the client gives up: propagate vs detach.
+    Propagation,
+    /// An already-expired call: status, time, frames on the wire.
+    Expired,
+    /// A 5 s query under a 200 ms deadline, on SQLite and PostgreSQL.
+    DbCancel,
+    /// A handler that watches its scope vs one that ignores it.
+    Handler,
+    /// Relative timeouts under injected client → server delay.
+    Drift,
+    /// The IM chain's per-hop budgets, normal and with route stalling.
+    Im,
+    /// The API's 900 ms shared by inventory and pricing, the cache cap, fan-out.
+    Shop,
+    /// CreateOrder with a payment that stalls past the deadline.
+    Orders,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Unary throughput and latency, plain tonic vs both layers.
+    Overhead {
+        #[arg(long, default_value_t = 8)]
+        rounds: usize,
+        #[arg(long, default_value_t = 500)]
+        round_ms: u64,
+    },
+    /// Cancel propagation latency across three hops.
+    Cancel {
+        #[arg(long, default_value_t = 1000)]
+        runs: usize,
+        /// Runtime worker threads; 1 runs everything on one scheduler thread.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+    /// Goodput at 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
+    Overload {
+        /// Seconds of open-loop load per server and level.
+        #[arg(long, default_value_t = 3.0)]
+        window_s: f64,
+    },
+}
+
+fn print(outcome: &Outcome, json: bool) {
+    if json {
+        println!("{}", outcome.json);
+    } else {
+        println!("{}", outcome.table());
+    }
+}
+
+/// The entry service of a started system: the last one started.
+fn entry(started: &[systems::Started]) -> anyhow::Result<std::net::SocketAddr> {
+    started
+        .last()
+        .map(|s| s.addr)
+        .ok_or_else(|| anyhow::anyhow!("nothing was started"))
+}
+
+/// Runs the capture proxy until killed, printing every frame as it passes.
+async fn capture(
+    listen: String,
+    upstream: std::net::SocketAddr,
+    delay_ms: u64,
+    json: bool,
+) -> anyhow::Result<()> {
+    use deadline_lab::capture::{Capture, Options, Record};
+    use std::io::Write;
+    let observer = std::sync::Arc::new(move |record: &Record| {
+        let line = if json {
+            record.json().to_string()
+        } else {
+            record.line()
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    });
+    let capture = Capture::start_with(
+        upstream,
+        Options {
+            listen: Some(listen),
+            delay: Duration::from_millis(delay_ms),
+            observer: Some(observer),
+            forget: true,
+        },
+    )
+    .await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "listen": capture.addr().to_string(), "upstream": upstream.to_string() })
+        );
+    } else {
+        println!("{}", capture.addr());
+    }
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Demo { report } => deadline_lab::demo::run(&report).await,
+            Command::Capture {
+                listen,
+                upstream,
+                delay_ms,
+                json,
+            } => capture(listen, upstream, delay_ms, json).await,
+            Command::Serve { system } => {
+                let addr = match system {
+                    System::Chain { listen, hop_ms } => {
+                        let plan = systems::chain::Plan {
+                            work: Duration::from_millis(hop_ms),
+                            ..Default::default()
+                        };
+                        systems::chain::start(&listen, [plan; 3], true).await?.entry
+                    }
+                    System::Echo { listen, plain } => systems::echo::start(&listen, plain).await?,
+                    System::Im(split) => {
+                        let journal = systems::trace::Journal::new();
+                        let started = match &split.role {
+                            Some(role) => vec![
+                                systems::im::start_role(
+                                    role,
+                                    &split.listen,
+                                    &split.peers()?,
+                                    &journal,
+                                )
+                                .await?,
+                            ],
+                            None => systems::im::start(&split.listen, &journal).await?,
+                        };
+                        entry(&started)?
+                    }
+                    System::Shop(split) => {
+                        let journal = systems::trace::Journal::new();
+                        let started = match &split.role {
+                            Some(role) => vec![
+                                systems::shop::start_role(
+                                    role,
+                                    &split.listen,
+                                    &split.peers()?,
+                                    &journal,
+                                )
+                                .await?,
+                            ],
+                            None => systems::shop::start(&split.listen, &journal).await?,
+                        };
+                        entry(&started)?
+                    }
+                    System::Orders { split, db } => {
+                        let mut shared = systems::orders::Shared::in_memory()?;
+                        if let Some(path) = db {
+                            shared.db = systems::orders::Db::open(&path)?;
+                        }
+                        let started = match &split.role {
+                            Some(role) => vec![
+                                systems::orders::start_role(
+                                    role,
+                                    &split.listen,
+                                    &split.peers()?,
+                                    &shared,
+                                )
+                                .await?,
+                            ],
+                            None => systems::orders::start(&split.listen, &shared).await?,
+                        };
+                        entry(&started)?
+                    }
+                };
+                println!("{addr}");
+                tokio::signal::ctrl_c().await?;
+                Ok(())
+            }
+            Command::Experiment { which, json } => {
+                let outcome = match which {
+                    Experiment::Wire => experiments::wire::run().await?,
+                    Experiment::Chain { hop_ms } => {
+                        experiments::chain::run(Duration::from_millis(hop_ms)).await?
+                    }
+                    Experiment::Propagation => experiments::propagation::run().await?,
+                    Experiment::Expired => experiments::expired::run().await?,
+                    Experiment::DbCancel => experiments::db_cancel::run().await?,
+                    Experiment::Handler => experiments::handler::run().await?,
+                    Experiment::Drift => experiments::drift::run().await?,
+                    Experiment::Im => experiments::im::run().await?,
+                    Experiment::Shop => experiments::shop::run().await?,
+                    Experiment::Orders => experiments::orders::run().await?,
+                };
+                print(&outcome, json);
+                Ok(())
+            }
+            Command::Bench { which, json } => {
+                let outcome = match which {
+                    Bench::Overhead { rounds, round_ms } => {
+                        bench::overhead::run(bench::overhead::Load {
+                            rounds,
+                            round: Duration::from_millis(round_ms),
+                            ..Default::default()
+                        })
+                        .await?
+                    }
+                    Bench::Cancel { runs, threads } => {
+                        bench::cancel::run_on_own_runtime(runs, threads).await?
+                    }
+                    Bench::Overload { window_s } => {
+                        bench::overload::run(bench::overload::Load {
+                            window: Duration::from_secs_f64(window_s.clamp(0.5, 30.0)),
+                            ..Default::default()
+                        })
+                        .await?
+                    }
+                };
+                print(&outcome, json);
+                Ok(())
+            }
+        }
+    })
+}

@@ -1,0 +1,95 @@
+//! The seed systems, as real tonic services on real loopback sockets.
+//!
+//! Each system runs whole in one process (every service on its own port), or
+//! one service per process: `deadline-lab serve <system> --role <service>
+//! --peer <name>=<addr>`.
+
+pub mod chain;
+pub mod echo;
+pub mod im;
+pub mod orders;
+pub mod shop;
+pub mod trace;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use tonic::service::Routes;
+use tonic_deadline::ServerDeadlineLayer;
+
+use crate::{net, pb};
+
+/// Addresses of the services a role calls, by service name.
+#[derive(Debug, Clone, Default)]
+pub struct Peers(HashMap<String, SocketAddr>);
+
+impl Peers {
+    /// Parses `name=addr` pairs.
+    ///
+    /// # Errors
+    ///
+    /// When a pair has no `=` or its address does not parse.
+    pub fn parse<'a>(pairs: impl IntoIterator<Item = &'a str>) -> anyhow::Result<Self> {
+        let mut peers = HashMap::new();
+        for pair in pairs {
+            let (name, addr) = pair
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--peer takes name=addr, got {pair}"))?;
+            peers.insert(name.to_owned(), addr.parse()?);
+        }
+        Ok(Self(peers))
+    }
+
+    /// Adds or replaces one peer.
+    pub fn insert(&mut self, name: &str, addr: SocketAddr) {
+        self.0.insert(name.to_owned(), addr);
+    }
+
+    /// The address of `name`.
+    ///
+    /// # Errors
+    ///
+    /// When `name` was not given.
+    pub fn get(&self, name: &str) -> anyhow::Result<SocketAddr> {
+        self.0
+            .get(name)
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("this role needs --peer {name}=ADDR"))
+    }
+
+    /// A layered client channel to `name` (connects on first use).
+    ///
+    /// # Errors
+    ///
+    /// When `name` was not given.
+    pub fn channel(&self, name: &str) -> anyhow::Result<net::Layered> {
+        Ok(net::layered(net::connect_lazy(self.get(name)?)?))
+    }
+}
+
+/// One service of a system, started.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// The service name.
+    pub role: &'static str,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+/// Serves `routes` with gRPC server reflection for the lab's protos.
+pub async fn serve_lab(
+    listen: &str,
+    routes: Routes,
+    layer: ServerDeadlineLayer,
+) -> anyhow::Result<SocketAddr> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    net::serve(listen, routes.add_service(reflection), Some(layer)).await
+}
+
+/// The milliseconds of a request field as a duration.
+pub fn millis(ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(ms)
+}

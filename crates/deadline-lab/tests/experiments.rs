@@ -1,0 +1,561 @@
+//! The lab's experiments measure what they claim, on real loopback services.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use deadline_lab::{bench, experiments};
+use serde_json::Value;
+use tonic_deadline::timeout_header::decode;
+
+fn lab(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+        .args(args)
+        .output()
+        .expect("deadline-lab must start");
+    assert!(
+        out.status.success(),
+        "deadline-lab {args:?} must succeed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("stdout must be UTF-8");
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "--json must print exactly one line: {stdout}"
+    );
+    serde_json::from_str(&stdout).expect("--json must print one JSON object")
+}
+
+#[test]
+fn wire_experiment_reports_headers_as_received() {
+    let json = lab(&["experiment", "wire", "--json"]);
+    let rows = json["rows"].as_array().expect("rows must be a list");
+    let budgets = [
+        ("50ms", Duration::from_millis(50)),
+        ("1s", Duration::from_secs(1)),
+        ("5s", Duration::from_secs(5)),
+        ("1m30s", Duration::from_secs(90)),
+        ("2h", Duration::from_secs(7200)),
+        ("100h", Duration::from_secs(360_000)),
+    ];
+    for (row, (label, budget)) in rows.iter().zip(budgets) {
+        assert_eq!(row["timeout"], label);
+        let header = row["header"]
+            .as_str()
+            .expect("a deadline must put a header on the wire");
+        let seen = decode(header.as_bytes()).expect("the header must be valid");
+        assert!(
+            seen <= budget,
+            "{label}: the header must carry the remaining time, not more ({header})"
+        );
+        assert!(
+            budget - seen < Duration::from_millis(50),
+            "{label}: {header} is far below the budget"
+        );
+    }
+    assert_eq!(
+        rows[1]["header"].as_str().map(|h| h.ends_with('u')),
+        Some(true),
+        "1 s is written in microseconds"
+    );
+    assert_eq!(
+        rows[4]["header"], "7200000m",
+        "2 h is written in milliseconds"
+    );
+    assert_eq!(rows[5]["header"], "360000S", "100 h is written in seconds");
+    assert_eq!(rows[6]["timeout"], "none");
+    assert!(
+        rows[6]["header"].is_null(),
+        "no deadline must mean no header"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chain_experiment_budget_shrinks_by_each_hop() {
+    let outcome = experiments::chain::run(Duration::from_millis(100))
+        .await
+        .expect("the chain must run");
+    let json = outcome.json;
+    assert_eq!(json["status"], "OK");
+    let hops: Vec<f64> = json["hops"]
+        .as_array()
+        .expect("hops")
+        .iter()
+        .map(|h| h["remaining_ms"].as_f64().expect("remaining_ms"))
+        .collect();
+    assert_eq!(hops.len(), 3, "A, B and C must report");
+    assert!(
+        hops[0] <= 1000.0 && hops[0] > 950.0,
+        "A sees about the full budget: {hops:?}"
+    );
+    for pair in hops.windows(2) {
+        assert!(
+            pair[1] <= pair[0] - 100.0,
+            "each hop must see at least its predecessor's work less: {hops:?}"
+        );
+        assert!(
+            pair[1] > pair[0] - 150.0,
+            "and not much less on loopback: {hops:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn propagation_experiment_stops_downstream_unless_detached() {
+    let json = experiments::propagation::run()
+        .await
+        .expect("both chains must run")
+        .json;
+    assert_eq!(json["propagate"]["client_status"], "DEADLINE_EXCEEDED");
+    assert_eq!(
+        json["propagate"]["b_completed"], 0,
+        "B must stop when the client gives up"
+    );
+    assert_eq!(
+        json["propagate"]["c_completed"], 0,
+        "C must stop when the client gives up"
+    );
+    assert_eq!(json["detached"]["client_status"], "DEADLINE_EXCEEDED");
+    assert_eq!(
+        json["detached"]["b_completed"], 1,
+        "a detached call runs to the end"
+    );
+    assert_eq!(
+        json["detached"]["c_completed"], 1,
+        "a detached call runs to the end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_experiment_sends_zero_frames() {
+    let json = experiments::expired::run()
+        .await
+        .expect("the experiment must run")
+        .json;
+    assert_eq!(json["status"], "DEADLINE_EXCEEDED");
+    assert_eq!(
+        json["frames"], 0,
+        "an expired call must put nothing on the wire: {json}"
+    );
+    assert!(
+        json["elapsed_ms"].as_f64().expect("elapsed_ms") < 50.0,
+        "it fails locally, at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn benchmarks_report_both_variants() {
+    let load = bench::overhead::Load {
+        connections: 1,
+        streams: 2,
+        rounds: 2,
+        round: Duration::from_millis(100),
+    };
+    let json = bench::overhead::run(load)
+        .await
+        .expect("the overhead bench must run")
+        .json;
+    assert!(json["plain_rps"].as_f64().expect("plain_rps") > 0.0);
+    assert!(json["layered_rps"].as_f64().expect("layered_rps") > 0.0);
+    assert_eq!(json["layered_failed"], 0, "no layered call may fail");
+    let json = bench::cancel::run_on_own_runtime(10, 1)
+        .await
+        .expect("the cancel bench must run")
+        .json;
+    for key in ["p50_us", "p99_us", "plain_p50_us", "plain_p99_us"] {
+        assert!(
+            json[key].as_f64().expect(key) > 0.0,
+            "{key} must be measured"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_chain_prints_its_address_first_and_answers() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+        .args(["serve", "chain", "--hop-ms", "10"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("deadline-lab must start");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("reader task")
+    .expect("the first line must be readable");
+    let addr = line
+        .trim()
+        .parse()
+        .expect("the first line must be the entry address");
+    let result = async {
+        let mut client = experiments::layered_client(addr).await?;
+        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_secs(5));
+        let reply = scope
+            .enter(client.call(probe::CallRequest::default()))
+            .await?;
+        anyhow::Ok(reply.into_inner().hops.len())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        result.expect("the chain must answer"),
+        3,
+        "A, B and C must each report"
+    );
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} must be a number"))
+}
+
+#[test]
+fn handler_experiment_watching_stops_ignoring_is_a_detected_zombie() {
+    let json = lab(&["experiment", "handler", "--json"]);
+    let watching = &json["watching"];
+    let ignoring = &json["ignoring"];
+    for v in [watching, ignoring] {
+        assert_eq!(v["client_status"], "DEADLINE_EXCEEDED", "{json}");
+        let client_ms = num(&v["client_ms"]);
+        assert!(
+            (145.0..400.0).contains(&client_ms),
+            "the client gives up at its 150 ms deadline: {json}"
+        );
+    }
+    assert_eq!(watching["completed"], 0, "watching work must stop: {json}");
+    let noticed = num(&watching["server_noticed_ms"]);
+    assert!(
+        (140.0..400.0).contains(&noticed),
+        "the server notices at the deadline, not after its 1 s of work: {json}"
+    );
+    assert_eq!(
+        ignoring["completed"], 1,
+        "ignoring work runs to the end: {json}"
+    );
+    assert!(
+        num(&ignoring["zombie_ms"]) > 500.0,
+        "it outlives its scope by most of the second: {json}"
+    );
+    assert!(
+        num(&ignoring["outlived_detected"]) >= 1.0,
+        "the library must detect the work that outlived its scope: {json}"
+    );
+    let wire = watching["wire"].to_string();
+    assert!(
+        wire.contains("grpc-timeout=")
+            && (wire.contains("grpc-status=4") || wire.contains("RST_STREAM")),
+        "the capture shows the budget going out and the call ending at the deadline \
+         (the server's DEADLINE_EXCEEDED or the client's reset, whichever is first): {wire}"
+    );
+}
+
+#[test]
+fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
+    let json = lab(&["experiment", "drift", "--json"]);
+    let rows = json["rows"].as_array().expect("rows");
+    let delays: Vec<f64> = rows.iter().map(|r| num(&r["delay_ms"])).collect();
+    assert_eq!(delays, [0.0, 100.0, 300.0]);
+    for row in rows {
+        let delay = num(&row["delay_ms"]);
+        let server = num(&row["server_sees_ms"]);
+        let client = num(&row["client_left_ms"]);
+        assert!(
+            server > 950.0 && server <= 1000.0,
+            "the server sees about the full second whatever the delay: {row}"
+        );
+        assert!(
+            client <= 1000.0 - delay && client > 1000.0 - delay - 100.0,
+            "the client really has the delay less: {row}"
+        );
+    }
+}
+
+fn hop<'a>(case: &'a Value, service: &str) -> &'a Value {
+    case["hops"]
+        .as_array()
+        .expect("hops")
+        .iter()
+        .find(|h| h["service"] == service)
+        .unwrap_or_else(|| panic!("{service} must report: {case}"))
+}
+
+fn gave(case: &Value, service: &str, to: &str) -> f64 {
+    let g = hop(case, service)["gave"]
+        .as_array()
+        .expect("gave")
+        .iter()
+        .find(|g| g["to"] == to)
+        .unwrap_or_else(|| panic!("{service} must call {to}: {case}"))
+        .clone();
+    num(&g["ms"])
+}
+
+#[test]
+fn im_experiment_every_hop_hands_on_less_than_it_had() {
+    let json = lab(&["experiment", "im", "--json"]);
+    let normal = &json["normal"];
+    assert_eq!(normal["status"], "OK", "{normal}");
+    let gateway = num(&hop(normal, "gateway")["entry_ms"]);
+    assert!(gateway <= 800.0 && gateway > 700.0, "{normal}");
+    let to_logic = gave(normal, "gateway", "logic");
+    assert!(
+        to_logic <= 500.0 && to_logic > 450.0,
+        "gateway caps logic at 500 ms: {normal}"
+    );
+    let logic = num(&hop(normal, "logic")["entry_ms"]);
+    assert!(logic <= to_logic, "{normal}");
+    let to_route = gave(normal, "logic", "route");
+    assert!(
+        to_route <= 200.0 && to_route > 150.0,
+        "logic caps route at 200 ms: {normal}"
+    );
+    let to_push = gave(normal, "logic", "push");
+    assert!(
+        to_push <= logic - 50.0 && to_push > logic - 150.0,
+        "logic keeps 50 ms for itself: {normal}"
+    );
+    let stall = &json["route_stall"];
+    assert_eq!(stall["status"], "DEADLINE_EXCEEDED", "{stall}");
+    assert!(
+        num(&stall["client_ms"]) < 600.0,
+        "a stalled route fails the request at its 200 ms cap, long before 800 ms: {stall}"
+    );
+    let none = &json["no_deadline"];
+    let logic_own = num(&hop(none, "logic")["entry_ms"]);
+    assert!(
+        logic_own <= 500.0 && logic_own > 450.0,
+        "logic gives itself 500 ms when no deadline arrives: {none}"
+    );
+}
+
+#[test]
+fn shop_experiment_pricing_gets_what_is_left_not_a_fresh_budget() {
+    let json = lab(&["experiment", "shop", "--json"]);
+    assert_eq!(json["propagated"]["status"], "OK", "{json}");
+    let inventory = num(&json["inventory_budget_ms"]);
+    assert!(inventory <= 900.0 && inventory > 800.0, "{json}");
+    let pricing = num(&json["pricing_budget_ms"]);
+    assert!(
+        pricing <= 200.0 && pricing > 120.0,
+        "pricing gets 900 − 650 − 50 ms, about 200: {json}"
+    );
+    let cache = num(&json["cache_budget_ms"]);
+    assert!(
+        cache <= 20.0 && cache > 10.0,
+        "the cache is capped at 20 ms: {json}"
+    );
+    let fixed_pricing = num(&hop(&json["fixed_timeouts"], "pricing")["entry_ms"]);
+    assert!(
+        fixed_pricing > 700.0,
+        "fixed timeouts give pricing a fresh 800 ms: {json}"
+    );
+    let quotes: Vec<f64> = json["fan_out"]["pricing_entries_ms"]
+        .as_array()
+        .expect("quotes")
+        .iter()
+        .map(num)
+        .collect();
+    assert_eq!(quotes.len(), 3, "{json}");
+    let spread = quotes.iter().copied().fold(f64::MIN, f64::max)
+        - quotes.iter().copied().fold(f64::MAX, f64::min);
+    assert!(
+        spread < 20.0,
+        "parallel children share one deadline: {quotes:?}"
+    );
+}
+
+#[test]
+fn orders_experiment_stalled_payment_is_cancelled_and_writes_nothing() {
+    let json = lab(&["experiment", "orders", "--json"]);
+    assert_eq!(json["client_status"], "DEADLINE_EXCEEDED", "{json}");
+    assert_eq!(json["payment_cancelled"], true, "{json}");
+    assert_eq!(json["order_written"], false, "{json}");
+    let late = &json["late_reply"];
+    assert_eq!(late["client_status"], "DEADLINE_EXCEEDED", "{json}");
+    assert_eq!(
+        late["order_written"], true,
+        "DEADLINE_EXCEEDED is outcome unknown: the order may exist: {json}"
+    );
+    assert_eq!(late["retry_status"], "OK", "{json}");
+    assert_eq!(
+        late["charges"], 1,
+        "an idempotent retry must not charge twice: {json}"
+    );
+    assert!(json["outcome_unknown"].as_str().is_some());
+}
+
+/// A `deadline-lab` child process, killed when dropped.
+struct Lab {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Lab {
+    fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("deadline-lab must start");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn line(&self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("deadline-lab must print a line")
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        self.line()
+            .trim()
+            .parse()
+            .expect("the first line must be an address")
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn im_runs_as_separate_processes_through_the_capture_proxy() {
+    let route = Lab::spawn(&["serve", "im", "--role", "route"]);
+    let push = Lab::spawn(&["serve", "im", "--role", "push"]);
+    let (route_addr, push_addr) = (route.addr(), push.addr());
+    let logic = Lab::spawn(&[
+        "serve",
+        "im",
+        "--role",
+        "logic",
+        "--peer",
+        &format!("route={route_addr}"),
+        "--peer",
+        &format!("push={push_addr}"),
+    ]);
+    let logic_addr = logic.addr();
+    let gateway = Lab::spawn(&[
+        "serve",
+        "im",
+        "--role",
+        "gateway",
+        "--peer",
+        &format!("logic={logic_addr}"),
+    ]);
+    let gateway_addr = gateway.addr();
+    let capture = Lab::spawn(&["capture", "--upstream", &gateway_addr.to_string(), "--json"]);
+    let hello: Value = serde_json::from_str(&capture.line()).expect("a JSON first line");
+    let entry = hello["listen"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("the proxy's address");
+
+    let reply = async {
+        let mut client = deadline_lab::systems::im::client(entry).await?;
+        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(800));
+        let reply = scope
+            .enter(client.push(deadline_lab::pb::PushReq {
+                uid: 7,
+                text: "hi".into(),
+                route_ms: 1,
+                push_ms: 1,
+            }))
+            .await?;
+        anyhow::Ok(reply.into_inner())
+    }
+    .await
+    .expect("the chain across four processes must answer");
+    let services: Vec<&str> = reply
+        .trace
+        .iter()
+        .filter(|t| t.target.is_empty())
+        .map(|t| t.service.as_str())
+        .collect();
+    assert_eq!(services, ["gateway", "logic", "route", "push"]);
+
+    let mut request_timeout = None;
+    let mut reply_status = None;
+    for _ in 0..200 {
+        let Ok(line) = capture.lines.recv_timeout(Duration::from_secs(5)) else {
+            break;
+        };
+        let frame: Value = serde_json::from_str(&line).expect("one JSON object per frame");
+        if frame["type"] == "HEADERS" && frame["direction"] == "c→s" {
+            request_timeout = frame["headers"]["grpc-timeout"].as_str().map(str::to_owned);
+        }
+        if frame["type"] == "HEADERS"
+            && frame["direction"] == "s→c"
+            && let Some(status) = frame["headers"]["grpc-status"].as_str()
+        {
+            reply_status = Some(status.to_owned());
+            break;
+        }
+    }
+    let header = request_timeout.expect("the proxy must decode the request's grpc-timeout");
+    let budget = decode(header.as_bytes()).expect("a valid header");
+    assert!(
+        budget <= Duration::from_millis(800) && budget > Duration::from_millis(700),
+        "{header}"
+    );
+    assert_eq!(
+        reply_status.as_deref(),
+        Some("0"),
+        "grpc-status OK decoded from the trailers"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shop_and_orders_serve_their_entry_with_reflection() {
+    for system in ["shop", "orders"] {
+        let lab = Lab::spawn(&["serve", system]);
+        let addr = lab.addr();
+        let channel = deadline_lab::net::connect(addr)
+            .await
+            .expect("the entry must accept connections");
+        let mut reflection =
+            tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(
+                channel,
+            );
+        let request = tonic_reflection::pb::v1::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(
+                tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+                    String::new(),
+                ),
+            ),
+        };
+        let mut replies = reflection
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .expect("reflection must be on")
+            .into_inner();
+        let reply = replies
+            .message()
+            .await
+            .expect("a reflection reply")
+            .expect("one message");
+        let listed = format!("{reply:?}");
+        let expected = if system == "shop" {
+            "lab.v1.Shop"
+        } else {
+            "lab.v1.Orders"
+        };
+        assert!(listed.contains(expected), "{system}: {listed}");
+    }
+}

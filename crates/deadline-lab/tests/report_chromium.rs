@@ -1,0 +1,137 @@
+//! The demo's HTML report renders in a real browser: headless Chromium loads
+//! it from a file (no network) and every chart is laid out with its bars.
+//!
+//! Needs Debian's `chromium`, so it is only built with the `chromium-tests`
+//! feature (`scripts/test-all` installs the browser and enables it through
+//! `--all-features`); there a missing browser fails this test.
+
+#![cfg(feature = "chromium-tests")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use deadline_lab::experiments;
+use deadline_lab::html::{self, Step};
+
+fn chromium() -> Option<PathBuf> {
+    let candidates = ["chromium", "chromium-browser", "google-chrome"];
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .flat_map(|dir| candidates.iter().map(move |c| dir.join(c)))
+        .chain([PathBuf::from("/usr/bin/chromium")])
+        .find(|p| p.is_file())
+}
+
+fn headless(browser: &Path, profile: &Path) -> Command {
+    let mut cmd = Command::new(browser);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--virtual-time-budget=5000",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_charts_render_in_headless_chromium() {
+    let browser = chromium().expect(
+        "the report test needs chromium on PATH or at /usr/bin/chromium: \
+         install it with `apt-get update && apt-get install -y chromium` (scripts/test-all does)",
+    );
+
+    // Real measurements for the charts (the quick experiments).
+    let mut steps = Vec::new();
+    let (chain, im, drift, propagation, handler) = tokio::join!(
+        experiments::chain::run(Duration::from_millis(100)),
+        experiments::im::run(),
+        experiments::drift::run(),
+        experiments::propagation::run(),
+        experiments::handler::run(),
+    );
+    let shop = experiments::shop::run().await;
+    for (name, outcome) in [
+        ("chain", chain),
+        ("im", im),
+        ("drift", drift),
+        ("propagation", propagation),
+        ("handler", handler),
+        ("shop", shop),
+    ] {
+        steps.push(Step {
+            name: name.to_owned(),
+            outcome: outcome.map_err(|e| format!("{e:#}")),
+            seconds: 0.0,
+        });
+    }
+    for step in &steps {
+        assert!(
+            step.outcome.is_ok(),
+            "{} must run: {:?}",
+            step.name,
+            step.outcome
+        );
+    }
+    let page = html::render(&steps, 1.0);
+    let dir = std::env::temp_dir().join(format!("deadline-lab-report-{}", std::process::id()));
+    let profile = dir.join("profile");
+    std::fs::create_dir_all(&profile).expect("a temp folder");
+    let report = dir.join("report.html");
+    std::fs::write(&report, &page).expect("the report must be written");
+
+    let out = headless(&browser, &profile)
+        .arg("--dump-dom")
+        .arg(format!("file://{}", report.display()))
+        .output()
+        .expect("chromium must start");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let expected_charts = page.matches("<svg class=\"chart\"").count();
+    assert!(
+        expected_charts >= 6,
+        "the report must draw every chart: {expected_charts}"
+    );
+    assert!(
+        dom.contains(&format!(
+            "data-charts-rendered=\"{expected_charts}/{expected_charts}\""
+        )),
+        "every chart must be laid out with its bars in Chromium (status {}): {}",
+        out.status,
+        dom.lines()
+            .find(|l| l.contains("data-charts-rendered"))
+            .unwrap_or("no data-charts-rendered attribute: the page script did not run")
+    );
+    for chart in [
+        "chain",
+        "im-normal",
+        "im-stall",
+        "drift",
+        "completions",
+        "shop",
+    ] {
+        assert!(
+            dom.contains(&format!("data-chart=\"{chart}\"")),
+            "the {chart} chart must be in the rendered page"
+        );
+    }
+
+    let shot = dir.join("report.png");
+    let status = headless(&browser, &profile)
+        .arg("--window-size=1100,2400")
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", report.display()))
+        .status()
+        .expect("chromium must start");
+    let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        status.success() && size > 10_000,
+        "a screenshot of the report must be taken ({size} bytes)"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
