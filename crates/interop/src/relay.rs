@@ -1,0 +1,114 @@
+//! The middle hop of the mixed-language chains: `conformance.relay.Relay`.
+//!
+//! A foreign client calls `Forward`; the relay notes the budget it received,
+//! spends its own hop time, then calls a foreign `Downstream.Work` with no
+//! deadline code at all — the client layer takes the remaining budget from
+//! the request's scope, and the server layer cancels that scope when the
+//! foreign client resets the stream, which resets the downstream call too.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn run() -> anyhow::Result<()> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let relay = interop::relay::Relay::connect_lazy("127.0.0.1:50052")?;
+//! interop::relay::serve(listener, relay, std::future::pending()).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Request, Response, Status};
+use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
+use tower_layer::Layer;
+
+use crate::client::DeadlineChannel;
+use crate::relay_pb::downstream_client::DownstreamClient;
+use crate::relay_pb::relay_server::{Relay as RelayService, RelayServer};
+use crate::relay_pb::{ForwardReply, ForwardRequest, WorkRequest};
+
+/// The relay: a `Relay` service that forwards to one downstream address.
+#[derive(Debug, Clone)]
+pub struct Relay {
+    downstream: DownstreamClient<DeadlineChannel>,
+}
+
+impl Relay {
+    /// A relay forwarding to `addr` (`host:port`), connecting on first use.
+    ///
+    /// # Errors
+    ///
+    /// When `addr` does not form a URI.
+    pub fn connect_lazy(addr: &str) -> anyhow::Result<Self> {
+        let channel: Channel = Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy();
+        Ok(Self {
+            downstream: DownstreamClient::new(ClientDeadlineLayer::new().layer(channel)),
+        })
+    }
+}
+
+fn micros(budget: Option<Duration>) -> i64 {
+    budget.map_or(-1, |left| {
+        i64::try_from(left.as_micros()).unwrap_or(i64::MAX)
+    })
+}
+
+#[tonic::async_trait]
+impl RelayService for Relay {
+    async fn forward(
+        &self,
+        request: Request<ForwardRequest>,
+    ) -> Result<Response<ForwardReply>, Status> {
+        let entered = Instant::now();
+        let remaining = Scope::current().remaining();
+        let header = request
+            .metadata()
+            .get("grpc-timeout")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default();
+        let request = request.into_inner();
+        // The relay's own work. It ignores its scope on purpose: the server
+        // layer must stop it (and everything under it) by itself.
+        tokio::time::sleep(Duration::from_millis(request.hop_ms.into())).await;
+        let hop = entered.elapsed();
+        let downstream = self
+            .downstream
+            .clone()
+            .work(WorkRequest {
+                work_ms: request.work_ms,
+                tag: request.tag,
+            })
+            .await?
+            .into_inner();
+        Ok(Response::new(ForwardReply {
+            relay_remaining_us: micros(remaining),
+            relay_hop_us: micros(Some(hop)),
+            relay_timeout_header: header,
+            downstream: Some(downstream),
+        }))
+    }
+}
+
+/// Serves the relay on `listener` behind [`ServerDeadlineLayer`] until
+/// `shutdown` completes.
+///
+/// # Errors
+///
+/// When the server fails to run.
+pub async fn serve(
+    listener: TcpListener,
+    relay: Relay,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    Server::builder()
+        .layer(ServerDeadlineLayer::new())
+        .add_service(RelayServer::new(relay))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
