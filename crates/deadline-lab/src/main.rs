@@ -69,10 +69,17 @@ enum Command {
 enum System {
     /// A → B → C, each spending `--hop-ms` before calling the next.
     Chain {
+        /// A's address (or the role's, with `--role`).
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
         #[arg(long, default_value_t = 100)]
         hop_ms: u64,
+        /// Run only this hop (A, B or C); it calls `--next`.
+        #[arg(long)]
+        role: Option<String>,
+        /// The address of the hop this one calls.
+        #[arg(long)]
+        next: Option<std::net::SocketAddr>,
     },
     /// grpc.health.v1.Health/Check, behind our server layer unless `--plain`.
     Echo {
@@ -240,12 +247,25 @@ fn main() -> anyhow::Result<()> {
             } => capture(listen, upstream, delay_ms, json).await,
             Command::Serve { system } => {
                 let addr = match system {
-                    System::Chain { listen, hop_ms } => {
+                    System::Chain {
+                        listen,
+                        hop_ms,
+                        role,
+                        next,
+                    } => {
                         let plan = systems::chain::Plan {
                             work: Duration::from_millis(hop_ms),
                             ..Default::default()
                         };
-                        systems::chain::start(&listen, [plan; 3], true).await?.entry
+                        match role {
+                            Some(role) => {
+                                let name = systems::chain::hop_name(&role)?;
+                                systems::chain::start_hop(name, &listen, plan, next, true)
+                                    .await?
+                                    .0
+                            }
+                            None => systems::chain::start(&listen, [plan; 3], true).await?.entry,
+                        }
                     }
                     System::Echo { listen, plain } => systems::echo::start(&listen, plain).await?,
                     System::Im(split) => {

@@ -521,6 +521,67 @@ async fn im_runs_as_separate_processes_through_the_capture_proxy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
+    let c = Lab::spawn(&["serve", "chain", "--role", "C", "--hop-ms", "20"]);
+    let c_addr = c.addr().to_string();
+    let b = Lab::spawn(&[
+        "serve", "chain", "--role", "B", "--hop-ms", "20", "--next", &c_addr,
+    ]);
+    let b_addr = b.addr().to_string();
+    let a = Lab::spawn(&[
+        "serve", "chain", "--role", "A", "--hop-ms", "20", "--next", &b_addr,
+    ]);
+    let a_addr = a.addr().to_string();
+    let capture = Lab::spawn(&["capture", "--upstream", &a_addr, "--json"]);
+    let hello: Value = serde_json::from_str(&capture.line()).expect("a JSON first line");
+    let entry = hello["listen"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("the proxy's address");
+
+    let hops = async {
+        let mut client = experiments::layered_client(entry).await?;
+        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_secs(1));
+        let reply = scope
+            .enter(client.call(probe::CallRequest::default()))
+            .await?;
+        anyhow::Ok(reply.into_inner().hops)
+    }
+    .await
+    .expect("the chain across three processes must answer");
+    let names: Vec<&str> = hops.iter().map(|h| h.service.as_str()).collect();
+    assert_eq!(names, ["A", "B", "C"]);
+    for pair in hops.windows(2) {
+        assert!(
+            pair[1].remaining_us <= pair[0].remaining_us - 20_000,
+            "each process must see at least the previous hop's work less: {hops:?}"
+        );
+    }
+    let mut budgets = Vec::new();
+    for _ in 0..200 {
+        let Ok(line) = capture.lines.recv_timeout(Duration::from_secs(5)) else {
+            break;
+        };
+        let frame: Value = serde_json::from_str(&line).expect("one JSON object per frame");
+        if frame["type"] == "HEADERS"
+            && frame["direction"] == "c→s"
+            && let Some(header) = frame["headers"]["grpc-timeout"].as_str()
+        {
+            // The warm-up call carries no deadline: the first header is ours.
+            budgets.push(decode(header.as_bytes()).expect("a valid header"));
+            break;
+        }
+    }
+    let measured = budgets
+        .last()
+        .expect("the proxy must decode the measured call's grpc-timeout");
+    assert!(
+        *measured <= Duration::from_secs(1) && *measured > Duration::from_millis(900),
+        "{measured:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shop_and_orders_serve_their_entry_with_reflection() {
     for system in ["shop", "orders"] {
         let lab = Lab::spawn(&["serve", system]);

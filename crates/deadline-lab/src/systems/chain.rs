@@ -183,38 +183,64 @@ pub struct Chain {
     pub completed: [Arc<AtomicU64>; 3],
 }
 
-/// Starts C, then B, then A (A on `entry_addr`), each on its own loopback
-/// port, with our layers; `plans` are for A, B, C. With `reflection`, A
-/// also serves gRPC server reflection.
-pub async fn start(entry_addr: &str, plans: [Plan; 3], reflection: bool) -> anyhow::Result<Chain> {
-    let c = Hop::new("C", plans[2], None);
-    let c_done = c.completed();
-    let c_addr = net::serve("127.0.0.1:0", c.routes(), Some(ServerDeadlineLayer::new())).await?;
-    let b = Hop::new(
-        "B",
-        plans[1],
-        Some(Next::Layered(ProbeClient::new(net::layered(
-            net::connect_lazy(c_addr)?,
+/// Starts one hop named `name` on `listen`, calling `next` (if any) through
+/// our client layer; with `reflection` it also serves gRPC server reflection.
+/// Returns its address and its completion counter.
+///
+/// # Errors
+///
+/// A port that cannot be bound.
+pub async fn start_hop(
+    name: &'static str,
+    listen: &str,
+    plan: Plan,
+    next: Option<SocketAddr>,
+    reflection: bool,
+) -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
+    let next = match next {
+        Some(addr) => Some(Next::Layered(ProbeClient::new(net::layered(
+            net::connect_lazy(addr)?,
         )))),
-    );
-    let b_done = b.completed();
-    let b_addr = net::serve("127.0.0.1:0", b.routes(), Some(ServerDeadlineLayer::new())).await?;
-    let a = Hop::new(
-        "A",
-        plans[0],
-        Some(Next::Layered(ProbeClient::new(net::layered(
-            net::connect_lazy(b_addr)?,
-        )))),
-    );
-    let a_done = a.completed();
-    let mut routes = a.routes();
+        None => None,
+    };
+    let hop = Hop::new(name, plan, next);
+    let done = hop.completed();
+    let mut routes = hop.routes();
     if reflection {
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(probe::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         routes = routes.add_service(reflection);
     }
-    let entry = net::serve(entry_addr, routes, Some(ServerDeadlineLayer::new())).await?;
+    let addr = net::serve(listen, routes, Some(ServerDeadlineLayer::new())).await?;
+    Ok((addr, done))
+}
+
+/// The name of a hop given on the command line (`A`, `B` or `C`).
+///
+/// # Errors
+///
+/// Any other name.
+pub fn hop_name(role: &str) -> anyhow::Result<&'static str> {
+    match role {
+        "A" | "a" => Ok("A"),
+        "B" | "b" => Ok("B"),
+        "C" | "c" => Ok("C"),
+        other => anyhow::bail!("the chain has no service {other}; roles: A, B, C"),
+    }
+}
+
+/// Starts C, then B, then A (A on `entry_addr`), each on its own loopback
+/// port, with our layers; `plans` are for A, B, C. With `reflection`, A
+/// also serves gRPC server reflection.
+///
+/// # Errors
+///
+/// A port that cannot be bound.
+pub async fn start(entry_addr: &str, plans: [Plan; 3], reflection: bool) -> anyhow::Result<Chain> {
+    let (c_addr, c_done) = start_hop("C", "127.0.0.1:0", plans[2], None, false).await?;
+    let (b_addr, b_done) = start_hop("B", "127.0.0.1:0", plans[1], Some(c_addr), false).await?;
+    let (entry, a_done) = start_hop("A", entry_addr, plans[0], Some(b_addr), reflection).await?;
     Ok(Chain {
         entry,
         completed: [a_done, b_done, c_done],
