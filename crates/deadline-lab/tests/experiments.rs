@@ -271,6 +271,13 @@ fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
             "the client really has the delay less: {row}"
         );
     }
+    let compensated = &json["compensated"];
+    let server = num(&compensated["server_sees_ms"]);
+    let client = num(&compensated["client_left_ms"]);
+    assert!(
+        (server - client).abs() < 30.0,
+        "with the one-way delay as transit allowance, server and client must agree: {compensated}"
+    );
 }
 
 fn hop<'a>(case: &'a Value, service: &str) -> &'a Value {

@@ -55,6 +55,7 @@ mod layer;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
@@ -81,11 +82,13 @@ pub struct ClientDeadline<S> {
     /// The deadline passed while waiting for readiness: the next call fails
     /// without reaching the inner service.
     ready_expired: bool,
+    /// Deducted from the budget written on the wire (transit compensation).
+    transit_allowance: Duration,
 }
 
 impl<S: Clone> Clone for ClientDeadline<S> {
     fn clone(&self) -> Self {
-        Self::new(self.inner.clone())
+        Self::new(self.inner.clone()).with_transit_allowance(self.transit_allowance)
     }
 }
 
@@ -96,7 +99,14 @@ impl<S> ClientDeadline<S> {
             inner,
             ready_timer: None,
             ready_expired: false,
+            transit_allowance: Duration::ZERO,
         }
+    }
+
+    /// See [`ClientDeadlineLayer::transit_allowance`].
+    pub const fn with_transit_allowance(mut self, allowance: Duration) -> Self {
+        self.transit_allowance = allowance;
+        self
     }
 
     /// The wrapped service.
@@ -197,10 +207,13 @@ where
             Some(deadline) => {
                 // As late as possible: the next step hands the request over.
                 let now = Instant::now();
-                if deadline <= now {
+                let on_arrival = deadline
+                    .saturating_duration_since(now)
+                    .saturating_sub(self.transit_allowance);
+                if on_arrival.is_zero() {
                     return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
                 }
-                let wire = timeout_header::encode(deadline - now);
+                let wire = timeout_header::encode(on_arrival);
                 let value = HeaderValue::try_from(wire).expect("an encoded timeout is ASCII");
                 request.headers_mut().insert(GRPC_TIMEOUT, value);
             }

@@ -827,3 +827,44 @@ async fn finished_request_body_is_not_disturbed() {
     let mut body = std::pin::pin!(response.into_body());
     assert!(body.frame().await.is_none(), "the response ends normally");
 }
+
+#[tokio::test(start_paused = true)]
+async fn transit_allowance_is_deducted_from_the_wire_budget_only() {
+    let (channel, recorded) = recording_channel();
+    let mut channel = channel.with_transit_allowance(100 * MS);
+    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    scope
+        .enter(async {
+            ServiceExt::<Request<Empty<Bytes>>>::ready(&mut channel)
+                .await
+                .expect("ready")
+                .call(Request::new(Empty::new()))
+                .await
+                .expect("the call must go out")
+        })
+        .await;
+    assert_eq!(
+        sent_timeout(&only_request(&recorded)),
+        Some(900 * MS),
+        "the server must be told the budget less the allowance"
+    );
+
+    let short = Scope::background().with_timeout(100 * MS);
+    let (channel, recorded) = recording_channel();
+    let mut channel = channel.with_transit_allowance(100 * MS);
+    let err = short
+        .enter(async {
+            ServiceExt::<Request<Empty<Bytes>>>::ready(&mut channel)
+                .await
+                .expect("ready")
+                .call(Request::new(Empty::new()))
+                .await
+                .expect_err("a call that cannot arrive in time must fail locally")
+        })
+        .await;
+    assert_eq!(status(err).code(), tonic::Code::DeadlineExceeded);
+    assert!(
+        recorded.lock().expect("not poisoned").is_empty(),
+        "nothing may be sent"
+    );
+}
