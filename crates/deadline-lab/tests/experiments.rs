@@ -627,3 +627,124 @@ async fn shop_and_orders_serve_their_entry_with_reflection() {
         assert!(listed.contains(expected), "{system}: {listed}");
     }
 }
+
+/// A capture proxy process in front of `upstream`: the proxy and its address.
+fn capture_in_front_of(upstream: std::net::SocketAddr) -> (Lab, std::net::SocketAddr) {
+    let capture = Lab::spawn(&["capture", "--upstream", &upstream.to_string(), "--json"]);
+    let hello: Value = serde_json::from_str(&capture.line()).expect("a JSON first line");
+    let entry = hello["listen"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("the proxy's address");
+    (capture, entry)
+}
+
+/// The first `grpc-timeout` the capture proxy decoded from the client.
+fn first_wire_timeout(capture: &Lab) -> Duration {
+    for _ in 0..200 {
+        let Ok(line) = capture.lines.recv_timeout(Duration::from_secs(5)) else {
+            break;
+        };
+        let frame: Value = serde_json::from_str(&line).expect("one JSON object per frame");
+        if frame["type"] == "HEADERS"
+            && frame["direction"] == "c→s"
+            && let Some(header) = frame["headers"]["grpc-timeout"].as_str()
+        {
+            return decode(header.as_bytes()).expect("a valid header");
+        }
+    }
+    panic!("the proxy must decode the call's grpc-timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shop_runs_as_separate_processes_through_the_capture_proxy() {
+    let inventory = Lab::spawn(&["serve", "shop", "--role", "inventory"]);
+    let pricing = Lab::spawn(&["serve", "shop", "--role", "pricing"]);
+    let cache = Lab::spawn(&["serve", "shop", "--role", "cache"]);
+    let peers = [
+        format!("inventory={}", inventory.addr()),
+        format!("pricing={}", pricing.addr()),
+        format!("cache={}", cache.addr()),
+    ];
+    let api = Lab::spawn(&[
+        "serve", "shop", "--role", "api", "--peer", &peers[0], "--peer", &peers[1], "--peer",
+        &peers[2],
+    ]);
+    let (capture, entry) = capture_in_front_of(api.addr());
+    let reply = async {
+        let mut client = deadline_lab::systems::shop::client(entry).await?;
+        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(900));
+        let request = deadline_lab::pb::CheckoutReq {
+            sku: "sku-1".into(),
+            inventory_ms: 50,
+            pricing_ms: 5,
+            cache_ms: 1,
+            fixed_timeouts: false,
+        };
+        anyhow::Ok(scope.enter(client.checkout(request)).await?.into_inner())
+    }
+    .await
+    .expect("the shop across four processes must answer");
+    let entered = |service: &str| {
+        reply
+            .trace
+            .iter()
+            .find(|t| t.service == service && t.target.is_empty())
+            .map(|t| t.remaining_us)
+            .unwrap_or_else(|| panic!("{service} must report its entry: {:?}", reply.trace))
+    };
+    assert!(
+        entered("pricing") <= entered("inventory") - 50_000,
+        "pricing gets what inventory's 50 ms left: {:?}",
+        reply.trace
+    );
+    let budget = first_wire_timeout(&capture);
+    assert!(
+        budget <= Duration::from_millis(900) && budget > Duration::from_millis(800),
+        "{budget:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_runs_as_separate_processes_through_the_capture_proxy() {
+    let payments = Lab::spawn(&["serve", "orders", "--role", "payments"]);
+    let peer = format!("payments={}", payments.addr());
+    let orders = Lab::spawn(&["serve", "orders", "--role", "orders", "--peer", &peer]);
+    let (capture, entry) = capture_in_front_of(orders.addr());
+    let (created, fetched) = async {
+        let mut client = deadline_lab::systems::orders::client(entry).await?;
+        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_secs(1));
+        let request = deadline_lab::pb::CreateOrderReq {
+            order_id: "order-1".into(),
+            amount_cents: 1250,
+            payment_ms: 5,
+            reply_ms: 0,
+        };
+        let created = scope
+            .enter(client.create_order(request))
+            .await?
+            .into_inner();
+        let fetched = client
+            .get_order(deadline_lab::pb::GetOrderReq {
+                order_id: "order-1".into(),
+            })
+            .await?
+            .into_inner();
+        anyhow::Ok((created, fetched))
+    }
+    .await
+    .expect("orders across two processes must answer");
+    assert!(
+        !created.payment_id.is_empty(),
+        "the payment must have run: {created:?}"
+    );
+    assert_eq!(
+        fetched.payment_id, created.payment_id,
+        "the row must be written"
+    );
+    let budget = first_wire_timeout(&capture);
+    assert!(
+        budget <= Duration::from_secs(1) && budget > Duration::from_millis(900),
+        "{budget:?}"
+    );
+}
