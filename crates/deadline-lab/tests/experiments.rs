@@ -466,12 +466,7 @@ async fn im_runs_as_separate_processes_through_the_capture_proxy() {
         &format!("logic={logic_addr}"),
     ]);
     let gateway_addr = gateway.addr();
-    let capture = Lab::spawn(&["capture", "--upstream", &gateway_addr.to_string(), "--json"]);
-    let hello: Value = serde_json::from_str(&capture.line()).expect("a JSON first line");
-    let entry = hello["listen"]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .expect("the proxy's address");
+    let (capture, entry) = capture_in_front_of(gateway_addr);
 
     let reply = async {
         let mut client = deadline_lab::systems::im::client(entry).await?;
@@ -538,13 +533,7 @@ async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
     let a = Lab::spawn(&[
         "serve", "chain", "--role", "A", "--hop-ms", "20", "--next", &b_addr,
     ]);
-    let a_addr = a.addr().to_string();
-    let capture = Lab::spawn(&["capture", "--upstream", &a_addr, "--json"]);
-    let hello: Value = serde_json::from_str(&capture.line()).expect("a JSON first line");
-    let entry = hello["listen"]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .expect("the proxy's address");
+    let (capture, entry) = capture_in_front_of(a.addr());
 
     let hops = async {
         let mut client = experiments::layered_client(entry).await?;
@@ -564,26 +553,9 @@ async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
             "each process must see at least the previous hop's work less: {hops:?}"
         );
     }
-    let mut budgets = Vec::new();
-    for _ in 0..200 {
-        let Ok(line) = capture.lines.recv_timeout(Duration::from_secs(5)) else {
-            break;
-        };
-        let frame: Value = serde_json::from_str(&line).expect("one JSON object per frame");
-        if frame["type"] == "HEADERS"
-            && frame["direction"] == "c→s"
-            && let Some(header) = frame["headers"]["grpc-timeout"].as_str()
-        {
-            // The warm-up call carries no deadline: the first header is ours.
-            budgets.push(decode(header.as_bytes()).expect("a valid header"));
-            break;
-        }
-    }
-    let measured = budgets
-        .last()
-        .expect("the proxy must decode the measured call's grpc-timeout");
+    let measured = first_wire_timeout(&capture);
     assert!(
-        *measured <= Duration::from_secs(1) && *measured > Duration::from_millis(900),
+        measured <= Duration::from_secs(1) && measured > Duration::from_millis(900),
         "{measured:?}"
     );
 }

@@ -28,7 +28,7 @@ use crate::pb::route_client::RouteClient;
 use crate::pb::route_server::{Route, RouteServer};
 use crate::pb::{DeliverReq, DeliverResp, PushReq, PushResp, RouteReq, RouteResp};
 use crate::systems::trace::{Journal, Tracer, work};
-use crate::systems::{Peers, Started, millis, serve_lab};
+use crate::systems::{Peers, Started, millis, serve_lab, start_in_order};
 
 /// The client's budget.
 pub const CLIENT_BUDGET: Duration = Duration::from_millis(800);
@@ -201,19 +201,10 @@ pub async fn start_role(
 ///
 /// A port that cannot be bound.
 pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started>> {
-    let mut peers = Peers::default();
-    let mut started = Vec::new();
-    for role in ROLES {
-        let listen = if role == "gateway" {
-            entry
-        } else {
-            "127.0.0.1:0"
-        };
-        let s = start_role(role, listen, &peers, journal).await?;
-        peers.insert(s.role, s.addr);
-        started.push(s);
-    }
-    Ok(started)
+    start_in_order(&ROLES, "gateway", entry, async |role, listen, peers| {
+        start_role(role, listen, peers, journal).await
+    })
+    .await
 }
 
 /// A client of the gateway at `addr`.

@@ -77,6 +77,34 @@ pub struct Started {
     pub addr: SocketAddr,
 }
 
+/// Starts a system's `roles` in order (callees before callers), each
+/// learning the addresses of those started before it; `entry_role` listens
+/// on `entry`, the others on free loopback ports.
+///
+/// # Errors
+///
+/// The first role that fails to start.
+pub async fn start_in_order(
+    roles: &[&'static str],
+    entry_role: &str,
+    entry: &str,
+    mut start_role: impl AsyncFnMut(&'static str, &str, &Peers) -> anyhow::Result<Started>,
+) -> anyhow::Result<Vec<Started>> {
+    let mut peers = Peers::default();
+    let mut started = Vec::new();
+    for &role in roles {
+        let listen = if role == entry_role {
+            entry
+        } else {
+            "127.0.0.1:0"
+        };
+        let s = start_role(role, listen, &peers).await?;
+        peers.insert(s.role, s.addr);
+        started.push(s);
+    }
+    Ok(started)
+}
+
 /// Serves `routes` with gRPC server reflection for the lab's protos.
 pub async fn serve_lab(
     listen: &str,

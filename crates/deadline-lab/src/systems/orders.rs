@@ -23,7 +23,7 @@ use crate::pb::payments_client::PaymentsClient;
 use crate::pb::payments_server::{Payments, PaymentsServer};
 use crate::pb::{ChargeReq, ChargeResp, CreateOrderReq, GetOrderReq, Order};
 use crate::systems::trace::{Journal, Tracer, work};
-use crate::systems::{Peers, Started, millis, serve_lab};
+use crate::systems::{Peers, Started, millis, serve_lab, start_in_order};
 
 /// The services, in the order they must start (callees first).
 pub const ROLES: [&str; 2] = ["payments", "orders"];
@@ -294,19 +294,10 @@ pub async fn start_role(
 ///
 /// A port that cannot be bound.
 pub async fn start(entry: &str, shared: &Shared) -> anyhow::Result<Vec<Started>> {
-    let mut peers = Peers::default();
-    let mut started = Vec::new();
-    for role in ROLES {
-        let listen = if role == "orders" {
-            entry
-        } else {
-            "127.0.0.1:0"
-        };
-        let s = start_role(role, listen, &peers, shared).await?;
-        peers.insert(s.role, s.addr);
-        started.push(s);
-    }
-    Ok(started)
+    start_in_order(&ROLES, "orders", entry, async |role, listen, peers| {
+        start_role(role, listen, peers, shared).await
+    })
+    .await
 }
 
 /// A client of orders at `addr`.

@@ -27,7 +27,7 @@ use crate::pb::shop_client::ShopClient;
 use crate::pb::shop_server::{Shop, ShopServer};
 use crate::pb::{BrowseReq, CheckoutReq, CheckoutResp, ItemReq, ItemResp};
 use crate::systems::trace::{Journal, Tracer, work};
-use crate::systems::{Peers, Started, millis, serve_lab};
+use crate::systems::{Peers, Started, millis, serve_lab, start_in_order};
 
 /// The API's deadline for one request.
 pub const API_DEADLINE: Duration = Duration::from_millis(900);
@@ -253,15 +253,10 @@ pub async fn start_role(
 ///
 /// A port that cannot be bound.
 pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started>> {
-    let mut peers = Peers::default();
-    let mut started = Vec::new();
-    for role in ROLES {
-        let listen = if role == "api" { entry } else { "127.0.0.1:0" };
-        let s = start_role(role, listen, &peers, journal).await?;
-        peers.insert(s.role, s.addr);
-        started.push(s);
-    }
-    Ok(started)
+    start_in_order(&ROLES, "api", entry, async |role, listen, peers| {
+        start_role(role, listen, peers, journal).await
+    })
+    .await
 }
 
 /// A client of the API at `addr`.

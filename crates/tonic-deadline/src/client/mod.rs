@@ -182,15 +182,10 @@ where
                 return ResponseFuture::failed(tonic::Status::internal(malformed.to_string()));
             }
         };
-        let mut deadline = requested.and_then(|t| Instant::now().checked_add(t));
         if let Some(scope) = &scope {
             if let Some(cause) = scope.cause() {
                 return ResponseFuture::failed(status_for(cause));
             }
-            deadline = match (deadline, scope.deadline()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
             if let Some(forwarded) = scope.forwarded() {
                 let headers = request.headers_mut();
                 // Decide per key, not per value: a key may carry several values.
@@ -203,10 +198,18 @@ where
                 }
             }
         }
+        // One clock read, as late as possible: the next step hands the
+        // request over.
+        let now = Instant::now();
+        let deadline = match (
+            requested.and_then(|t| now.checked_add(t)),
+            scope.as_ref().and_then(Scope::deadline),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         match deadline {
             Some(deadline) => {
-                // As late as possible: the next step hands the request over.
-                let now = Instant::now();
                 let on_arrival = deadline
                     .saturating_duration_since(now)
                     .saturating_sub(self.transit_allowance);
