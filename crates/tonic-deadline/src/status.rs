@@ -6,7 +6,9 @@
 //! cancel is `CANCELLED` everywhere. Messages are fixed texts (R-15); the
 //! details of which request and how much budget was left go to logs.
 
+use std::error::Error;
 use std::fmt;
+use std::sync::LazyLock;
 
 use tonic::{Code, Status};
 
@@ -16,7 +18,7 @@ use crate::scope::Cause;
 pub(crate) fn code_for(cause: Cause) -> Code {
     match cause {
         Cause::DeadlineExceeded => Code::DeadlineExceeded,
-        Cause::Cancelled | Cause::CallerCancelled | Cause::Completed => Code::Cancelled,
+        Cause::Cancelled | Cause::Abandoned | Cause::Completed => Code::Cancelled,
     }
 }
 
@@ -70,7 +72,66 @@ impl fmt::Display for Ended {
     }
 }
 
-impl std::error::Error for Ended {}
+/// The statuses an [`Ended`] reports as its [`source`](Error::source), one
+/// per code. Constant data, built once.
+static DEADLINE_EXCEEDED: LazyLock<Status> = LazyLock::new(|| status_for(Cause::DeadlineExceeded));
+static CANCELLED: LazyLock<Status> = LazyLock::new(|| status_for(Cause::Cancelled));
+
+/// An `Ended` names its status as its source, so anything that looks for a
+/// [`Status`] in an error's source chain finds the right one — tonic's own
+/// `Status::from_error` included. Without it, an `Ended` that travelled as a
+/// `Box<dyn Error>` (what `?` into a boxed error gives) would become
+/// `UNKNOWN`.
+impl Error for Ended {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        let status: &Status = match code_for(self.cause) {
+            Code::DeadlineExceeded => &DEADLINE_EXCEEDED,
+            _ => &CANCELLED,
+        };
+        Some(status)
+    }
+}
+
+/// The status for any error, looking through its source chain: the first
+/// [`Ended`] or [`Status`] found decides; anything else is `UNKNOWN` with
+/// the error's text, as tonic does.
+///
+/// Use it where an error crosses into a handler's answer as a boxed error
+/// (`anyhow`, `Box<dyn Error>`, a wrapper of your own): a scope that ended
+/// still answers `DEADLINE_EXCEEDED` or `CANCELLED`.
+///
+/// ```
+/// use tonic_deadline::{Scope, status::from_error};
+///
+/// #[derive(Debug)]
+/// struct LookupFailed(tonic_deadline::Ended);
+/// impl std::fmt::Display for LookupFailed {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("lookup failed") }
+/// }
+/// impl std::error::Error for LookupFailed {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> { Some(&self.0) }
+/// }
+///
+/// let scope = Scope::background();
+/// scope.cancel();
+/// let err = LookupFailed(scope.check().unwrap_err());
+/// assert_eq!(from_error(&err).code(), tonic::Code::Cancelled);
+/// ```
+pub fn from_error(err: &(dyn Error + 'static)) -> Status {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(ended) = err.downcast_ref::<Ended>() {
+            return Status::from(*ended);
+        }
+        if let Some(status) = err.downcast_ref::<Status>() {
+            let mut copy = Status::new(status.code(), status.message());
+            *copy.metadata_mut() = status.metadata().clone();
+            return copy;
+        }
+        next = err.source();
+    }
+    Status::unknown(err.to_string())
+}
 
 impl From<Ended> for Status {
     fn from(ended: Ended) -> Status {
@@ -87,12 +148,59 @@ mod tests {
         let table = [
             (Cause::DeadlineExceeded, Code::DeadlineExceeded),
             (Cause::Cancelled, Code::Cancelled),
-            (Cause::CallerCancelled, Code::Cancelled),
+            (Cause::Abandoned, Code::Cancelled),
             (Cause::Completed, Code::Cancelled),
         ];
         for (cause, code) in table {
             assert_eq!(Status::from(Ended::new(cause)).code(), code, "{cause}");
         }
+    }
+
+    #[test]
+    fn boxed_ended_becomes_its_status_through_tonic_from_error() {
+        for (cause, code) in [
+            (Cause::DeadlineExceeded, Code::DeadlineExceeded),
+            (Cause::Cancelled, Code::Cancelled),
+            (Cause::Abandoned, Code::Cancelled),
+            (Cause::Completed, Code::Cancelled),
+        ] {
+            let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(Ended::new(cause));
+            let status = Status::from_error(boxed);
+            assert_eq!(
+                status.code(),
+                code,
+                "{cause}: an Ended boxed by `?` must not become UNKNOWN"
+            );
+        }
+    }
+
+    #[test]
+    fn from_error_finds_ended_or_status_deep_in_the_chain() {
+        #[derive(Debug)]
+        struct Wrap(Box<dyn Error + Send + Sync>);
+        impl fmt::Display for Wrap {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("wrapped")
+            }
+        }
+        impl Error for Wrap {
+            fn source(&self) -> Option<&(dyn Error + 'static)> {
+                Some(&*self.0)
+            }
+        }
+        let ended = Wrap(Box::new(Wrap(Box::new(Ended::new(
+            Cause::DeadlineExceeded,
+        )))));
+        assert_eq!(from_error(&ended).code(), Code::DeadlineExceeded);
+        let status = Wrap(Box::new(Status::unavailable("down")));
+        assert_eq!(from_error(&status).code(), Code::Unavailable);
+        assert_eq!(from_error(&status).message(), "down");
+        let other = Wrap(Box::new(std::io::Error::other("disk")));
+        assert_eq!(
+            from_error(&other).code(),
+            Code::Unknown,
+            "an error that holds neither keeps tonic's answer"
+        );
     }
 
     #[test]

@@ -47,6 +47,7 @@
 //! 3. A scope is ended exactly when its cause is `Some`.
 
 mod current;
+mod join_set;
 mod task;
 
 use std::fmt;
@@ -61,6 +62,7 @@ use crate::status::Ended;
 
 pub(crate) use current::CURRENT;
 pub use current::current_or_background;
+pub use join_set::JoinSet;
 #[cfg(feature = "sqlite")]
 pub(crate) use task::note_if_outlived;
 pub use task::{detach, outlived_count, spawn};
@@ -77,9 +79,20 @@ pub enum Cause {
     DeadlineExceeded,
     /// Code in this process called [`Scope::cancel`] on this scope or an ancestor.
     Cancelled,
-    /// The remote caller went away: it reset the stream (its own timeout or
-    /// cancel) or the connection closed.
-    CallerCancelled,
+    /// The server dropped the request before answering it, for a reason
+    /// this process cannot see: the caller reset the stream (its own
+    /// deadline or cancel) or closed the connection — or a layer outside
+    /// [`ServerDeadlineLayer`](crate::ServerDeadlineLayer) gave up on it,
+    /// such as tonic's `Server::timeout`.
+    ///
+    /// hyper drops the request's future in all of these cases and says
+    /// nothing more, so the cause is not named after the caller: with
+    /// tonic's own timer in front it would be wrong. Use
+    /// [`ServerDeadlineLayer::max_timeout`](crate::ServerDeadlineLayer::max_timeout)
+    /// instead of `Server::timeout`, and an ended scope says
+    /// [`DeadlineExceeded`](Cause::DeadlineExceeded) when the server's own
+    /// limit is the reason.
+    Abandoned,
     /// The request this scope served has been answered; work still tied to it
     /// is no longer wanted (Go cancels a handler's context the same way).
     Completed,
@@ -91,7 +104,7 @@ impl Cause {
     /// ```
     /// use tonic_deadline::Cause;
     /// assert_eq!(Cause::DeadlineExceeded.code(), tonic::Code::DeadlineExceeded);
-    /// assert_eq!(Cause::CallerCancelled.code(), tonic::Code::Cancelled);
+    /// assert_eq!(Cause::Abandoned.code(), tonic::Code::Cancelled);
     /// ```
     pub fn code(self) -> tonic::Code {
         crate::status::code_for(self)
@@ -103,7 +116,7 @@ impl fmt::Display for Cause {
         f.write_str(match self {
             Cause::DeadlineExceeded => "deadline exceeded",
             Cause::Cancelled => "cancelled",
-            Cause::CallerCancelled => "cancelled by caller",
+            Cause::Abandoned => "abandoned before the answer",
             Cause::Completed => "request completed",
         })
     }
@@ -296,6 +309,47 @@ impl Scope {
         self.cause().unwrap_or(Cause::DeadlineExceeded)
     }
 
+    /// Runs `cleanup` once this scope ends, with the cause, on a task of its
+    /// own: the way to do asynchronous cleanup for a request.
+    ///
+    /// A handler cannot await its own end: when the caller goes away, the
+    /// server drops the handler's future, so an `ended().await` inside it
+    /// never returns. Register the cleanup instead. The server layer ends
+    /// the request's scope *before* it drops the handler, so synchronous
+    /// drop guards in the handler see [`cause`](Scope::cause) already set,
+    /// and the cleanup task starts right after.
+    ///
+    /// `cleanup` runs outside the ended scope (under
+    /// [`Scope::background`]), so the calls it makes are not refused for
+    /// lack of time; give it a budget of its own if it needs one. A scope
+    /// that never ends (a background scope nobody cancels) never runs it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use tonic_deadline::{Cause, Scope};
+    /// let request = Scope::background();
+    /// let cleanup = request.on_end(|cause| async move { format!("released after: {cause}") });
+    /// request.cancel();
+    /// assert_eq!(cleanup.await.unwrap(), "released after: cancelled");
+    /// # }
+    /// ```
+    pub fn on_end<F, Fut>(&self, cleanup: F) -> tokio::task::JoinHandle<Fut::Output>
+    where
+        F: FnOnce(Cause) -> Fut + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let scope = self.clone();
+        // The cleanup's lifecycle is the scope's end, not the scope itself.
+        #[allow(clippy::disallowed_methods)]
+        tokio::spawn(async move {
+            let cause = scope.ended().await;
+            drop(scope);
+            Scope::background().enter(cleanup(cause)).await
+        })
+    }
+
     /// A child token for libraries that take a [`CancellationToken`]. It is
     /// cancelled when this scope is *cancelled*; it does not observe the
     /// deadline by itself (pair it with [`deadline`](Scope::deadline)).
@@ -421,6 +475,8 @@ impl Scope {
         F::Output: Send + 'static,
     {
         let child = self.child();
+        // The one place a scoped task is started; the scope goes with it.
+        #[allow(clippy::disallowed_methods)]
         tokio::spawn(async move { child.run(future).await })
     }
 
@@ -447,6 +503,7 @@ impl Scope {
     {
         let scope = self.child();
         let watched = scope.clone();
+        #[allow(clippy::disallowed_methods)] // the scope goes with the work
         let handle = tokio::task::spawn_blocking(move || {
             let out = work(&watched);
             task::note_if_outlived(&watched, "blocking work");

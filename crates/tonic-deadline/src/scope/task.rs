@@ -43,6 +43,8 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
+    // The one explicit way out of the chain.
+    #[allow(clippy::disallowed_methods)]
     tokio::spawn(Scope::background().enter_owned(future))
 }
 

@@ -3,6 +3,9 @@
 //!
 //! Every test runs on a paused clock, so deadlines are exact.
 
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -236,11 +239,11 @@ async fn caller_cancel_cascades_with_its_own_cause() {
     let downstream = request.with_cap(200 * MS);
     let task_scope = downstream.child();
 
-    request.end(Cause::CallerCancelled);
-    assert_eq!(downstream.cause(), Some(Cause::CallerCancelled));
+    request.end(Cause::Abandoned);
+    assert_eq!(downstream.cause(), Some(Cause::Abandoned));
     assert_eq!(
         task_scope.cause(),
-        Some(Cause::CallerCancelled),
+        Some(Cause::Abandoned),
         "a descendant must report the caller going away, not a local cancel"
     );
     assert_eq!(
@@ -308,7 +311,7 @@ async fn cause_is_fixed_by_whichever_came_first() {
         Some(Cause::DeadlineExceeded),
         "a cancel after the deadline must not rewrite the cause"
     );
-    expired_first.end(Cause::CallerCancelled);
+    expired_first.end(Cause::Abandoned);
     assert_eq!(
         expired_first.cause(),
         Some(Cause::DeadlineExceeded),
@@ -696,11 +699,11 @@ fn cause_maps_to_code_and_text() {
         Cause::DeadlineExceeded.code(),
         tonic::Code::DeadlineExceeded
     );
-    for cause in [Cause::Cancelled, Cause::CallerCancelled, Cause::Completed] {
+    for cause in [Cause::Cancelled, Cause::Abandoned, Cause::Completed] {
         assert_eq!(cause.code(), tonic::Code::Cancelled, "{cause}");
     }
     assert_ne!(
-        Cause::CallerCancelled.to_string(),
+        Cause::Abandoned.to_string(),
         Cause::Cancelled.to_string(),
         "logs must tell a caller cancel from a local one"
     );

@@ -11,7 +11,7 @@ use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 
 /// Ends the request's scope when dropped: with the cause given to
-/// [`finish`](EndGuard::finish), or [`Cause::CallerCancelled`] if it is dropped
+/// [`finish`](EndGuard::finish), or [`Cause::Abandoned`] if it is dropped
 /// unfinished (the client reset the stream or the connection closed).
 #[derive(Debug)]
 pub(crate) struct EndGuard {
@@ -33,7 +33,7 @@ impl EndGuard {
 impl Drop for EndGuard {
     fn drop(&mut self) {
         if !self.done {
-            self.scope.end(Cause::CallerCancelled);
+            self.scope.end(Cause::Abandoned);
         }
     }
 }
@@ -46,10 +46,13 @@ pin_project! {
     /// The default value is an empty body, used for answers the layer gives
     /// itself (trailers-only responses).
     pub struct ServerBody<B> {
+        // Declared first so it is dropped first: a body dropped before its
+        // end (the stream was reset) ends the scope before the handler's
+        // stream is dropped.
+        guard: Option<EndGuard>,
+        timer: Option<LazyTimer>,
         #[pin]
         inner: Option<B>,
-        timer: Option<LazyTimer>,
-        guard: Option<EndGuard>,
     }
 }
 

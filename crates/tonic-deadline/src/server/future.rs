@@ -17,9 +17,11 @@ pin_project! {
     ///
     /// # Cancellation safety
     ///
-    /// Dropping it before it completes means the client went away (hyper drops
-    /// the handler on RST_STREAM): the request's scope is cancelled with
-    /// [`Cause::CallerCancelled`].
+    /// Dropping it before it completes means the request was abandoned (hyper
+    /// drops the handler on RST_STREAM, or an outer layer gave up): the
+    /// request's scope is ended with [`Cause::Abandoned`] *first*, and only
+    /// then is the handler's future dropped — so drop guards inside the
+    /// handler already see the scope ended, with its cause.
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
@@ -31,10 +33,12 @@ pin_project! {
     enum State<F> {
         Answer { status: Option<tonic::Status> },
         Running {
+            // Declared first so it is dropped first: the scope ends before
+            // the handler's future is dropped.
+            guard: Option<EndGuard>,
+            timer: Option<LazyTimer>,
             #[pin]
             inner: TaskLocalFuture<Scope, F>,
-            timer: Option<LazyTimer>,
-            guard: Option<EndGuard>,
         },
     }
 }

@@ -13,7 +13,7 @@
 //!    deadline the client gets `DEADLINE_EXCEEDED` (trailers-only, or in the
 //!    trailers of a stream already under way) and the scope is cancelled,
 //!    whether or not the handler looks at it;
-//! 6. cancels the scope with [`Cause::CallerCancelled`] when the client resets
+//! 6. cancels the scope with [`Cause::Abandoned`] when the client resets
 //!    the stream (hyper drops the handler), and with [`Cause::Completed`] once
 //!    the response is complete, so tasks spawned under it stop too.
 //!
@@ -52,6 +52,7 @@ mod layer;
 mod timer;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -75,6 +76,20 @@ pub use layer::ServerDeadlineLayer;
 /// wrong code. Firing one tick early makes ours always first; the client's
 /// own timer, not ours, decides when it gives up.
 const TONIC_TIMER_LEAD: Duration = Duration::from_millis(1);
+
+/// Whether this process serves requests through a [`ServerDeadlineLayer`].
+///
+/// The one process-wide fact the library keeps, and it counts nothing: it
+/// only tells the client layer whether an outbound call without a scope is
+/// suspicious (inside a server it has almost always lost its request's
+/// scope) or ordinary (a command-line client). Set once a layer is put on a
+/// service; never cleared.
+static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// See [`SERVING`].
+pub(crate) fn serving() -> bool {
+    SERVING.load(Ordering::Relaxed)
+}
 
 #[derive(Debug, Clone, Default)]
 struct Config {

@@ -403,16 +403,12 @@ async fn dropping_the_response_future_cancels_the_scope_as_caller_cancelled() {
 
     // What hyper does when the client resets the stream.
     drop(call);
-    assert_eq!(scope.cause(), Some(Cause::CallerCancelled));
+    assert_eq!(scope.cause(), Some(Cause::Abandoned));
     let ended = task
         .await
         .expect("no panic")
         .expect_err("a task spawned by the handler must stop with it");
-    assert_eq!(
-        ended.cause(),
-        Cause::CallerCancelled,
-        "with the caller's cause"
-    );
+    assert_eq!(ended.cause(), Cause::Abandoned, "with the caller's cause");
 }
 
 #[tokio::test(start_paused = true)]
@@ -446,7 +442,7 @@ async fn dropping_the_body_mid_stream_cancels_the_scope_as_caller_cancelled() {
     drop(body);
     assert_eq!(
         scope.cause(),
-        Some(Cause::CallerCancelled),
+        Some(Cause::Abandoned),
         "a stream dropped unfinished means the caller went away"
     );
 }
