@@ -6,13 +6,14 @@ pub mod client;
 pub mod db;
 #[cfg(feature = "jobs")]
 pub mod jobs;
+pub mod observe;
 pub mod scope;
 pub mod server;
 pub mod status;
 pub mod timeout_header;
 
 pub use client::ClientDeadlineLayer;
-pub use scope::{Cause, Scope, detach, outlived_count, spawn};
+pub use scope::{Cause, JoinSet, Scope, detach, outlived_count, spawn};
 pub use server::ServerDeadlineLayer;
 pub use status::Ended;
 

@@ -1,8 +1,13 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::ClientDeadline;
+use super::{ClientDeadline, Config, Unscoped};
+use crate::observe::Metrics;
+
+/// The type name of tonic's `Channel`, as `std::any::type_name` gives it.
+const PLAIN_CHANNEL: &str = "tonic::transport::channel::Channel";
 
 /// Makes every call through a tonic `Channel` (or any gRPC service) carry and
 /// obey the current scope's deadline.
@@ -16,17 +21,21 @@ use super::ClientDeadline;
 /// # let _ = channel;
 /// # }
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
+///
+/// Configure it, then build services from it: every service it makes (and
+/// every clone of those) shares one frozen configuration.
+#[derive(Debug, Clone, Default)]
 pub struct ClientDeadlineLayer {
     transit_allowance: Duration,
+    unscoped: Unscoped,
+    metrics: Option<Metrics>,
 }
 
 impl ClientDeadlineLayer {
-    /// The layer. The deadline comes from the scope.
-    pub const fn new() -> Self {
-        Self {
-            transit_allowance: Duration::ZERO,
-        }
+    /// The layer. The deadline comes from the scope; a call that finds no
+    /// scope is reported ([`Unscoped::Warn`]).
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Opt-in transit compensation: tell the server `allowance` less than
@@ -47,9 +56,37 @@ impl ClientDeadlineLayer {
     ///     .transit_allowance(Duration::from_millis(2)); // a cross-zone hop
     /// # let _ = layer;
     /// ```
-    pub const fn transit_allowance(mut self, allowance: Duration) -> Self {
+    pub fn transit_allowance(mut self, allowance: Duration) -> Self {
         self.transit_allowance = allowance;
         self
+    }
+
+    /// What to do with a call that finds no scope (default:
+    /// [`Unscoped::Warn`]).
+    pub fn unscoped(mut self, policy: Unscoped) -> Self {
+        self.unscoped = policy;
+        self
+    }
+
+    /// Counts what the layer sees into `metrics`.
+    pub fn metrics(mut self, metrics: &Metrics) -> Self {
+        self.metrics = Some(metrics.clone());
+        self
+    }
+
+    pub(super) fn wrap<S>(&self, inner: S) -> ClientDeadline<S> {
+        if std::any::type_name::<S>() == PLAIN_CHANNEL {
+            // A plain Channel connects after the header is written: after
+            // every (re)connect the first calls overstate the budget by the
+            // connect time, with nothing else to show for it.
+            tracing::warn!(
+                "ClientDeadlineLayer over a plain tonic Channel: calls made while it (re)connects \
+                 tell the server the connect time more than they have. Use \
+                 tonic_deadline::client::ReadyChannel, which is ready only once connected",
+            );
+        }
+        let config = Config::new(self.transit_allowance, self.unscoped, self.metrics.clone());
+        ClientDeadline::with_config(inner, Arc::new(config))
     }
 }
 
@@ -57,6 +94,63 @@ impl<S> Layer<S> for ClientDeadlineLayer {
     type Service = ClientDeadline<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ClientDeadline::new(inner).with_transit_allowance(self.transit_allowance)
+        self.wrap(inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The warnings logged on this thread while `f` runs.
+    fn warnings_during(f: impl FnOnce()) -> Vec<String> {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("not poisoned").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8_lossy(&lines.0.lock().expect("not poisoned")).into_owned();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    #[cfg(feature = "channel")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn layer_over_a_plain_tonic_channel_says_so_when_it_is_built() {
+        let endpoint = tonic::transport::Endpoint::from_static("http://127.0.0.1:9");
+        let warned = warnings_during(|| {
+            let _ = ClientDeadlineLayer::new().layer(endpoint.connect_lazy());
+        });
+        assert_eq!(
+            warned.len(),
+            1,
+            "one warning per layered Channel: {warned:?}"
+        );
+        assert!(
+            warned[0].contains("ReadyChannel"),
+            "the warning must name the fix: {warned:?}"
+        );
+        let ready = warnings_during(|| {
+            let _ = ClientDeadlineLayer::new().layer(crate::client::ReadyChannel::lazy(&endpoint));
+        });
+        assert!(
+            ready.is_empty(),
+            "a ReadyChannel is not warned about: {ready:?}"
+        );
     }
 }

@@ -50,12 +50,15 @@
 //! ```
 
 mod body;
+#[cfg(feature = "channel")]
+mod channel;
 mod future;
 mod layer;
+mod unscoped;
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
@@ -70,8 +73,12 @@ use crate::timeout_header::{self, GRPC_TIMEOUT};
 
 pub use body::ClientBody;
 use body::RequestBody;
+#[cfg(feature = "channel")]
+pub use channel::ReadyChannel;
 pub use future::ResponseFuture;
 pub use layer::ClientDeadlineLayer;
+use unscoped::Config;
+pub use unscoped::{Unscoped, capture_scope};
 
 /// The service produced by [`ClientDeadlineLayer`]. See the [module docs](self).
 #[derive(Debug)]
@@ -82,31 +89,28 @@ pub struct ClientDeadline<S> {
     /// The deadline passed while waiting for readiness: the next call fails
     /// without reaching the inner service.
     ready_expired: bool,
-    /// Deducted from the budget written on the wire (transit compensation).
-    transit_allowance: Duration,
+    config: Arc<Config>,
 }
 
 impl<S: Clone> Clone for ClientDeadline<S> {
     fn clone(&self) -> Self {
-        Self::new(self.inner.clone()).with_transit_allowance(self.transit_allowance)
+        Self::with_config(self.inner.clone(), self.config.clone())
     }
 }
 
 impl<S> ClientDeadline<S> {
-    /// Wraps `inner`.
-    pub const fn new(inner: S) -> Self {
+    /// Wraps `inner` with the defaults of [`ClientDeadlineLayer::new`].
+    pub fn new(inner: S) -> Self {
+        ClientDeadlineLayer::new().wrap(inner)
+    }
+
+    fn with_config(inner: S, config: Arc<Config>) -> Self {
         Self {
             inner,
             ready_timer: None,
             ready_expired: false,
-            transit_allowance: Duration::ZERO,
+            config,
         }
-    }
-
-    /// See [`ClientDeadlineLayer::transit_allowance`].
-    pub const fn with_transit_allowance(mut self, allowance: Duration) -> Self {
-        self.transit_allowance = allowance;
-        self
     }
 
     /// The wrapped service.
@@ -168,7 +172,18 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let scope = Scope::try_current();
+        // A scope the request carries wins: it was captured where the call
+        // was made, which may be another task than this one (a `Buffer`
+        // above this layer runs `call` on its worker).
+        let scope = match request.extensions().get::<Scope>() {
+            Some(scope) => Some(scope.clone()),
+            None => Scope::try_current(),
+        };
+        if scope.is_none()
+            && let Err(refused) = self.config.unscoped_call(request.uri().path())
+        {
+            return ResponseFuture::failed(refused);
+        }
         if std::mem::take(&mut self.ready_expired) {
             let cause = scope
                 .as_ref()
@@ -212,7 +227,7 @@ where
             Some(deadline) => {
                 let on_arrival = deadline
                     .saturating_duration_since(now)
-                    .saturating_sub(self.transit_allowance);
+                    .saturating_sub(self.config.transit_allowance);
                 if on_arrival.is_zero() {
                     return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
                 }

@@ -1,5 +1,8 @@
 //! The client layer on its own, around mock channels, on a paused clock.
 
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, advance};
 use tokio_stream::wrappers::ReceiverStream;
 use tower::util::BoxCloneService;
-use tower::{Service, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceExt, service_fn};
 
 use super::ClientDeadline;
 use super::future::Race;
@@ -229,7 +232,7 @@ async fn ended_scope_fails_locally_without_calling_the_channel() {
     let cancelled = Scope::background().with_timeout(Duration::from_secs(10));
     cancelled.cancel();
     let caller_gone = Scope::background().with_timeout(Duration::from_secs(10));
-    caller_gone.end(Cause::CallerCancelled);
+    caller_gone.end(Cause::Abandoned);
     let inherited = Scope::background().with_timeout(50 * MS).child();
     advance(100 * MS).await;
 
@@ -831,7 +834,9 @@ async fn finished_request_body_is_not_disturbed() {
 #[tokio::test(start_paused = true)]
 async fn transit_allowance_is_deducted_from_the_wire_budget_only() {
     let (channel, recorded) = recording_channel();
-    let mut channel = channel.with_transit_allowance(100 * MS);
+    let mut channel = crate::ClientDeadlineLayer::new()
+        .transit_allowance(100 * MS)
+        .layer(channel.into_inner());
     let scope = Scope::background().with_timeout(Duration::from_secs(1));
     scope
         .enter(async {
@@ -851,7 +856,9 @@ async fn transit_allowance_is_deducted_from_the_wire_budget_only() {
 
     let short = Scope::background().with_timeout(100 * MS);
     let (channel, recorded) = recording_channel();
-    let mut channel = channel.with_transit_allowance(100 * MS);
+    let mut channel = crate::ClientDeadlineLayer::new()
+        .transit_allowance(100 * MS)
+        .layer(channel.into_inner());
     let err = short
         .enter(async {
             ServiceExt::<Request<Empty<Bytes>>>::ready(&mut channel)

@@ -1,0 +1,477 @@
+//! A tonic `Channel` that is ready only once its connection is.
+//!
+//! `grpc-timeout` must be what is left when the request leaves. A tonic
+//! `Channel` connects lazily — on its first call, and again after every
+//! lost connection — *inside* itself, after the call has been handed over,
+//! so the client layer writes the header before the connection exists and
+//! the server is told the connect time more than the caller has. tonic does
+//! not let a layer in between its queue and its connection, but it does let
+//! us give it the connector. [`ReadyChannel`] does that: its connector
+//! dials on request and keeps the connection until tonic asks for one, and
+//! its `poll_ready` waits for that dial. The client layer waits for
+//! readiness (bounded by the caller's deadline) before it writes the
+//! header, so the header counts the connect time.
+//!
+//! What remains: the hop through tonic's own queue (tens of microseconds),
+//! and a TLS handshake, which tonic performs after our connector returns
+//! (give the channel a connector that does TLS itself to count it).
+
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+
+use http::{Request, Response, Uri};
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::HttpConnector;
+use tonic::body::Body;
+use tonic::transport::{Channel, Endpoint};
+use tower_service::Service;
+
+use crate::BoxError;
+
+/// A tonic [`Channel`] whose readiness means "connected": put it under a
+/// [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) and the budget on the
+/// wire counts the time spent connecting, on the first call and after every
+/// reconnect.
+///
+/// ```no_run
+/// use tonic::transport::Endpoint;
+/// use tonic_deadline::{ClientDeadlineLayer, client::ReadyChannel};
+///
+/// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let endpoint = Endpoint::from_shared("http://127.0.0.1:50051")?.tcp_nodelay(true);
+/// let channel = tower::ServiceBuilder::new()
+///     .layer(ClientDeadlineLayer::new())
+///     .service(ReadyChannel::lazy(&endpoint)); // connects on first use
+/// # let _ = channel;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Clones share the connection, as tonic's do.
+#[derive(Clone)]
+pub struct ReadyChannel {
+    channel: Channel,
+    link: Arc<Link>,
+    dial: Arc<dyn Dial>,
+}
+
+impl ReadyChannel {
+    /// A channel to `endpoint` over TCP (with the endpoint's `tcp_nodelay`,
+    /// keepalive and connect timeout) that connects on first use.
+    pub fn lazy(endpoint: &Endpoint) -> Self {
+        Self::lazy_with_connector(endpoint, tcp_connector(endpoint))
+    }
+
+    /// A channel to `endpoint` over TCP, connected before it is returned.
+    ///
+    /// # Errors
+    ///
+    /// When the connection cannot be made.
+    pub async fn connect(endpoint: &Endpoint) -> Result<Self, tonic::transport::Error> {
+        Self::connect_with_connector(endpoint, tcp_connector(endpoint)).await
+    }
+
+    /// A channel that connects through `connector` (a `Service<Uri>` giving
+    /// a connected stream, as for tonic's `Endpoint::connect_with_connector`)
+    /// on first use.
+    pub fn lazy_with_connector<C>(endpoint: &Endpoint, connector: C) -> Self
+    where
+        C: Service<Uri> + Clone + Send + 'static,
+        C::Response: Read + Write + Unpin + Send + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let (link, dial, linked) = parts(endpoint, connector);
+        let channel = endpoint.connect_with_connector_lazy(linked);
+        Self {
+            channel,
+            link,
+            dial,
+        }
+    }
+
+    /// A channel that connects through `connector`, connected before it is
+    /// returned.
+    ///
+    /// # Errors
+    ///
+    /// When the connection cannot be made.
+    pub async fn connect_with_connector<C>(
+        endpoint: &Endpoint,
+        connector: C,
+    ) -> Result<Self, tonic::transport::Error>
+    where
+        C: Service<Uri> + Clone + Send + 'static,
+        C::Response: Read + Write + Unpin + Send + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let (link, dial, linked) = parts(endpoint, connector);
+        let channel = endpoint.connect_with_connector(linked).await?;
+        Ok(Self {
+            channel,
+            link,
+            dial,
+        })
+    }
+
+    /// Whether the channel has a connection now (or one waiting to be used).
+    pub fn is_connected(&self) -> bool {
+        self.link.ready.load(Ordering::Acquire)
+    }
+}
+
+fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(endpoint.get_tcp_nodelay());
+    http.set_keepalive(endpoint.get_tcp_keepalive());
+    http.set_keepalive_interval(endpoint.get_tcp_keepalive_interval());
+    http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
+    http.set_connect_timeout(endpoint.get_connect_timeout());
+    http
+}
+
+fn parts<C>(endpoint: &Endpoint, connector: C) -> (Arc<Link>, Arc<dyn Dial>, Linked<C>)
+where
+    C: Service<Uri> + Clone + Send + 'static,
+    C::Response: Read + Write + Unpin + Send + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    let link = Arc::new(Link::default());
+    let dialer = Arc::new(Dialer {
+        uri: endpoint.uri().clone(),
+        connector: Mutex::new(connector),
+        link: link.clone(),
+        stash: Mutex::new(None),
+    });
+    let linked = Linked {
+        dialer: dialer.clone(),
+    };
+    (link, dialer, linked)
+}
+
+impl Service<Request<Body>> for ReadyChannel {
+    type Response = Response<Body>;
+    type Error = tonic::transport::Error;
+    type Future = <Channel as Service<Request<Body>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        match self.link.poll_connected(cx) {
+            Connected::Yes => self.channel.poll_ready(cx),
+            Connected::Waiting => Poll::Pending,
+            Connected::DialNow => {
+                self.dial.clone().start();
+                Poll::Pending
+            }
+        }
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        self.channel.call(request)
+    }
+}
+
+impl fmt::Debug for ReadyChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadyChannel")
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection's state, shared by the channel, its connector and the
+/// connection's stream.
+///
+/// # Invariants
+///
+/// 1. `ready` is true exactly when a connection is in use by tonic or
+///    waits in the stash — or the last dial failed and its error waits
+///    there, so that tonic reports it (`UNAVAILABLE`) instead of waiting.
+/// 2. At most one dial started by the channel runs at a time.
+/// 3. A stream that closes ends readiness only if it is still the one in
+///    use (`live == its generation`), so an old stream closing late cannot
+///    undo a new connection.
+#[derive(Default)]
+struct Link {
+    ready: AtomicBool,
+    state: Mutex<LinkState>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    dialing: bool,
+    waiters: Vec<Waker>,
+    /// Generation of the stream tonic uses now; 0 for none.
+    live: u64,
+    generations: u64,
+}
+
+enum Connected {
+    Yes,
+    Waiting,
+    DialNow,
+}
+
+impl Link {
+    fn poll_connected(&self, cx: &mut Context<'_>) -> Connected {
+        if self.ready.load(Ordering::Acquire) {
+            return Connected::Yes;
+        }
+        let mut state = self.lock();
+        if self.ready.load(Ordering::Acquire) {
+            return Connected::Yes;
+        }
+        if !state.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            state.waiters.push(cx.waker().clone());
+        }
+        if state.dialing {
+            return Connected::Waiting;
+        }
+        state.dialing = true;
+        Connected::DialNow
+    }
+
+    /// A dial finished (its stream or error is in the stash): wake waiters.
+    fn dialed(&self) {
+        let waiters = {
+            let mut state = self.lock();
+            state.dialing = false;
+            self.ready.store(true, Ordering::Release);
+            std::mem::take(&mut state.waiters)
+        };
+        for waiter in waiters {
+            waiter.wake();
+        }
+    }
+
+    /// tonic took a stream; returns its generation.
+    fn in_use(&self) -> u64 {
+        let mut state = self.lock();
+        state.generations += 1;
+        state.live = state.generations;
+        self.ready.store(true, Ordering::Release);
+        state.live
+    }
+
+    /// A dial's error was handed to tonic: not ready until the next dial.
+    fn failed(&self) {
+        let state = self.lock();
+        if state.live == 0 && !state.dialing {
+            self.ready.store(false, Ordering::Release);
+        }
+    }
+
+    /// The stream of `generation` closed.
+    fn closed(&self, generation: u64, stash_empty: bool) {
+        let mut state = self.lock();
+        if state.live == generation {
+            state.live = 0;
+            if stash_empty {
+                self.ready.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
+        // The state stays consistent under a panic (plain fields, no
+        // invariant spans two of them), so a poisoned lock is still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Starts a dial in the background.
+trait Dial: Send + Sync {
+    fn start(self: Arc<Self>);
+}
+
+type Stashed<T> = Result<T, BoxError>;
+
+struct Dialer<C: Service<Uri>> {
+    uri: Uri,
+    /// Cloned for each dial; behind a lock only so the dialer is `Sync`.
+    connector: Mutex<C>,
+    link: Arc<Link>,
+    /// A stream dialed ahead of tonic asking for it, or the dial's error.
+    stash: Mutex<Option<Stashed<C::Response>>>,
+}
+
+impl<C> Dialer<C>
+where
+    C: Service<Uri> + Clone,
+    C::Error: Into<BoxError>,
+{
+    async fn dial(&self) -> Stashed<C::Response> {
+        let mut connector = self
+            .connector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(Into::into)?;
+        connector.call(self.uri.clone()).await.map_err(Into::into)
+    }
+
+    fn take_stash(&self) -> Option<Stashed<C::Response>> {
+        self.stash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    fn stash_is_empty(&self) -> bool {
+        self.stash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none()
+    }
+}
+
+impl<C> Dial for Dialer<C>
+where
+    C: Service<Uri> + Clone + Send + 'static,
+    C::Response: Send + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    fn start(self: Arc<Self>) {
+        // A connection is the channel's, not any request's: it outlives the
+        // call that asked for it.
+        #[allow(clippy::disallowed_methods)]
+        tokio::spawn(async move {
+            let dialed = self.dial().await;
+            if let Err(err) = &dialed {
+                tracing::debug!(uri = %self.uri, error = %err, "dial failed");
+            }
+            *self
+                .stash
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(dialed);
+            self.link.dialed();
+        });
+    }
+}
+
+/// The connector tonic is given: hands out the stashed stream, or dials.
+struct Linked<C: Service<Uri>> {
+    dialer: Arc<Dialer<C>>,
+}
+
+impl<C: Service<Uri>> Clone for Linked<C> {
+    fn clone(&self) -> Self {
+        Self {
+            dialer: self.dialer.clone(),
+        }
+    }
+}
+
+impl<C> Service<Uri> for Linked<C>
+where
+    C: Service<Uri> + Clone + Send + 'static,
+    C::Response: Read + Write + Unpin + Send + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = LinkedIo<C::Response>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let dialer = self.dialer.clone();
+        Box::pin(async move {
+            let dialed = match dialer.take_stash() {
+                Some(stashed) => stashed,
+                None => dialer.dial().await,
+            };
+            let io = match dialed {
+                Ok(io) => io,
+                Err(err) => {
+                    // Reported by tonic as UNAVAILABLE; the next call dials anew.
+                    dialer.link.failed();
+                    return Err(err);
+                }
+            };
+            let generation = dialer.link.in_use();
+            let weak: Weak<Dialer<C>> = Arc::downgrade(&dialer);
+            let on_close: Box<dyn Fn() + Send + Sync> = Box::new(move || {
+                if let Some(dialer) = weak.upgrade() {
+                    let empty = dialer.stash_is_empty();
+                    dialer.link.closed(generation, empty);
+                }
+            });
+            Ok(LinkedIo { io, on_close })
+        })
+    }
+}
+
+/// The connection's stream: tells the channel when it is gone (hyper drops
+/// it when the connection ends, by either side).
+struct LinkedIo<T> {
+    io: T,
+    on_close: Box<dyn Fn() + Send + Sync>,
+}
+
+impl<T> Drop for LinkedIo<T> {
+    fn drop(&mut self) {
+        (self.on_close)();
+    }
+}
+
+impl<T> fmt::Debug for LinkedIo<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LinkedIo").finish_non_exhaustive()
+    }
+}
+
+impl<T: Read + Unpin> Read for LinkedIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: Write + Unpin> Write for LinkedIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+}

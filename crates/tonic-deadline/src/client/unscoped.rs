@@ -1,0 +1,199 @@
+//! Outbound calls that find no scope: allowed, reported, or refused.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::observe::Metrics;
+
+/// What the client layer does with an outbound call that finds no scope —
+/// neither a current scope on its task nor one carried in the request.
+///
+/// Inside a server such a call has almost always *lost* its request's
+/// scope: it was made from a `tokio::spawn`ed task, a tokio `JoinSet`, a
+/// thread of `spawn_blocking`, or from the worker of a tower `Buffer` placed
+/// above this layer. It carries no deadline, and nothing cancels it when
+/// the caller gives up.
+///
+/// ```
+/// use tonic_deadline::{ClientDeadlineLayer, client::Unscoped};
+/// let strict = ClientDeadlineLayer::new().unscoped(Unscoped::Deny);
+/// # let _ = strict;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Unscoped {
+    /// Send it as it is: no deadline, no cancellation, no report.
+    Allow,
+    /// Send it, and report it: counted in the layer's
+    /// [`Metrics`](crate::observe::Metrics), and — in a process that serves
+    /// requests through a [`ServerDeadlineLayer`](crate::ServerDeadlineLayer)
+    /// — logged as a `WARN` naming the method (at most one line every ten
+    /// seconds per client, with the number of such calls since the last).
+    ///
+    /// A process that serves nothing (a command-line client, a batch job)
+    /// is not warned: there, a call without a scope is simply a call
+    /// without a deadline.
+    #[default]
+    Warn,
+    /// Refuse it locally with `FAILED_PRECONDITION`, sending nothing; the
+    /// message names the fix. Counted like `Warn`.
+    Deny,
+}
+
+/// The fixed text of a refused unscoped call.
+pub(crate) const UNSCOPED_REFUSED: &str = "outbound call made outside any scope: run it under the request's scope \
+     (tonic_deadline::spawn, tonic_deadline::JoinSet, Scope::enter) or leave the chain explicitly \
+     with tonic_deadline::detach";
+
+/// How often the unscoped-call warning may repeat, per client.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The configuration shared by a layer and every service it made.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) transit_allowance: Duration,
+    pub(crate) unscoped: Unscoped,
+    pub(crate) metrics: Option<Metrics>,
+    warnings: WarnLimit,
+}
+
+impl Config {
+    pub(crate) fn new(
+        transit_allowance: Duration,
+        unscoped: Unscoped,
+        metrics: Option<Metrics>,
+    ) -> Self {
+        Self {
+            transit_allowance,
+            unscoped,
+            metrics,
+            warnings: WarnLimit::new(),
+        }
+    }
+
+    /// Applies the policy to a call to `method` that found no scope.
+    pub(crate) fn unscoped_call(&self, method: &str) -> Result<(), tonic::Status> {
+        if self.unscoped == Unscoped::Allow {
+            return Ok(());
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.unscoped_call();
+        }
+        if self.unscoped == Unscoped::Deny {
+            tracing::warn!(method, "refused an outbound call made outside any scope");
+            return Err(tonic::Status::failed_precondition(UNSCOPED_REFUSED));
+        }
+        if crate::server::serving()
+            && let Some(similar) = self.warnings.admit()
+        {
+            tracing::warn!(
+                method,
+                similar_since_last_warning = similar,
+                "outbound call without a scope: it carries no deadline and nothing cancels it when \
+                 the request that made it is over. It was probably started with tokio::spawn, a \
+                 tokio JoinSet or spawn_blocking, or passed through a tower Buffer placed above \
+                 ClientDeadlineLayer. Use tonic_deadline::spawn / tonic_deadline::JoinSet, put \
+                 ClientDeadlineLayer above the Buffer (or capture the scope with \
+                 tonic_deadline::client::capture_scope), or opt out explicitly with \
+                 tonic_deadline::detach",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// At most one warning every [`WARN_EVERY`]; counts what it held back.
+#[derive(Debug)]
+struct WarnLimit {
+    since: Instant,
+    /// Milliseconds after `since` before which no warning is given.
+    next_ms: AtomicU64,
+    held_back: AtomicU64,
+}
+
+impl WarnLimit {
+    fn new() -> Self {
+        Self {
+            since: Instant::now(),
+            next_ms: AtomicU64::new(0),
+            held_back: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(held back since the last warning)` when a warning may be given now.
+    fn admit(&self) -> Option<u64> {
+        let now = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_ms.load(Ordering::Relaxed);
+        let every = u64::try_from(WARN_EVERY.as_millis()).unwrap_or(u64::MAX);
+        if now >= next
+            && self
+                .next_ms
+                .compare_exchange(
+                    next,
+                    now.saturating_add(every),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            return Some(self.held_back.swap(0, Ordering::Relaxed));
+        }
+        self.held_back.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+/// A tonic interceptor that puts the current scope into the request, so
+/// that a [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) further down
+/// finds it even when it runs on another task.
+///
+/// Needed only when something between the call site and the layer moves the
+/// call to another task — a tower `Buffer` above the layer, or a worker
+/// pool. Give it to a generated client's `with_interceptor`, or as a
+/// `tonic::service::InterceptorLayer` at the top of the stack:
+///
+/// ```
+/// use tonic_deadline::{ClientDeadlineLayer, client::capture_scope};
+/// # fn wrap(channel: tonic::transport::Channel) {
+/// let stack = tower::ServiceBuilder::new()
+///     .layer(tonic::service::InterceptorLayer::new(capture_scope)) // on the caller's task
+///     .buffer::<http::Request<tonic::body::Body>>(16) // calls below run on the buffer's worker
+///     .layer(ClientDeadlineLayer::new())
+///     .service(channel);
+/// # let _ = stack;
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// Never; the signature is tonic's `Interceptor`.
+pub fn capture_scope(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    if request.extensions().get::<crate::Scope>().is_none()
+        && let Some(scope) = crate::Scope::try_current()
+    {
+        request.extensions_mut().insert(scope);
+    }
+    Ok(request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn warnings_are_limited_and_count_what_they_held_back() {
+        let limit = WarnLimit::new();
+        assert_eq!(limit.admit(), Some(0), "the first call is warned about");
+        assert_eq!(limit.admit(), None);
+        assert_eq!(limit.admit(), None);
+        tokio::time::advance(WARN_EVERY).await;
+        assert_eq!(
+            limit.admit(),
+            Some(2),
+            "the next warning must say how many calls it held back"
+        );
+        assert_eq!(limit.admit(), None);
+    }
+}
