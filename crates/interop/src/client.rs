@@ -453,6 +453,7 @@ pub async fn cancel_after_begin(clients: &mut Clients) -> anyhow::Result<()> {
     };
     let mut client = clients.test.clone();
     let call_scope = scope.clone();
+    #[allow(clippy::disallowed_methods)] // the call enters its scope explicitly
     let call = tokio::spawn(async move {
         call_scope
             .enter(client.streaming_input_call(requests))

@@ -300,6 +300,7 @@ impl Connection {
         let (send, connection) = h2::client::handshake(tcp)
             .await
             .context("HTTP/2 handshake")?;
+        #[allow(clippy::disallowed_methods)] // drives the raw connection, not a request
         tokio::spawn(async move {
             // Ends with the connection; its error, if any, shows up in the
             // next request instead.

@@ -24,6 +24,7 @@ async fn start_server() -> std::net::SocketAddr {
     let addr = listener
         .local_addr()
         .expect("a bound listener has an address");
+    #[allow(clippy::disallowed_methods)] // the server outlives every request
     tokio::spawn(interop::server::serve_reporting_budget(
         listener,
         std::future::pending(),

@@ -2,6 +2,9 @@
 //! cases, in process, over loopback. The same cases run against gRPC's own
 //! Ruby client and server from `scripts/conformance`.
 
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
 use interop::client::{Clients, TestCase, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,8 @@
 //! The server concurrency limit on a real tonic server.
 
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::Duration;
 
 use tokio_stream::wrappers::TcpListenerStream;

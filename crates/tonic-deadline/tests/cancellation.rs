@@ -1,6 +1,9 @@
 //! Cancellation crosses real services: a client's cancel or a dropped call
 //! reaches the last hop's handler and the tasks it spawned.
 
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::time::Duration;
@@ -55,14 +58,14 @@ async fn client_cancel_reaches_the_last_hop_and_its_spawned_task() {
             .unwrap_or_else(|_| panic!("the cancel must reach {hop}"));
         assert_eq!(
             cause,
-            Cause::CallerCancelled,
+            Cause::Abandoned,
             "{hop} must see its caller going away"
         );
     }
     let child = events.child_stopped("C").await;
     assert_eq!(
         child.map_err(|e| e.cause()),
-        Err(Cause::CallerCancelled),
+        Err(Cause::Abandoned),
         "the task C spawned under its scope must be cancelled with it"
     );
     assert!(
@@ -89,10 +92,10 @@ async fn dropping_the_call_cancels_the_server_scope_as_caller_cancelled() {
     let cause = tokio::time::timeout(PATIENCE, scope.ended())
         .await
         .expect("the reset must reach the handler's scope");
-    assert_eq!(cause, Cause::CallerCancelled);
+    assert_eq!(cause, Cause::Abandoned);
     assert_eq!(
         events.child_stopped("S").await.map_err(|e| e.cause()),
-        Err(Cause::CallerCancelled),
+        Err(Cause::Abandoned),
         "the handler's spawned task must stop too"
     );
     assert!(
@@ -146,7 +149,7 @@ async fn cancel_reaches_both_sides_of_a_bidi_stream() {
     let cause = tokio::time::timeout(PATIENCE, server_scope.ended())
         .await
         .expect("the cancel must reach the server side");
-    assert_eq!(cause, Cause::CallerCancelled);
+    assert_eq!(cause, Cause::Abandoned);
     assert!(
         !events.exited("S").await,
         "the server's stream must be dropped, not finish"

@@ -4,6 +4,9 @@
 //! Built only with the `postgres-tests` feature, which `scripts/test-all`
 //! turns on (through `--all-features`) after starting a throwaway server and
 //! exporting its address as `TONIC_DEADLINE_PG_URL`.
+
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
 #![cfg(feature = "postgres-tests")]
 
 use std::time::Duration;

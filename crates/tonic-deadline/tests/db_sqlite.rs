@@ -1,5 +1,8 @@
 //! The SQLite pool: cancellation reaches the query, cleanup is
 //! deterministic, queue time spends the budget.
+
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
 #![cfg(feature = "sqlite")]
 
 use std::time::Duration;

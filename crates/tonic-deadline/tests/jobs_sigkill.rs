@@ -4,6 +4,9 @@
 //!
 //! The test re-runs its own binary as the child process (`child_role` with
 //! `JOBS_CHILD_DB` set), so the crash is a real process dying.
+
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
 #![cfg(feature = "jobs")]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,6 +2,9 @@
 //! frames at all for a call whose scope has ended, and a stream reset when a
 //! call is abandoned.
 
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::time::Duration;

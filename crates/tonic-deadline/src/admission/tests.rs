@@ -1,3 +1,6 @@
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::Duration;
 
 use tokio::time::{Instant, advance};

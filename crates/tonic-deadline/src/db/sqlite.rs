@@ -239,6 +239,8 @@ impl SqlitePool {
         let interrupt = lease.connection().get_interrupt_handle();
         let ended_at: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
         let span = tracing::Span::current();
+        // The query watches `watched` itself and is interrupted when it ends.
+        #[allow(clippy::disallowed_methods)]
         let mut handle = tokio::task::spawn_blocking({
             let watched = watched.clone();
             let ended_at = ended_at.clone();

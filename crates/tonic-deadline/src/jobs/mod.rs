@@ -181,6 +181,8 @@ impl JobQueue {
         T: Send + 'static,
     {
         let shared = self.shared.clone();
+        // A short statement on the queue's own connection, awaited at once.
+        #[allow(clippy::disallowed_methods)]
         tokio::task::spawn_blocking(move || {
             let mut conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut conn)
@@ -341,6 +343,7 @@ impl Worker {
     {
         // The worker's lifecycle is its own: a root scope, ended by shutdown.
         let scope = Scope::background();
+        #[allow(clippy::disallowed_methods)] // the worker runs in its own root scope
         let task = tokio::spawn({
             let scope = scope.clone();
             async move {

@@ -3,6 +3,8 @@
 //! for what tonic will not send or answer, and a proxy that counts the HTTP/2
 //! frames a client writes.
 
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
 // Each test binary compiles this module and uses a different subset of it.
 #![allow(dead_code)]
 
