@@ -10,7 +10,7 @@ import sys
 import grpc
 import pytest
 
-from conftest import CONFORMANCE, REPO, report, require
+from conftest import CONFORMANCE, REPO, bin_path, report, require
 
 PROTO_DIR = os.path.join(REPO, "crates", "interop", "proto")
 
@@ -110,3 +110,31 @@ def test_grpcjs_writes_its_remaining_budget(relay_to_grpcio):
     header = json.loads(done.stdout)["relay_timeout_header"]
     report(figure="grpc-timeout written by grpc-js deadline +1000 ms", header=header)
     assert header, "grpc-js must send a grpc-timeout"
+
+
+def test_grpcurl_finds_the_lab_services_through_reflection():
+    # grpcurl 1.8 speaks only the v1alpha reflection protocol; the lab's
+    # servers offer v1 and v1alpha.
+    lab = subprocess.Popen(
+        [bin_path("deadline-lab"), "serve", "chain"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+    )
+    try:
+        addr = lab.stdout.readline().strip()
+        assert addr, "deadline-lab serve chain must print its address"
+        listed = subprocess.run(
+            [grpcurl(), "-plaintext", addr, "list"],
+            capture_output=True, text=True, timeout=60,
+        )
+        described = subprocess.run(
+            [grpcurl(), "-plaintext", addr, "describe", "probe.v1.Probe.Call"],
+            capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        lab.kill()
+        lab.wait()
+    report(figure="grpcurl list via reflection", stdout=listed.stdout.strip(), stderr=listed.stderr.strip())
+    assert listed.returncode == 0, listed.stderr
+    assert "probe.v1.Probe" in listed.stdout.split()
+    assert described.returncode == 0, described.stderr
+    assert "rpc Call" in described.stdout

@@ -319,11 +319,11 @@ impl Capture {
             forget: options.forget,
         };
         let delay = options.delay;
-        tokio::spawn(async move {
+        tonic_deadline::detach(async move {
             let mut connection = 0;
             while let Ok((client, _)) = listener.accept().await {
                 let sink = sink.clone();
-                tokio::spawn(async move {
+                tonic_deadline::detach(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
                         let _ = relay(client, server, sink, connection, delay).await;
                     }

@@ -9,6 +9,7 @@ pub mod capture;
 pub mod demo;
 pub mod experiments;
 pub mod html;
+pub mod logs;
 pub mod net;
 pub mod pb;
 pub mod report;

@@ -147,6 +147,8 @@ enum Experiment {
     Shop,
     /// CreateOrder with a payment that stalls past the deadline.
     Orders,
+    /// Every way code moves work or makes a call: budget kept, or the break reported.
+    Seams,
 }
 
 #[derive(Debug, Subcommand)]
@@ -233,6 +235,7 @@ async fn capture(
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    deadline_lab::logs::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -338,6 +341,7 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Im => experiments::im::run().await?,
                     Experiment::Shop => experiments::shop::run().await?,
                     Experiment::Orders => experiments::orders::run().await?,
+                    Experiment::Seams => experiments::seams::run().await?,
                 };
                 print(&outcome, json);
                 Ok(())

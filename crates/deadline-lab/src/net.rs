@@ -7,11 +7,12 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::{Channel, Endpoint, Server};
-use tonic_deadline::client::ClientDeadline;
+use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer};
 
-/// A channel whose calls carry and obey the current scope.
-pub type Layered = ClientDeadline<Channel>;
+/// A channel whose calls carry and obey the current scope, and whose budget
+/// on the wire counts the time spent connecting.
+pub type Layered = ClientDeadline<ReadyChannel>;
 
 /// Binds `addr` (port 0 picks a free one) and serves `routes` there in the
 /// background, behind `layer` when given (plain tonic otherwise).
@@ -30,34 +31,43 @@ pub async fn serve(
     match layer {
         Some(layer) => {
             let server = Server::builder().layer(layer).add_routes(routes);
-            tokio::spawn(server.serve_with_incoming(incoming));
+            tonic_deadline::detach(server.serve_with_incoming(incoming));
         }
         None => {
             let server = Server::builder().add_routes(routes);
-            tokio::spawn(server.serve_with_incoming(incoming));
+            tonic_deadline::detach(server.serve_with_incoming(incoming));
         }
     }
     Ok(bound)
 }
 
-/// An open channel to `addr` (the connection is made before returning).
-pub async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
-    Ok(channel)
+/// The endpoint the lab's clients use for `addr`.
+///
+/// # Errors
+///
+/// Never for a socket address; the signature is tonic's.
+pub fn endpoint(addr: SocketAddr) -> anyhow::Result<Endpoint> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?.tcp_nodelay(true))
 }
 
-/// A channel to `addr` that connects on first use.
-pub fn connect_lazy(addr: SocketAddr) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .connect_lazy())
+/// An open plain tonic channel to `addr` (the connection is made before
+/// returning): the baseline the benchmarks compare against.
+pub async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
+    Ok(endpoint(addr)?.connect().await?)
+}
+
+/// A client channel to `addr` through our layer, connected before returning.
+pub async fn connect_layered(addr: SocketAddr) -> anyhow::Result<Layered> {
+    Ok(layered(ReadyChannel::connect(&endpoint(addr)?).await?))
+}
+
+/// A client channel to `addr` through our layer that connects on first use.
+pub fn lazy_layered(addr: SocketAddr) -> anyhow::Result<Layered> {
+    Ok(layered(ReadyChannel::lazy(&endpoint(addr)?)))
 }
 
 /// Wraps a channel in our client layer.
-pub fn layered(channel: Channel) -> Layered {
+pub fn layered(channel: ReadyChannel) -> Layered {
     tower::ServiceBuilder::new()
         .layer(ClientDeadlineLayer::new())
         .service(channel)

@@ -179,6 +179,7 @@ async fn serve_chain_prints_its_address_first_and_answers() {
         .spawn()
         .expect("deadline-lab must start");
     let stdout = child.stdout.take().expect("stdout is piped");
+    #[allow(clippy::disallowed_methods)] // reading a child's stdout, no request
     let line = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).map(|_| line)
@@ -600,6 +601,38 @@ async fn shop_and_orders_serve_their_entry_with_reflection() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_answers_in_v1alpha_too_for_older_tools() {
+    for system in ["chain", "im"] {
+        let lab = Lab::spawn(&["serve", system]);
+        let channel = deadline_lab::net::connect(lab.addr())
+            .await
+            .expect("the entry must accept connections");
+        use tonic_reflection::pb::v1alpha::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest,
+        };
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let reply = ServerReflectionClient::new(channel)
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .expect("v1alpha reflection must be on")
+            .into_inner()
+            .message()
+            .await
+            .expect("a reflection reply")
+            .expect("one message");
+        let listed = format!("{reply:?}");
+        assert!(
+            listed.contains("ServerReflection"),
+            "{system}: the listing must come from a v1alpha server: {listed}"
+        );
+    }
+}
+
 /// A capture proxy process in front of `upstream`: the proxy and its address.
 fn capture_in_front_of(upstream: std::net::SocketAddr) -> (Lab, std::net::SocketAddr) {
     let capture = Lab::spawn(&["capture", "--upstream", &upstream.to_string(), "--json"]);
@@ -719,4 +752,85 @@ async fn orders_runs_as_separate_processes_through_the_capture_proxy() {
         budget <= Duration::from_secs(1) && budget > Duration::from_millis(900),
         "{budget:?}"
     );
+}
+
+#[test]
+fn seams_every_way_keeps_the_budget_or_reports_the_break() {
+    let json = lab(&["experiment", "seams", "--json"]);
+    let seams: deadline_lab::experiments::seams::Seams =
+        serde_json::from_value(json).expect("the JSON must be the experiment's result type");
+    let row = |way: &str| {
+        seams
+            .rows
+            .iter()
+            .find(|r| r.way == way)
+            .unwrap_or_else(|| panic!("the experiment must have a row {way:?}"))
+    };
+    for r in &seams.rows {
+        assert!(
+            r.next_hop_remaining_ms.is_some() || r.reported,
+            "{}: a call that lost its budget must be reported",
+            r.way
+        );
+    }
+    let kept = [
+        "direct",
+        "tonic_deadline::spawn",
+        "tonic_deadline::JoinSet",
+        "Scope::spawn_blocking",
+        "futures join",
+        "FuturesUnordered",
+        "buffer above + capture_scope",
+        "buffer below",
+        "lazy connect 100ms",
+        "reconnect",
+    ];
+    for way in kept {
+        let r = row(way);
+        let excess = r
+            .excess_ms
+            .unwrap_or_else(|| panic!("{way}: the next hop must get a deadline"));
+        assert!(
+            excess < 50.0,
+            "{way}: the next hop must not be told more than the client had (+{excess} ms)"
+        );
+        assert_eq!(r.client_status, "DEADLINE_EXCEEDED", "{way}");
+        assert!(!r.next_hop_completed, "{way}: the next hop must be stopped");
+        assert!(!r.reported, "{way}: nothing was broken, nothing to report");
+    }
+    for way in [
+        "tokio::spawn",
+        "JoinSet",
+        "spawn_blocking + block_on",
+        "buffer above",
+    ] {
+        let r = row(way);
+        assert_eq!(r.next_hop_remaining_ms, None, "{way}: the budget is lost");
+        assert!(r.reported, "{way}: and the loss must be reported");
+    }
+    assert!(
+        row("tokio::spawn").next_hop_completed,
+        "nothing stops a call made from tokio::spawn"
+    );
+    let denied = row("tokio::spawn, Unscoped::Deny");
+    assert_eq!(denied.client_status, "FAILED_PRECONDITION");
+    assert_eq!(
+        denied.next_hop_stopped_ms, None,
+        "nothing may reach the next hop"
+    );
+    for way in [
+        "lazy connect 100ms, plain tonic Channel",
+        "reconnect, plain tonic Channel",
+    ] {
+        let r = row(way);
+        let excess = r.excess_ms.expect("a plain Channel still sends a deadline");
+        assert!(
+            excess > 90.0,
+            "{way}: a plain Channel overstates the budget by the connect time (+{excess} ms)"
+        );
+        assert!(
+            r.reported,
+            "{way}: which the layer must say when it is built"
+        );
+    }
 }

@@ -43,7 +43,7 @@ impl Probe for Watcher {
             // The scope is what every piece of work under the request sees.
             let scope = Scope::current();
             let noticed = self.noticed.clone();
-            tokio::spawn(async move {
+            tonic_deadline::detach(async move {
                 scope.ended().await;
                 let _ = noticed.send(Instant::now());
             });
@@ -107,11 +107,10 @@ async fn rig(ours: bool) -> anyhow::Result<Rig> {
 }
 
 async fn client(ours: bool, addr: std::net::SocketAddr) -> anyhow::Result<Next> {
-    let channel = net::connect(addr).await?;
     Ok(if ours {
-        Next::Layered(ProbeClient::new(net::layered(channel)))
+        Next::Layered(ProbeClient::new(net::connect_layered(addr).await?))
     } else {
-        Next::Plain(ProbeClient::new(channel))
+        Next::Plain(ProbeClient::new(net::connect(addr).await?))
     })
 }
 
@@ -121,7 +120,9 @@ async fn once(rig: &mut Rig, ours: bool) -> anyhow::Result<Duration> {
     let scope = Scope::background();
     let in_scope = scope.clone();
     let call =
-        tokio::spawn(async move { in_scope.enter(entry.call(CallRequest::default())).await });
+        tonic_deadline::detach(
+            async move { in_scope.enter(entry.call(CallRequest::default())).await },
+        );
     rig.entered
         .recv()
         .await

@@ -69,7 +69,7 @@ async fn round(clients: &[Client], streams: usize, length: Duration, tally: &mut
     for client in clients {
         for _ in 0..streams {
             let mut client = client.clone();
-            tasks.push(tokio::spawn(async move {
+            tasks.push(tonic_deadline::detach(async move {
                 let mut lat = Vec::new();
                 let mut failed = 0u64;
                 while Instant::now() < end {
@@ -114,9 +114,9 @@ pub async fn run(load: Load) -> anyhow::Result<Outcome> {
         plain.push(Client::Plain(ProbeClient::new(
             net::connect(plain_addr).await?,
         )));
-        ours.push(Client::Layered(ProbeClient::new(net::layered(
-            net::connect(ours_addr).await?,
-        ))));
+        ours.push(Client::Layered(ProbeClient::new(
+            net::connect_layered(ours_addr).await?,
+        )));
     }
     // Warm both up before measuring.
     let warm = Duration::from_millis(200);

@@ -94,7 +94,7 @@ impl Service {
             .map_err(|_| Status::unavailable("pool closed"))?;
         let query = self.query;
         // The database runs the query to its end whatever happens to us.
-        tokio::spawn(async move {
+        tonic_deadline::detach(async move {
             tokio::time::sleep(query).await;
             drop(connection);
         })
@@ -167,7 +167,7 @@ async fn closed_loop(target: &Target, callers: usize, length: Duration) -> f64 {
     let mut tasks = Vec::new();
     for i in 0..callers {
         let mut client = target.clients[i % target.clients.len()].clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(tonic_deadline::detach(async move {
             let mut done = 0u64;
             while Instant::now() < end {
                 let mut request = Request::new(CallRequest::default());
@@ -206,6 +206,7 @@ async fn open_loop(target: &Target, rate: f64, length: Duration, deadline: Durat
     for i in 0..total {
         tokio::time::sleep_until(start + gap.mul_f64(i as f64)).await;
         let mut client = target.clients[i as usize % target.clients.len()].clone();
+        #[allow(clippy::disallowed_methods)] // the load generator is no request's work
         calls.spawn(async move {
             let sent = Instant::now();
             let mut request = Request::new(CallRequest::default());

@@ -157,6 +157,7 @@ async fn postgres() -> anyhow::Result<Value> {
                 );
             }
             Some(bindir) => {
+                #[allow(clippy::disallowed_methods)] // starting the server, before any request
                 let server =
                     tokio::task::spawn_blocking(move || Throwaway::start(bindir)).await??;
                 (server.url.clone(), Some(server))
@@ -164,7 +165,7 @@ async fn postgres() -> anyhow::Result<Value> {
         },
     };
     let (monitor, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+    tonic_deadline::detach(connection);
     let pool = PgPool::connect(&url, 2).map_err(|e| anyhow::anyhow!("{e}"))?;
     let start = Instant::now();
     let scope = Scope::background().with_timeout(DEADLINE);

@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+use tower::Layer;
+
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 use tonic_deadline::Scope;
@@ -39,8 +41,11 @@ async fn row(delay_ms: u64, allowance_ms: u64) -> anyhow::Result<Value> {
         },
     )
     .await?;
-    let channel = net::layered(net::connect(capture.addr()).await?)
-        .with_transit_allowance(Duration::from_millis(allowance_ms));
+    let channel = tonic_deadline::ClientDeadlineLayer::new()
+        .transit_allowance(Duration::from_millis(allowance_ms))
+        .layer(
+            tonic_deadline::client::ReadyChannel::connect(&net::endpoint(capture.addr())?).await?,
+        );
     let mut client = WorkerClient::new(channel);
     client.work(WorkReq::default()).await?;
     // Let the warm-up's trailing frames (acks, window updates) pass.

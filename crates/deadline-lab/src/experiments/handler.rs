@@ -39,7 +39,7 @@ async fn variant(watch: bool) -> anyhow::Result<Value> {
     let svc = WorkerSvc::new();
     let addr = worker::start("127.0.0.1:0", svc.clone()).await?;
     let capture = Capture::start(addr).await?;
-    let mut client = WorkerClient::new(net::layered(net::connect(capture.addr()).await?));
+    let mut client = WorkerClient::new(net::connect_layered(capture.addr()).await?);
     client.work(WorkReq::default()).await?;
     svc.take();
     capture.clear();

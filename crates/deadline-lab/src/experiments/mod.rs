@@ -8,6 +8,7 @@ pub mod handler;
 pub mod im;
 pub mod orders;
 pub mod propagation;
+pub mod seams;
 pub mod shop;
 pub mod wire;
 
@@ -18,7 +19,7 @@ use crate::net::{self, Layered};
 
 /// A client to `addr` through our layer, with the connection already open.
 pub async fn layered_client(addr: std::net::SocketAddr) -> anyhow::Result<ProbeClient<Layered>> {
-    let mut client = ProbeClient::new(net::layered(net::connect(addr).await?));
+    let mut client = ProbeClient::new(net::connect_layered(addr).await?);
     // Warm the connection so the measured call pays no handshake.
     client.call(CallRequest::default()).await?;
     Ok(client)

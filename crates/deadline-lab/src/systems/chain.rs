@@ -198,19 +198,14 @@ pub async fn start_hop(
     reflection: bool,
 ) -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
     let next = match next {
-        Some(addr) => Some(Next::Layered(ProbeClient::new(net::layered(
-            net::connect_lazy(addr)?,
-        )))),
+        Some(addr) => Some(Next::Layered(ProbeClient::new(net::lazy_layered(addr)?))),
         None => None,
     };
     let hop = Hop::new(name, plan, next);
     let done = hop.completed();
     let mut routes = hop.routes();
     if reflection {
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(probe::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
-        routes = routes.add_service(reflection);
+        routes = super::with_reflection(routes, probe::FILE_DESCRIPTOR_SET)?;
     }
     let addr = net::serve(listen, routes, Some(ServerDeadlineLayer::new())).await?;
     Ok((addr, done))

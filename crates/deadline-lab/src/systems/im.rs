@@ -213,9 +213,7 @@ pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started
 ///
 /// When the connection cannot be made.
 pub async fn client(addr: SocketAddr) -> anyhow::Result<GatewayClient<Layered>> {
-    Ok(GatewayClient::new(crate::net::layered(
-        crate::net::connect(addr).await?,
-    )))
+    Ok(GatewayClient::new(crate::net::connect_layered(addr).await?))
 }
 
 /// A client of logic at `addr` (to call it without a deadline).
@@ -224,7 +222,5 @@ pub async fn client(addr: SocketAddr) -> anyhow::Result<GatewayClient<Layered>> 
 ///
 /// When the connection cannot be made.
 pub async fn logic_client(addr: SocketAddr) -> anyhow::Result<LogicClient<Layered>> {
-    Ok(LogicClient::new(crate::net::layered(
-        crate::net::connect(addr).await?,
-    )))
+    Ok(LogicClient::new(crate::net::connect_layered(addr).await?))
 }

@@ -64,7 +64,7 @@ impl Peers {
     ///
     /// When `name` was not given.
     pub fn channel(&self, name: &str) -> anyhow::Result<net::Layered> {
-        Ok(net::layered(net::connect_lazy(self.get(name)?)?))
+        net::lazy_layered(self.get(name)?)
     }
 }
 
@@ -111,10 +111,25 @@ pub async fn serve_lab(
     routes: Routes,
     layer: ServerDeadlineLayer,
 ) -> anyhow::Result<SocketAddr> {
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+    let routes = with_reflection(routes, pb::FILE_DESCRIPTOR_SET)?;
+    net::serve(listen, routes, Some(layer)).await
+}
+
+/// Adds gRPC server reflection for `descriptors`, in both its versions:
+/// `v1`, and `v1alpha` for the tools that speak only that one (grpcurl
+/// before 1.9, grpcui, older Evans).
+///
+/// # Errors
+///
+/// When the descriptors do not decode.
+pub fn with_reflection(routes: Routes, descriptors: &[u8]) -> anyhow::Result<Routes> {
+    let v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(descriptors)
         .build_v1()?;
-    net::serve(listen, routes.add_service(reflection), Some(layer)).await
+    let v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(descriptors)
+        .build_v1alpha()?;
+    Ok(routes.add_service(v1).add_service(v1alpha))
 }
 
 /// The milliseconds of a request field as a duration.

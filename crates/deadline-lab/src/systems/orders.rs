@@ -174,6 +174,9 @@ struct OrdersSvc {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
+    // A transaction runs to its commit or rollback as one unit; the handler
+    // decides afterwards whether its caller is still there to hear of it.
+    #[allow(clippy::disallowed_methods)]
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|_| Status::internal("database task failed"))?
@@ -306,7 +309,5 @@ pub async fn start(entry: &str, shared: &Shared) -> anyhow::Result<Vec<Started>>
 ///
 /// When the connection cannot be made.
 pub async fn client(addr: SocketAddr) -> anyhow::Result<OrdersClient<Layered>> {
-    Ok(OrdersClient::new(crate::net::layered(
-        crate::net::connect(addr).await?,
-    )))
+    Ok(OrdersClient::new(crate::net::connect_layered(addr).await?))
 }

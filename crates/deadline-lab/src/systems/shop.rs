@@ -265,7 +265,5 @@ pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started
 ///
 /// When the connection cannot be made.
 pub async fn client(addr: SocketAddr) -> anyhow::Result<ShopClient<Layered>> {
-    Ok(ShopClient::new(crate::net::layered(
-        crate::net::connect(addr).await?,
-    )))
+    Ok(ShopClient::new(crate::net::connect_layered(addr).await?))
 }

@@ -70,7 +70,7 @@ impl Worker for WorkerSvc {
         let remaining_us = micros(scope.remaining());
         let watcher = scope.clone();
         let times = self.times.clone();
-        tokio::spawn(async move {
+        tonic_deadline::detach(async move {
             watcher.ended().await;
             Self::set(&times, |t| &mut t.scope_ended);
         });
@@ -82,7 +82,7 @@ impl Worker for WorkerSvc {
             // server layer drops at the deadline) to record when that was.
             let task = scope.spawn(tokio::time::sleep(work));
             let times = self.times.clone();
-            let observer = tokio::spawn(async move {
+            let observer = tonic_deadline::detach(async move {
                 match task.await {
                     Ok(Ok(())) => {
                         Self::set(&times, |t| &mut t.completed);
