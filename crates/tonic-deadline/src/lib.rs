@@ -1,3 +1,6 @@
+// The README is also the crates.io page, so its `[guide]` link points at
+// docs.rs; this definition comes first and therefore wins in rustdoc.
+//! [guide]: crate::guide
 #![doc = include_str!("../README.md")]
 
 pub mod admission;
@@ -19,5 +22,5 @@ pub use status::Ended;
 /// The error type that crosses service boundaries (as in tower and tonic).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[doc = include_str!("../../../docs/propagation.md")]
+#[doc = include_str!("../docs/propagation.md")]
 pub mod guide {}
