@@ -2,6 +2,9 @@
 // docs.rs; this definition comes first and therefore wins in rustdoc.
 //! [guide]: crate::guide
 #![doc = include_str!("../README.md")]
+// On docs.rs (nightly, `--cfg docsrs`) every feature-gated item is marked
+// with the feature it needs; `doc_cfg` now includes what `doc_auto_cfg` did.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admission;
 pub mod client;
