@@ -1,4 +1,10 @@
+// The README is also the crates.io page, so its `[guide]` link points at
+// docs.rs; this definition comes first and therefore wins in rustdoc.
+//! [guide]: crate::guide
 #![doc = include_str!("../README.md")]
+// On docs.rs (nightly, `--cfg docsrs`) every feature-gated item is marked
+// with the feature it needs; `doc_cfg` now includes what `doc_auto_cfg` did.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admission;
 pub mod client;
@@ -20,5 +26,5 @@ pub use status::Ended;
 /// The error type that crosses service boundaries (as in tower and tonic).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[doc = include_str!("../../../docs/propagation.md")]
+#[doc = include_str!("../docs/propagation.md")]
 pub mod guide {}

@@ -486,7 +486,7 @@ impl Scope {
     /// Threads cannot be stopped from outside, so `work` receives the scope
     /// and should call [`check`](Scope::check) between steps. Work that is
     /// still running after the scope ended is counted by
-    /// [`outlived_count`](crate::outlived_count) and logged with how long it
+    /// [`outlived_count`] and logged with how long it
     /// outlived its scope.
     ///
     /// # Errors
