@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
+use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::db::sqlite::SqlitePool;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tonic_deadline_examples::store::store_client::StoreClient;
@@ -83,10 +84,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             pool: pool.clone(),
             returned: tx,
         }));
-    tokio::spawn(server.serve_with_incoming(incoming));
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .connect()
-        .await?;
+    // The server belongs to no request: `detach` says so.
+    tonic_deadline::detach(server.serve_with_incoming(incoming));
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
+    // Ready only once connected, so the budget on the wire counts the connect.
+    let channel = ReadyChannel::connect(&endpoint).await?;
     let mut client = StoreClient::new(
         tower::ServiceBuilder::new()
             .layer(ClientDeadlineLayer::new())

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
+use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::{Cause, ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tonic_deadline_examples::work::work_client::WorkClient;
 use tonic_deadline_examples::work::work_server::{Work, WorkServer};
@@ -115,10 +116,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = Server::builder()
         .layer(ServerDeadlineLayer::new())
         .add_service(WorkServer::new(Worker { tx }));
-    tokio::spawn(server.serve_with_incoming(incoming));
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .connect()
-        .await?;
+    // The server belongs to no request: `detach` says so.
+    tonic_deadline::detach(server.serve_with_incoming(incoming));
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
+    // Ready only once connected, so the budget on the wire counts the connect.
+    let channel = ReadyChannel::connect(&endpoint).await?;
     let client = WorkClient::new(
         tower::ServiceBuilder::new()
             .layer(ClientDeadlineLayer::new())
@@ -160,7 +162,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let give_up_after = Duration::from_millis(150);
     let started = Instant::now();
     let scope = Scope::background();
-    let call = tokio::spawn({
+    // The caller's own task for the call, under the scope it cancels.
+    let call = tonic_deadline::detach({
         let (scope, mut client) = (scope.clone(), client.clone());
         async move { scope.enter(client.start(request)).await }
     });
@@ -182,7 +185,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let spawned = next_report(&mut stopped, "spawn").await?;
     let detached = next_report(&mut stopped, "detach").await?;
     expect(
-        !spawned.finished && spawned.cause == Some(Cause::CallerCancelled),
+        !spawned.finished && spawned.cause == Some(Cause::Abandoned),
         "the spawned task must stop when the caller cancels",
     )?;
     expect(detached.finished, "the detached task must run to its end")?;

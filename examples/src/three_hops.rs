@@ -9,9 +9,9 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
-use tonic_deadline::client::ClientDeadline;
+use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tonic_deadline_examples::chain::hop_client::HopClient;
 use tonic_deadline_examples::chain::hop_server::{Hop, HopServer};
@@ -22,7 +22,7 @@ const BUDGET: Duration = Duration::from_secs(1);
 const WORK: Duration = Duration::from_millis(100);
 
 /// A client whose calls carry what is left of the current scope.
-type Client = HopClient<ClientDeadline<Channel>>;
+type Client = HopClient<ClientDeadline<ReadyChannel>>;
 
 struct Node {
     name: &'static str,
@@ -65,11 +65,12 @@ async fn start(node: Node) -> Result<Client, Box<dyn std::error::Error>> {
     let server = Server::builder()
         .layer(ServerDeadlineLayer::new().max_timeout(Duration::from_secs(30)))
         .add_service(HopServer::new(node));
-    tokio::spawn(server.serve_with_incoming(incoming));
+    // The server belongs to no request: `detach` says so.
+    tonic_deadline::detach(server.serve_with_incoming(incoming));
 
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .connect()
-        .await?;
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
+    // Ready only once connected, so the budget on the wire counts the connect.
+    let channel = ReadyChannel::connect(&endpoint).await?;
     let channel = tower::ServiceBuilder::new()
         .layer(ClientDeadlineLayer::new())
         .service(channel);
