@@ -1,8 +1,14 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admission;
 pub mod client;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "sqlx-postgres",
+    feature = "sqlx-sqlite"
+))]
 pub mod db;
 #[cfg(feature = "jobs")]
 pub mod jobs;
