@@ -10,6 +10,12 @@ pub mod client;
     feature = "sqlx-sqlite"
 ))]
 pub mod db;
+#[cfg(any(feature = "http", feature = "reqwest"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "reqwest"))))]
+pub mod deadline_headers;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http_server;
 #[cfg(feature = "jobs")]
 pub mod jobs;
 pub mod scope;

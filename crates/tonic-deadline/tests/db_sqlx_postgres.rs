@@ -31,13 +31,12 @@ async fn monitor() -> sqlx::PgConnection {
 
 /// Whether backend `pid` is running a statement right now.
 async fn active(monitor: &mut sqlx::PgConnection, pid: i32) -> bool {
-    let row = sqlx::query(
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'",
-    )
-    .bind(pid)
-    .fetch_one(&mut *monitor)
-    .await
-    .expect("pg_stat_activity is readable");
+    let row =
+        sqlx::query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'")
+            .bind(pid)
+            .fetch_one(&mut *monitor)
+            .await
+            .expect("pg_stat_activity is readable");
     row.get::<i64, _>(0) > 0
 }
 
@@ -73,13 +72,18 @@ async fn plain_sqlx_leaves_a_dropped_query_running_on_the_server() {
         conn.execute("SELECT pg_sleep(2)"),
     )
     .await;
-    assert!(dropped.is_err(), "the outer timeout must drop the query future");
+    assert!(
+        dropped.is_err(),
+        "the outer timeout must drop the query future"
+    );
     assert!(
         active(&mut monitor, pid).await,
         "plain sqlx: the dropped query must still run on the server"
     );
     let next = Instant::now();
-    conn.execute("SELECT 1").await.expect("the next query works");
+    conn.execute("SELECT 1")
+        .await
+        .expect("the next query works");
     assert!(
         next.elapsed() >= Duration::from_millis(1000),
         "plain sqlx: the next query must wait behind the abandoned one, waited {:?}",
@@ -275,20 +279,27 @@ async fn an_unfinished_transaction_is_rolled_back() {
     settle(&pool, 1).await;
     let mut conn = pool.acquire(&Scope::background()).await.expect("conn");
     let rows: i64 = conn
-        .fetch_all(sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"))))
+        .fetch_all(sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table}"
+        ))))
         .await
         .expect("count")[0]
         .get(0);
     assert_eq!(rows, 0, "the stopped transaction must be rolled back");
-    conn.execute(sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}"))))
-        .await
-        .expect("drop");
+    conn.execute(sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE {table}"
+    ))))
+    .await
+    .expect("drop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_time_for_a_connection_spends_the_budget() {
     let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
-    let holder = pool.acquire(&Scope::background()).await.expect("the one connection");
+    let holder = pool
+        .acquire(&Scope::background())
+        .await
+        .expect("the one connection");
     let scope = Scope::background().with_timeout(Duration::from_millis(200));
     let start = Instant::now();
     let err = pool

@@ -37,13 +37,20 @@ async fn settle(pool: &SqlxSqlitePool, idle: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_sqlx_sqlite_runs_a_dropped_query_to_its_end() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("plain.db").display());
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("plain.db").display()
+    );
     let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
-    let dropped =
-        tokio::time::timeout(Duration::from_millis(100), conn.execute(SECONDS)).await;
-    assert!(dropped.is_err(), "the outer timeout must drop the query future");
+    let dropped = tokio::time::timeout(Duration::from_millis(100), conn.execute(SECONDS)).await;
+    assert!(
+        dropped.is_err(),
+        "the outer timeout must drop the query future"
+    );
     let next = Instant::now();
-    conn.execute("SELECT 1").await.expect("the next query works");
+    conn.execute("SELECT 1")
+        .await
+        .expect("the next query works");
     assert!(
         next.elapsed() >= Duration::from_millis(300),
         "plain sqlx: the next query must wait for the abandoned one, waited {:?}",
@@ -63,7 +70,10 @@ async fn deadline_interrupts_the_sqlx_statement_and_the_connection_is_reusable_a
         .expect_err("an endless query must be stopped");
     let stopped = start.elapsed();
     assert_eq!(err.cause(), Some(Cause::DeadlineExceeded));
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
+    assert_eq!(
+        tonic::Status::from(err).code(),
+        tonic::Code::DeadlineExceeded
+    );
     assert!(
         stopped < Duration::from_secs(2),
         "stopped near the 200 ms deadline, not when the query ends: {stopped:?}"
@@ -181,7 +191,10 @@ async fn a_stopped_transaction_is_rolled_back_before_the_connection_is_reused() 
         .await
         .expect("count")[0]
         .get(0);
-    assert_eq!(rows, 0, "the stopped transaction's insert must be rolled back");
+    assert_eq!(
+        rows, 0,
+        "the stopped transaction's insert must be rolled back"
+    );
     conn.execute(sqlx::query("INSERT INTO t VALUES (2)"))
         .await
         .expect("no transaction may be left open: a new write must work");

@@ -450,11 +450,10 @@ impl SqlxPgConn {
         self.dirty = true;
         let (scope, shared, pid) = (self.scope.clone(), self.shared.clone(), self.pid);
         let conn = self.connection()?;
-        let set = sqlx::query(
-            "SELECT pg_backend_pid(), set_config('statement_timeout', $1, false)",
-        )
-        .bind(timeout)
-        .fetch_one(&mut **conn);
+        let set =
+            sqlx::query("SELECT pg_backend_pid(), set_config('statement_timeout', $1, false)")
+                .bind(timeout)
+                .fetch_one(&mut **conn);
         let outcome = shared.race(&scope, pid, set).await;
         let row = self.finish(outcome).await?;
         self.pid = Some(row.try_get(0).map_err(Error::database)?);
