@@ -13,6 +13,9 @@ pub mod db;
 #[cfg(any(feature = "http", feature = "reqwest"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "reqwest"))))]
 pub mod deadline_headers;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod http_client;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http_server;
