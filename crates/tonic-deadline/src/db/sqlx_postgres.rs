@@ -574,7 +574,7 @@ impl SqlxPgConn {
         self.begin().await?;
         let (scope, shared, pid) = (self.scope.clone(), self.shared.clone(), self.pid);
         let conn = self.connection()?;
-        let outcome = shared.race(&scope, pid, work(&mut **conn)).await;
+        let outcome = shared.race(&scope, pid, work(conn)).await;
         self.finish(outcome).await
     }
 

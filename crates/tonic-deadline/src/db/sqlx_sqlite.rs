@@ -465,7 +465,7 @@ impl SqlxSqliteConn {
     {
         self.begin().await?;
         let (conn, watch, shared) = self.parts()?;
-        let outcome = Self::statement(watch, shared, work(&mut **conn)).await;
+        let outcome = Self::statement(watch, shared, work(conn)).await;
         self.finish(outcome).await
     }
 
