@@ -29,6 +29,7 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("shop", Box::pin(experiments::shop::run())),
         ("orders", Box::pin(experiments::orders::run())),
         ("db-cancel", Box::pin(experiments::db_cancel::run())),
+        ("edge", Box::pin(experiments::edge::run())),
         (
             "bench overhead",
             Box::pin(bench::overhead::run(bench::overhead::Load {

@@ -487,6 +487,12 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     }
     body.push_str("</section>");
 
+    body.push_str("<h2>Beyond tonic: HTTP edge → gRPC → SQL, and → reqwest</h2><section>");
+    if let Some(chart) = find(steps, "edge").and_then(edge_charts) {
+        body.push_str(&chart);
+    }
+    body.push_str("</section>");
+
     body.push_str("<h2>Transit time is not deducted</h2><section>");
     if let Some(chart) = find(steps, "drift").and_then(drift_chart) {
         body.push_str(&chart);
@@ -551,6 +557,60 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\"><title>deadline-lab report</title><style>{STYLE}</style></head><body><main>{body}</main><script>{SCRIPT}</script></body></html>\n"
     )
+}
+
+/// The edge experiment: budget on entry and when each layer stopped.
+fn edge_charts(json: &Value) -> Option<String> {
+    let edge: crate::experiments::edge::Edge = serde_json::from_value(json.clone()).ok()?;
+    let entry: Vec<Bar> = edge
+        .rows
+        .iter()
+        .map(|r| Bar::new(&r.layer, r.remaining_on_entry_ms.unwrap_or(0.0), None))
+        .collect();
+    let stopped: Vec<Bar> = edge
+        .rows
+        .iter()
+        .map(|r| {
+            Bar::new(&r.layer, r.stopped_ms.unwrap_or(0.0), None).note(if r.stopped_on_server {
+                "stopped on the server"
+            } else {
+                "ran on"
+            })
+        })
+        .collect();
+    let mut out = hbars(
+        "edge-entry",
+        &format!(
+            "Budget on entry (the edge's default is {} ms)",
+            fmt_ms(edge.edge_budget_ms)
+        ),
+        "ms",
+        &entry,
+    );
+    out.push_str(&hbars(
+        "edge-stopped",
+        &format!(
+            "When each layer stopped; the client gave up at {} ms",
+            fmt_ms(edge.client_gave_up_ms)
+        ),
+        "ms",
+        &stopped,
+    ));
+    let _ = write!(
+        out,
+        "<p>Pool after: {}/{} idle, {} cancel request(s), {} statement(s) still active. Plain sqlx, for contrast: a dropped query {} on the server and the next query waited {} ms.</p>",
+        edge.pool.idle,
+        edge.pool.size,
+        edge.pool.cancels_sent,
+        edge.pool.queries_still_active,
+        if edge.plain_sqlx.still_active_after_drop {
+            "kept running"
+        } else {
+            "stopped"
+        },
+        fmt_ms(edge.plain_sqlx.next_query_waited_ms)
+    );
+    Some(out)
 }
 
 #[cfg(test)]

@@ -147,6 +147,9 @@ enum Experiment {
     Shop,
     /// CreateOrder with a payment that stalls past the deadline.
     Orders,
+    /// An axum edge → tonic → sqlx query (and → reqwest → REST) under one
+    /// 900 ms budget, the client giving up at 300 ms (needs PostgreSQL).
+    Edge,
 }
 
 #[derive(Debug, Subcommand)]
@@ -338,6 +341,7 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Im => experiments::im::run().await?,
                     Experiment::Shop => experiments::shop::run().await?,
                     Experiment::Orders => experiments::orders::run().await?,
+                    Experiment::Edge => experiments::edge::run().await?,
                 };
                 print(&outcome, json);
                 Ok(())

@@ -26,8 +26,8 @@
 //!
 //! - sqlx 0.9 reads the connection's cancel key (`BackendKeyData`) but keeps
 //!   it private, so the protocol's cancel request cannot be sent. The cancel
-//!   goes through `pg_cancel_backend(pid)` on a *side pool* (at most two
-//!   connections, opened on first use) instead. It needs the same role as
+//!   goes through `pg_cancel_backend(pid)` on a *side pool* (one connection
+//!   kept open, at most two) instead. It needs the same role as
 //!   the pool, or membership in `pg_signal_backend`, and it does not work
 //!   behind a pooler in transaction mode (the backend pid is not the
 //!   client's); [`SqlxPgPoolBuilder::cancel_requests`] turns it off, leaving
@@ -185,6 +185,8 @@ impl SqlxPgPoolBuilder {
         let side = self.cancel_requests.then(|| {
             PgPoolOptions::new()
                 .max_connections(SIDE_CONNECTIONS)
+                // Kept open, so a cancel costs one round trip, not a connect.
+                .min_connections(1)
                 .acquire_timeout(CLEANUP_LIMIT)
                 .connect_lazy_with(self.connect.clone())
         });
