@@ -632,6 +632,53 @@ mod tests {
     }
 
     #[test]
+    fn edge_charts_draw_every_layer_from_the_typed_result() {
+        use crate::experiments::edge::{Edge, LAYERS, LayerRow, PlainSqlx, PoolAfter, SqlxCosts};
+        let edge = Edge {
+            rows: LAYERS
+                .iter()
+                .map(|l| LayerRow {
+                    layer: (*l).to_owned(),
+                    remaining_on_entry_ms: Some(899.0),
+                    stopped_ms: Some(301.0),
+                    stopped_on_server: true,
+                    cause: None,
+                })
+                .collect(),
+            edge_budget_ms: 900.0,
+            client_gave_up_ms: 300.0,
+            pool: PoolAfter {
+                size: 1,
+                idle: 1,
+                max_size: 2,
+                cancels_sent: 1,
+                discarded: 0,
+                whole: true,
+                queries_still_active: 0,
+            },
+            plain_sqlx: PlainSqlx {
+                query_ms: 2000.0,
+                dropped_at_ms: 300.0,
+                still_active_after_drop: true,
+                next_query_waited_ms: 1700.0,
+            },
+            sqlx_costs: SqlxCosts {
+                plain_statement_us: 50.0,
+                scoped_statement_us: 140.0,
+                extra_us: 90.0,
+            },
+        };
+        let json = serde_json::to_value(&edge).expect("serialises");
+        let html = edge_charts(&json).expect("a typed result renders");
+        assert_eq!(
+            html.matches("class=\"bar\"").count(),
+            8,
+            "two charts, one bar per layer"
+        );
+        assert!(html.contains("sqlx query") && html.contains("kept running"));
+    }
+
+    #[test]
     fn report_needs_nothing_from_the_network() {
         let html = render(&[], 0.0);
         for external in ["http://", "https://", "<link", "src="] {
