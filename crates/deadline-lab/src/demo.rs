@@ -30,6 +30,7 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("orders", Box::pin(experiments::orders::run())),
         ("db-cancel", Box::pin(experiments::db_cancel::run())),
         ("seams", Box::pin(experiments::seams::run())),
+        ("edge", Box::pin(experiments::edge::run())),
         (
             "bench overhead",
             Box::pin(bench::overhead::run(bench::overhead::Load {

@@ -487,6 +487,12 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     }
     body.push_str("</section>");
 
+    body.push_str("<h2>Beyond tonic: HTTP edge → gRPC → SQL, and → reqwest</h2><section>");
+    if let Some(chart) = find(steps, "edge").and_then(edge_charts) {
+        body.push_str(&chart);
+    }
+    body.push_str("</section>");
+
     body.push_str("<h2>Transit time is not deducted</h2><section>");
     if let Some(chart) = find(steps, "drift").and_then(drift_chart) {
         body.push_str(&chart);
@@ -553,6 +559,60 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     )
 }
 
+/// The edge experiment: budget on entry and when each layer stopped.
+fn edge_charts(json: &Value) -> Option<String> {
+    let edge: crate::experiments::edge::Edge = serde_json::from_value(json.clone()).ok()?;
+    let entry: Vec<Bar> = edge
+        .rows
+        .iter()
+        .map(|r| Bar::new(&r.layer, r.remaining_on_entry_ms.unwrap_or(0.0), None))
+        .collect();
+    let stopped: Vec<Bar> = edge
+        .rows
+        .iter()
+        .map(|r| {
+            Bar::new(&r.layer, r.stopped_ms.unwrap_or(0.0), None).note(if r.stopped_on_server {
+                "stopped on the server"
+            } else {
+                "ran on"
+            })
+        })
+        .collect();
+    let mut out = hbars(
+        "edge-entry",
+        &format!(
+            "Budget on entry (the edge's default is {} ms)",
+            fmt_ms(edge.edge_budget_ms)
+        ),
+        "ms",
+        &entry,
+    );
+    out.push_str(&hbars(
+        "edge-stopped",
+        &format!(
+            "When each layer stopped; the client gave up at {} ms",
+            fmt_ms(edge.client_gave_up_ms)
+        ),
+        "ms",
+        &stopped,
+    ));
+    let _ = write!(
+        out,
+        "<p>Pool after: {}/{} idle, {} cancel request(s), {} statement(s) still active. Plain sqlx, for contrast: a dropped query {} on the server and the next query waited {} ms.</p>",
+        edge.pool.idle,
+        edge.pool.size,
+        edge.pool.cancels_sent,
+        edge.pool.queries_still_active,
+        if edge.plain_sqlx.still_active_after_drop {
+            "kept running"
+        } else {
+            "stopped"
+        },
+        fmt_ms(edge.plain_sqlx.next_query_waited_ms)
+    );
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,6 +629,53 @@ mod tests {
         assert_eq!(svg.matches("class=\"bar\"").count(), 2, "one bar per row");
         assert_eq!(svg.matches("class=\"seed\"").count(), 1, "a tick per seed");
         assert!(svg.contains("A &lt;title&gt;"), "text must be escaped");
+    }
+
+    #[test]
+    fn edge_charts_draw_every_layer_from_the_typed_result() {
+        use crate::experiments::edge::{Edge, LAYERS, LayerRow, PlainSqlx, PoolAfter, SqlxCosts};
+        let edge = Edge {
+            rows: LAYERS
+                .iter()
+                .map(|l| LayerRow {
+                    layer: (*l).to_owned(),
+                    remaining_on_entry_ms: Some(899.0),
+                    stopped_ms: Some(301.0),
+                    stopped_on_server: true,
+                    cause: None,
+                })
+                .collect(),
+            edge_budget_ms: 900.0,
+            client_gave_up_ms: 300.0,
+            pool: PoolAfter {
+                size: 1,
+                idle: 1,
+                max_size: 2,
+                cancels_sent: 1,
+                discarded: 0,
+                whole: true,
+                queries_still_active: 0,
+            },
+            plain_sqlx: PlainSqlx {
+                query_ms: 2000.0,
+                dropped_at_ms: 300.0,
+                still_active_after_drop: true,
+                next_query_waited_ms: 1700.0,
+            },
+            sqlx_costs: SqlxCosts {
+                plain_statement_us: 50.0,
+                scoped_statement_us: 140.0,
+                extra_us: 90.0,
+            },
+        };
+        let json = serde_json::to_value(&edge).expect("serialises");
+        let html = edge_charts(&json).expect("a typed result renders");
+        assert_eq!(
+            html.matches("class=\"bar\"").count(),
+            8,
+            "two charts, one bar per layer"
+        );
+        assert!(html.contains("sqlx query") && html.contains("kept running"));
     }
 
     #[test]

@@ -149,6 +149,9 @@ enum Experiment {
     Orders,
     /// Every way code moves work or makes a call: budget kept, or the break reported.
     Seams,
+    /// An axum edge → tonic → sqlx query (and → reqwest → REST) under one
+    /// 900 ms budget, the client giving up at 300 ms (needs PostgreSQL).
+    Edge,
 }
 
 #[derive(Debug, Subcommand)]
@@ -342,6 +345,7 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Shop => experiments::shop::run().await?,
                     Experiment::Orders => experiments::orders::run().await?,
                     Experiment::Seams => experiments::seams::run().await?,
+                    Experiment::Edge => experiments::edge::run().await?,
                 };
                 print(&outcome, json);
                 Ok(())

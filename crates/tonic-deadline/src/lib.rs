@@ -8,8 +8,22 @@
 
 pub mod admission;
 pub mod client;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "sqlx-postgres",
+    feature = "sqlx-sqlite"
+))]
 pub mod db;
+#[cfg(any(feature = "http", feature = "reqwest"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "reqwest"))))]
+pub mod deadline_headers;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod http_client;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http_server;
 #[cfg(feature = "jobs")]
 pub mod jobs;
 pub mod observe;

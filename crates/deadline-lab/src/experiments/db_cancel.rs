@@ -56,12 +56,12 @@ async fn sqlite() -> anyhow::Result<Value> {
     }))
 }
 
-/// A PostgreSQL server started for this experiment and stopped on drop.
-struct Throwaway {
+/// A PostgreSQL server started for an experiment and stopped on drop.
+pub(crate) struct Throwaway {
     dir: PathBuf,
     bindir: PathBuf,
     as_postgres: bool,
-    url: String,
+    pub(crate) url: String,
 }
 
 fn run_as(as_postgres: bool, program: &Path, args: &[&str]) -> anyhow::Result<()> {
@@ -84,7 +84,7 @@ fn run_as(as_postgres: bool, program: &Path, args: &[&str]) -> anyhow::Result<()
 }
 
 impl Throwaway {
-    fn bindir() -> Option<PathBuf> {
+    pub(crate) fn bindir() -> Option<PathBuf> {
         let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
             .ok()?
             .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
@@ -94,13 +94,16 @@ impl Throwaway {
         dirs.pop()
     }
 
-    fn start(bindir: PathBuf) -> anyhow::Result<Self> {
+    pub(crate) fn start(bindir: PathBuf) -> anyhow::Result<Self> {
         let as_postgres = Command::new("id")
             .arg("-u")
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
             .unwrap_or(false);
-        let dir = std::env::temp_dir().join(format!("deadline-lab-pg-{}", std::process::id()));
+        // One per start: two experiments of one process must not share it.
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("deadline-lab-pg-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         if as_postgres {
             let owned = Command::new("chown").arg("postgres").arg(&dir).status()?;

@@ -3,6 +3,7 @@
 pub mod chain;
 pub mod db_cancel;
 pub mod drift;
+pub mod edge;
 pub mod expired;
 pub mod handler;
 pub mod im;

@@ -23,6 +23,12 @@
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "sqlx-postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-postgres")))]
+pub mod sqlx_postgres;
+#[cfg(feature = "sqlx-sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-sqlite")))]
+pub mod sqlx_sqlite;
 
 use std::fmt;
 

@@ -1,7 +1,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderName;
 use tower_layer::Layer;
 
 use super::{Config, ServerDeadline};
@@ -55,11 +54,7 @@ impl ServerDeadlineLayer {
     ///
     /// If `key` is not a valid lowercase header name.
     pub fn forward_metadata(mut self, key: &str) -> Self {
-        let name =
-            HeaderName::from_bytes(key.as_bytes()).expect("metadata key must be a header name");
-        if !name.as_str().starts_with("grpc-") {
-            self.config.forward.push(name);
-        }
+        self.config.forward(key);
         self
     }
 }

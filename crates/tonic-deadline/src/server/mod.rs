@@ -67,6 +67,11 @@ use crate::timeout_header;
 pub use body::ServerBody;
 pub use future::ResponseFuture;
 pub use layer::ServerDeadlineLayer;
+// Shared with the plain-HTTP server layer.
+#[cfg(feature = "http")]
+pub(crate) use body::EndGuard;
+#[cfg(feature = "http")]
+pub(crate) use timer::LazyTimer;
 
 /// How early the server's timer fires before the deadline.
 ///
@@ -91,15 +96,17 @@ pub(crate) fn serving() -> bool {
     SERVING.load(Ordering::Relaxed)
 }
 
+/// The limits and forwarding rules of a server layer (shared with the
+/// plain-HTTP server layer).
 #[derive(Debug, Clone, Default)]
-struct Config {
-    default_timeout: Option<Duration>,
-    max_timeout: Option<Duration>,
-    forward: Vec<HeaderName>,
+pub(crate) struct Config {
+    pub(crate) default_timeout: Option<Duration>,
+    pub(crate) max_timeout: Option<Duration>,
+    pub(crate) forward: Vec<HeaderName>,
 }
 
 impl Config {
-    fn budget(&self, requested: Option<Duration>) -> Option<Duration> {
+    pub(crate) fn budget(&self, requested: Option<Duration>) -> Option<Duration> {
         let budget = requested.or(self.default_timeout);
         match (budget, self.max_timeout) {
             (Some(b), Some(max)) => Some(b.min(max)),
@@ -108,7 +115,21 @@ impl Config {
         }
     }
 
-    fn forwarded(&self, headers: &HeaderMap) -> HeaderMap {
+    /// Adds `key` to the forwarded metadata; `grpc-*` keys are reserved to
+    /// the protocol and ignored.
+    ///
+    /// # Panics
+    ///
+    /// If `key` is not a valid lowercase header name.
+    pub(crate) fn forward(&mut self, key: &str) {
+        let name =
+            HeaderName::from_bytes(key.as_bytes()).expect("metadata key must be a header name");
+        if !name.as_str().starts_with("grpc-") {
+            self.forward.push(name);
+        }
+    }
+
+    pub(crate) fn forwarded(&self, headers: &HeaderMap) -> HeaderMap {
         let mut out = HeaderMap::new();
         for name in &self.forward {
             for value in headers.get_all(name) {

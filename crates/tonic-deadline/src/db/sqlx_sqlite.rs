@@ -1,0 +1,546 @@
+//! A [sqlx] SQLite pool whose statements stop when the scope ends.
+//!
+//! sqlx runs each SQLite connection on a worker thread of its own; dropping a
+//! query future does not stop the statement there — the worker steps it to
+//! its end, and the connection's next statement waits behind it. Here every
+//! connection taken from the pool
+//!
+//! 1. waits through a deadline-aware [`Admission`] and then sqlx's own pool,
+//!    both racing the scope (queue time spends the budget);
+//! 2. gets a SQLite *progress handler* watching the scope (one round trip to
+//!    the worker per connection taken): once the scope ends, or the call's
+//!    future is dropped, the running statement fails with `SQLITE_INTERRUPT`
+//!    within [`PROGRESS_STEPS`] virtual-machine steps;
+//! 3. when the scope ends mid-statement, the statement's own future is polled
+//!    on until the worker reports the interrupt, and a `ROLLBACK` makes sure
+//!    no transaction of the stopped call stays open. Only then does the call
+//!    return, with the connection idle.
+//!
+//! # What sqlx does not allow
+//!
+//! `sqlite3_interrupt` needs the raw handle and `unsafe` code; sqlx's safe
+//! progress handler gives the same result a few steps later. Neither stops a
+//! statement that waits for a lock in SQLite's busy handler: it waits up to
+//! the connection's `busy_timeout` (5 s by default here) before it can see
+//! the scope.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tonic_deadline::Scope;
+//! use tonic_deadline::db::sqlx_sqlite::SqlxSqlitePool;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let pool = SqlxSqlitePool::open_in_memory(1).expect("in-memory databases open");
+//! let scope = Scope::background().with_timeout(Duration::from_millis(50));
+//! let endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
+//!                SELECT count(*) FROM c";
+//! let mut conn = pool.acquire(&scope).await.expect("a connection");
+//! let err = conn.fetch_all(sqlx::query(endless)).await.expect_err("cannot finish in 50 ms");
+//! assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
+//! # }
+//! ```
+//!
+//! # Invariants
+//!
+//! 1. A progress handler left on a connection after its call is inert: it
+//!    stops a statement only while the call that installed it is active.
+//! 2. The admission permit of a connection is released only after the
+//!    connection has been handed back to sqlx.
+
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
+    SqliteQueryResult, SqliteRow,
+};
+use sqlx::{Executor, Sqlite};
+
+use super::Error;
+use crate::admission::{Admission, Permit};
+use crate::scope::{Cause, Scope};
+
+pub use sqlx;
+
+/// How many SQLite virtual-machine steps run between two looks at the scope.
+pub const PROGRESS_STEPS: i32 = 1000;
+
+/// How long a stopped statement may take to end before its connection is
+/// closed instead of reused.
+const STOP_LIMIT: Duration = Duration::from_secs(5);
+
+/// SQLite's result code for an interrupted statement.
+const SQLITE_INTERRUPT: &str = "9";
+
+/// The future a [`SqlxSqliteConn::run`] closure returns.
+pub type BoxQuery<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+
+/// A pool of sqlx SQLite connections behind a deadline-aware queue. Cheap to
+/// clone. See the [module docs](self).
+#[derive(Clone)]
+pub struct SqlxSqlitePool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: sqlx::SqlitePool,
+    admission: Admission,
+    interrupted: AtomicU64,
+    discarded: AtomicU64,
+    cleanups_running: AtomicU64,
+}
+
+/// Counters of a [`SqlxSqlitePool`], for metrics and leak checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SqlxSqlitePoolStats {
+    /// The most connections the pool opens.
+    pub max_size: u32,
+    /// Connections open right now.
+    pub size: u32,
+    /// Open connections idle in the pool right now.
+    pub idle: usize,
+    /// Callers waiting for a connection right now.
+    pub queued: usize,
+    /// Statements interrupted because their scope ended.
+    pub interrupted: u64,
+    /// Connections closed because a statement did not stop.
+    pub discarded: u64,
+    /// Connections being cleaned in the background (after a dropped call).
+    pub cleanups_running: u64,
+}
+
+impl fmt::Debug for SqlxSqlitePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlxSqlitePool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl SqlxSqlitePool {
+    /// At most `size` connections to the database file at `path` (created if
+    /// absent), in WAL mode with a 5 s busy timeout, opened on first use.
+    ///
+    /// # Errors
+    ///
+    /// The path is not valid UTF-8.
+    pub fn open(path: impl AsRef<Path>, size: u32) -> Result<Self, Error> {
+        let path = path.as_ref();
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5));
+        Ok(Self::with_options(
+            SqlitePoolOptions::new().max_connections(size.max(1)),
+            options,
+            None,
+        ))
+    }
+
+    /// `size` independent in-memory databases (for tests and computed
+    /// queries).
+    ///
+    /// # Errors
+    ///
+    /// Never in practice; the signature matches [`open`](Self::open).
+    pub fn open_in_memory(size: u32) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:").map_err(Error::database)?;
+        Ok(Self::with_options(
+            // Keep every connection: an in-memory database dies with it.
+            SqlitePoolOptions::new()
+                .max_connections(size.max(1))
+                .idle_timeout(None)
+                .max_lifetime(None),
+            options,
+            None,
+        ))
+    }
+
+    /// A pool from sqlx's own options, waiting through `admission` (one
+    /// permit per connection) or, with `None`, an adaptive-LIFO queue.
+    pub fn with_options(
+        pool: SqlitePoolOptions,
+        connect: SqliteConnectOptions,
+        admission: Option<Admission>,
+    ) -> Self {
+        let size = pool.get_max_connections().max(1);
+        Self {
+            shared: Arc::new(Shared {
+                pool: pool.max_connections(size).connect_lazy_with(connect),
+                admission: admission.unwrap_or_else(|| Admission::new(size as usize)),
+                interrupted: AtomicU64::new(0),
+                discarded: AtomicU64::new(0),
+                cleanups_running: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Counters: connections open and idle, callers queued, interrupts.
+    pub fn stats(&self) -> SqlxSqlitePoolStats {
+        let pool = &self.shared.pool;
+        SqlxSqlitePoolStats {
+            max_size: pool.options().get_max_connections(),
+            size: pool.size(),
+            idle: pool.num_idle(),
+            queued: self.shared.admission.stats().queued,
+            interrupted: self.shared.interrupted.load(Ordering::Relaxed),
+            discarded: self.shared.discarded.load(Ordering::Relaxed),
+            cleanups_running: self.shared.cleanups_running.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The admission queue in front of the connections.
+    pub fn admission_queue(&self) -> &Admission {
+        &self.shared.admission
+    }
+
+    /// Waits for a connection under `scope` and arms its progress handler;
+    /// its statements run under the same scope.
+    ///
+    /// # Errors
+    ///
+    /// Not admitted (the scope ended while waiting, not enough time left),
+    /// or sqlx could not give a connection.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Safe: dropping the future leaves the queue or returns the connection.
+    pub async fn acquire(&self, scope: &Scope) -> Result<SqlxSqliteConn, Error> {
+        let permit = self.shared.admission.acquire(scope).await?;
+        // Run to its end on a task of its own, so that a connection sqlx is
+        // opening when the scope ends is not abandoned but returned to the
+        // pool, before the permit is released.
+        let pool = self.shared.pool.clone();
+        let watch = Arc::new(Watch {
+            scope: scope.clone(),
+            active: AtomicBool::new(true),
+            dropped: AtomicBool::new(false),
+        });
+        let watched = watch.clone();
+        #[allow(clippy::disallowed_methods)] // the pool's own work, not the request's
+        let mut pending = tokio::spawn(async move {
+            let arm = async {
+                let mut conn = pool.acquire().await?;
+                conn.lock_handle()
+                    .await?
+                    .set_progress_handler(PROGRESS_STEPS, move || !watched.stops());
+                Ok::<_, sqlx::Error>(conn)
+            };
+            (arm.await, permit)
+        });
+        let (conn, permit) = tokio::select! {
+            biased;
+            joined = &mut pending => joined.map_err(Error::database)?,
+            cause = scope.ended() => {
+                // The connection the task may still arm must not be stopped
+                // by this scope later.
+                watch.active.store(false, Ordering::Release);
+                return Err(Error::ended(cause));
+            }
+        };
+        let conn = conn.map_err(Error::database)?;
+        Ok(SqlxSqliteConn {
+            conn: Some(conn),
+            permit: Some(permit),
+            watch,
+            shared: self.shared.clone(),
+            dirty: false,
+        })
+    }
+}
+
+/// What a connection's progress handler looks at.
+struct Watch {
+    scope: Scope,
+    /// The call that armed the handler still holds the connection.
+    active: AtomicBool,
+    /// A statement's future was dropped before its end.
+    dropped: AtomicBool,
+}
+
+impl Watch {
+    /// Whether the running statement must stop. Runs on sqlx's worker
+    /// thread, every [`PROGRESS_STEPS`] steps.
+    fn stops(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+            && (self.dropped.load(Ordering::Acquire) || self.scope.is_ended())
+    }
+}
+
+/// Marks a statement as abandoned if its future is dropped before its end.
+struct DropMark<'a> {
+    watch: &'a Watch,
+    armed: bool,
+}
+
+impl Drop for DropMark<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.watch.dropped.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A pooled connection bound to the scope it was taken under.
+///
+/// Dropping it returns the connection to the pool — after waiting, on a
+/// background task, for a statement whose call was dropped to stop.
+pub struct SqlxSqliteConn {
+    conn: Option<PoolConnection<Sqlite>>,
+    permit: Option<Permit>,
+    watch: Arc<Watch>,
+    shared: Arc<Shared>,
+    /// A statement was started and its end not yet seen.
+    dirty: bool,
+}
+
+impl fmt::Debug for SqlxSqliteConn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlxSqliteConn")
+            .field("scope", &self.watch.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_interrupt(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == SQLITE_INTERRUPT)
+}
+
+/// Waits until the connection is idle after a stopped or abandoned
+/// statement, and rolls back what the stopped call may have left open.
+async fn clean(conn: &mut SqliteConnection) -> Result<(), Error> {
+    // The worker runs commands in order: this one starts only after the
+    // stopped statement has ended. Outside a transaction ROLLBACK fails
+    // harmlessly.
+    match tokio::time::timeout(STOP_LIMIT, conn.execute("ROLLBACK")).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::database("sqlite statement did not stop")),
+    }
+}
+
+impl SqlxSqliteConn {
+    fn parts(&mut self) -> Result<(&mut PoolConnection<Sqlite>, &Watch, &Shared), Error> {
+        let conn = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| Error::database("connection already released"))?;
+        Ok((conn, &self.watch, &self.shared))
+    }
+
+    async fn begin(&mut self) -> Result<(), Error> {
+        self.watch.scope.check()?;
+        if self.dirty {
+            let (conn, ..) = self.parts()?;
+            if let Err(err) = clean(conn).await {
+                self.discard();
+                return Err(err);
+            }
+        }
+        self.watch.dropped.store(false, Ordering::Release);
+        self.dirty = true;
+        Ok(())
+    }
+
+    async fn statement<T>(
+        watch: &Watch,
+        shared: &Shared,
+        work: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Outcome<T> {
+        let mut mark = DropMark { watch, armed: true };
+        let mut work = std::pin::pin!(work);
+        let cause = tokio::select! {
+            biased;
+            out = &mut work => {
+                mark.armed = false;
+                return Outcome::Finished(out);
+            }
+            cause = watch.scope.ended() => cause,
+        };
+        // The progress handler sees the end within a few steps; let the
+        // worker report it, so the connection is idle when we return.
+        let drained = tokio::time::timeout(STOP_LIMIT, &mut work).await.is_ok();
+        mark.armed = false;
+        if drained {
+            shared.interrupted.fetch_add(1, Ordering::Relaxed);
+        }
+        Outcome::Stopped { cause, drained }
+    }
+
+    async fn finish<T>(&mut self, outcome: Outcome<T>) -> Result<T, Error> {
+        match outcome {
+            Outcome::Finished(Ok(out)) => {
+                self.dirty = false;
+                Ok(out)
+            }
+            Outcome::Finished(Err(err)) => {
+                match self.watch.scope.cause() {
+                    // The handler saw the end before our own race did.
+                    Some(cause) if is_interrupt(&err) => {
+                        self.shared.interrupted.fetch_add(1, Ordering::Relaxed);
+                        let (conn, ..) = self.parts()?;
+                        let cleaned = clean(conn).await;
+                        self.after_clean(cleaned);
+                        Err(Error::ended(cause))
+                    }
+                    _ => {
+                        self.dirty = false;
+                        Err(Error::database(err))
+                    }
+                }
+            }
+            Outcome::Stopped { cause, drained } => {
+                if drained {
+                    let (conn, ..) = self.parts()?;
+                    let cleaned = clean(conn).await;
+                    self.after_clean(cleaned);
+                } else {
+                    self.discard();
+                }
+                Err(Error::ended(cause))
+            }
+        }
+    }
+
+    fn after_clean(&mut self, cleaned: Result<(), Error>) {
+        match cleaned {
+            Ok(()) => self.dirty = false,
+            Err(err) => {
+                tracing::warn!(error = %err, "closing a connection that could not be cleaned");
+                self.discard();
+            }
+        }
+    }
+
+    /// Closes the connection instead of returning it.
+    fn discard(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            self.shared.discarded.fetch_add(1, Ordering::Relaxed);
+            conn.close_on_drop();
+        }
+        drop(self.permit.take());
+    }
+
+    /// Runs `work` — any sqlx code on the connection — under the
+    /// connection's scope (see the module docs).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tonic_deadline::db::sqlx_sqlite::SqlxSqlitePool;
+    /// let pool = SqlxSqlitePool::open_in_memory(1).unwrap();
+    /// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await.unwrap();
+    /// let (n,): (i64,) = conn
+    ///     .run(|c| Box::pin(async move { sqlx::query_as("SELECT 41 + 1").fetch_one(c).await }))
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(n, 42);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The scope ended (the statement was interrupted), or SQLite's own
+    /// error.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping the future interrupts the statement; the connection is
+    /// cleaned when it is used again or dropped.
+    pub async fn run<T, F>(&mut self, work: F) -> Result<T, Error>
+    where
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxQuery<'c, T>,
+    {
+        self.begin().await?;
+        let (conn, watch, shared) = self.parts()?;
+        let outcome = Self::statement(watch, shared, work(conn)).await;
+        self.finish(outcome).await
+    }
+
+    /// Runs `query` under the connection's scope and returns its rows.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    pub async fn fetch_all<'q, E>(&mut self, query: E) -> Result<Vec<SqliteRow>, Error>
+    where
+        E: sqlx::Execute<'q, Sqlite> + 'q,
+    {
+        self.begin().await?;
+        let (conn, watch, shared) = self.parts()?;
+        let outcome = Self::statement(watch, shared, conn.fetch_all(query)).await;
+        self.finish(outcome).await
+    }
+
+    /// Runs `query` under the connection's scope and returns what it changed.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    pub async fn execute<'q, E>(&mut self, query: E) -> Result<SqliteQueryResult, Error>
+    where
+        E: sqlx::Execute<'q, Sqlite> + 'q,
+    {
+        self.begin().await?;
+        let (conn, watch, shared) = self.parts()?;
+        let outcome = Self::statement(watch, shared, conn.execute(query)).await;
+        self.finish(outcome).await
+    }
+}
+
+/// How a statement raced its scope.
+enum Outcome<T> {
+    Finished(Result<T, sqlx::Error>),
+    Stopped { cause: Cause, drained: bool },
+}
+
+impl Drop for SqlxSqliteConn {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let permit = self.permit.take();
+        let watch = self.watch.clone();
+        if !self.dirty {
+            watch.active.store(false, Ordering::Release); // the handler goes inert,
+            drop(conn); // the connection back to sqlx's pool,
+            drop(permit); // then the next caller may take it
+            return;
+        }
+        // Dropped mid-statement: the handler stops it (the drop mark is
+        // set); wait for that on a task of its own, then release.
+        watch.dropped.store(true, Ordering::Release);
+        let shared = self.shared.clone();
+        shared.cleanups_running.fetch_add(1, Ordering::Relaxed);
+        let cleanup = async move {
+            if let Err(err) = clean(&mut conn).await {
+                tracing::warn!(error = %err, "closing a connection that could not be cleaned");
+                shared.discarded.fetch_add(1, Ordering::Relaxed);
+                conn.close_on_drop();
+            }
+            watch.active.store(false, Ordering::Release);
+            drop(conn);
+            drop(permit);
+            shared.cleanups_running.fetch_sub(1, Ordering::Relaxed);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(cleanup);
+            }
+            Err(_) => tracing::warn!("sqlx sqlite connection dropped outside a runtime"),
+        }
+    }
+}
