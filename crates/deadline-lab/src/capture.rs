@@ -8,7 +8,8 @@
 //! its own HPACK table, as the peers do.
 //!
 //! With a delay, each chunk read from the client is forwarded that long after
-//! it was read, in order and overlapping: a one-way link latency. (The seed's
+//! it was read, in order and overlapping: a one-way link latency (and, with a
+//! reply delay, the same for what the server sends back). (The seed's
 //! proxy slept before each chunk one after the other, so a request behind
 //! another chunk arrived two delays late; see `experiments::drift`.)
 //!
@@ -254,6 +255,9 @@ pub struct Options {
     pub listen: Option<String>,
     /// How long each chunk from the client waits before it is forwarded.
     pub delay: Duration,
+    /// How long each chunk from the server waits before it is forwarded (a
+    /// symmetric link has `reply_delay == delay`).
+    pub reply_delay: Duration,
     /// Called with every record as it is made.
     pub observer: Option<Observer>,
     /// Do not keep records in memory (a long-running CLI proxy).
@@ -265,6 +269,7 @@ impl fmt::Debug for Options {
         f.debug_struct("Options")
             .field("listen", &self.listen)
             .field("delay", &self.delay)
+            .field("reply_delay", &self.reply_delay)
             .field("observer", &self.observer.is_some())
             .field("forget", &self.forget)
             .finish()
@@ -280,6 +285,11 @@ struct Sink {
 }
 
 impl Sink {
+    /// Nobody reads the records: frames need not be decoded at all.
+    fn is_discarded(&self) -> bool {
+        self.forget && self.observer.is_none()
+    }
+
     fn push(&self, record: Record) {
         if let Some(observer) = &self.observer {
             observer(&record);
@@ -318,14 +328,14 @@ impl Capture {
             observer: options.observer,
             forget: options.forget,
         };
-        let delay = options.delay;
+        let delays = (options.delay, options.reply_delay);
         tokio::spawn(async move {
             let mut connection = 0;
             while let Ok((client, _)) = listener.accept().await {
                 let sink = sink.clone();
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        let _ = relay(client, server, sink, connection, delay).await;
+                        let _ = relay(client, server, sink, connection, delays).await;
                     }
                 });
                 connection += 1;
@@ -366,7 +376,7 @@ async fn relay(
     server: TcpStream,
     sink: Sink,
     connection: u32,
-    delay: Duration,
+    (delay, reply_delay): (Duration, Duration),
 ) -> std::io::Result<()> {
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
@@ -382,7 +392,7 @@ async fn relay(
         server_read,
         client_write,
         Decoder::new(Direction::ServerToClient, connection, sink),
-        Duration::ZERO,
+        reply_delay,
     );
     let (up, down) = tokio::join!(up, down);
     up.and(down)
@@ -425,7 +435,7 @@ async fn pump(
     };
     let writer = async move {
         while let Some((due, chunk)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
+            wait_until(due).await;
             decoder.feed(&chunk);
             to.write_all(&chunk).await?;
         }
@@ -433,6 +443,25 @@ async fn pump(
     };
     let (read, write) = tokio::join!(reader, writer);
     read.and(write)
+}
+
+/// Waits until `due`, closer than the timer's millisecond resolution: the
+/// timer brings it within a millisecond, then the task yields until `due`
+/// (a bounded number of times; a paused clock falls back to the timer). A
+/// link latency that ran up to a millisecond late would show as transit
+/// that is not there.
+async fn wait_until(due: Instant) {
+    const SPINS: u32 = 200_000;
+    if let Some(early) = due.checked_sub(Duration::from_millis(1)) {
+        tokio::time::sleep_until(early).await;
+    }
+    for _ in 0..SPINS {
+        if Instant::now() >= due {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep_until(due).await;
 }
 
 /// One direction's frame parser, HPACK table and pending header block.
@@ -469,6 +498,9 @@ impl Decoder {
     }
 
     fn feed(&mut self, bytes: &[u8]) {
+        if self.sink.is_discarded() {
+            return;
+        }
         for (frame, payload) in self.parser.feed(bytes) {
             let record = self.decode(frame, &payload);
             self.sink.push(record);

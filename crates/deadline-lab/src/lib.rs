@@ -6,10 +6,13 @@
 
 pub mod bench;
 pub mod capture;
+pub mod clock;
 pub mod demo;
 pub mod experiments;
 pub mod html;
 pub mod net;
+pub mod netns;
 pub mod pb;
+pub mod process;
 pub mod report;
 pub mod systems;

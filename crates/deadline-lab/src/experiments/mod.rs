@@ -5,6 +5,7 @@ pub mod db_cancel;
 pub mod drift;
 pub mod expired;
 pub mod handler;
+pub mod hosts;
 pub mod im;
 pub mod orders;
 pub mod propagation;

@@ -269,6 +269,7 @@ impl Node {
             service: self.name.to_owned(),
             remaining_us,
             header,
+            ..probe::Hop::default()
         };
         (guard, report)
     }
