@@ -165,6 +165,9 @@ enum Experiment {
     Shop,
     /// CreateOrder with a payment that stalls past the deadline.
     Orders,
+    /// A downstream process killed, a connection cut mid-message, a
+    /// downstream hung: the upstream hop's answer and what it released.
+    Faults,
     /// Every service in its own network namespace with one-way latency:
     /// what each hop's deadline gains over its parent's (needs root).
     Hosts {
@@ -243,6 +246,7 @@ async fn capture(
             reply_delay: Duration::from_millis(reply_delay_ms),
             observer: (!quiet).then_some(observer as deadline_lab::capture::Observer),
             forget: true,
+            ..Options::default()
         },
     )
     .await?;
@@ -386,6 +390,9 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Im => experiments::im::run().await?,
                     Experiment::Shop => experiments::shop::run().await?,
                     Experiment::Orders => experiments::orders::run().await?,
+                    Experiment::Faults => experiments::faults::outcome(
+                        &interruptible(experiments::faults::measure()).await?,
+                    ),
                     Experiment::Hosts { one_way_ms } => experiments::hosts::outcome(
                         &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
                     ),

@@ -4,6 +4,7 @@ pub mod chain;
 pub mod db_cancel;
 pub mod drift;
 pub mod expired;
+pub mod faults;
 pub mod handler;
 pub mod hosts;
 pub mod im;

@@ -102,7 +102,11 @@ impl Hop {
 
     async fn downstream(&self, request: CallRequest) -> Result<CallReply, Status> {
         let Some(next) = self.next.clone() else {
-            return Ok(CallReply::default());
+            // The last hop echoes the payload back.
+            return Ok(CallReply {
+                hops: Vec::new(),
+                payload: request.payload,
+            });
         };
         if self.plan.detach_next {
             // The chain is broken here on purpose: B and C get no deadline and
