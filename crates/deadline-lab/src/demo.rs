@@ -29,6 +29,9 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("shop", Box::pin(experiments::shop::run())),
         ("orders", Box::pin(experiments::orders::run())),
         ("db-cancel", Box::pin(experiments::db_cancel::run())),
+        ("hosts", Box::pin(experiments::hosts::run())),
+        ("proxy", Box::pin(experiments::proxy::run())),
+        ("faults", Box::pin(experiments::faults::run())),
         (
             "bench overhead",
             Box::pin(bench::overhead::run(bench::overhead::Load {

@@ -12,6 +12,7 @@ pub mod experiments;
 pub mod html;
 pub mod net;
 pub mod netns;
+pub mod nginx;
 pub mod pb;
 pub mod process;
 pub mod report;

@@ -165,6 +165,9 @@ enum Experiment {
     Shop,
     /// CreateOrder with a payment that stalls past the deadline.
     Orders,
+    /// Debian's nginx (grpc_pass) between two hops: the header it forwards,
+    /// the transit, and whether a client's cancel reaches the hop behind it.
+    Proxy,
     /// A downstream process killed, a connection cut mid-message, a
     /// downstream hung: the upstream hop's answer and what it released.
     Faults,
@@ -390,6 +393,9 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Im => experiments::im::run().await?,
                     Experiment::Shop => experiments::shop::run().await?,
                     Experiment::Orders => experiments::orders::run().await?,
+                    Experiment::Proxy => experiments::proxy::outcome(
+                        &interruptible(experiments::proxy::measure()).await?,
+                    ),
                     Experiment::Faults => experiments::faults::outcome(
                         &interruptible(experiments::faults::measure()).await?,
                     ),

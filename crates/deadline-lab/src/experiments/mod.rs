@@ -10,6 +10,7 @@ pub mod hosts;
 pub mod im;
 pub mod orders;
 pub mod propagation;
+pub mod proxy;
 pub mod shop;
 pub mod wire;
 
