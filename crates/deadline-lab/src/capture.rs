@@ -8,7 +8,8 @@
 //! its own HPACK table, as the peers do.
 //!
 //! With a delay, each chunk read from the client is forwarded that long after
-//! it was read, in order and overlapping: a one-way link latency. (The seed's
+//! it was read, in order and overlapping: a one-way link latency (and, with a
+//! reply delay, the same for what the server sends back). (The seed's
 //! proxy slept before each chunk one after the other, so a request behind
 //! another chunk arrived two delays late; see `experiments::drift`.)
 //!
@@ -254,10 +255,18 @@ pub struct Options {
     pub listen: Option<String>,
     /// How long each chunk from the client waits before it is forwarded.
     pub delay: Duration,
+    /// How long each chunk from the server waits before it is forwarded (a
+    /// symmetric link has `reply_delay == delay`).
+    pub reply_delay: Duration,
     /// Called with every record as it is made.
     pub observer: Option<Observer>,
     /// Do not keep records in memory (a long-running CLI proxy).
     pub forget: bool,
+    /// Cut the connection once this many bytes of server → client DATA
+    /// payload have passed, in the middle of the DATA frame that carries
+    /// them: forward up to there, then close both sides (a link that breaks
+    /// mid-message). `None`: never.
+    pub cut_reply_after: Option<u64>,
 }
 
 impl fmt::Debug for Options {
@@ -265,8 +274,10 @@ impl fmt::Debug for Options {
         f.debug_struct("Options")
             .field("listen", &self.listen)
             .field("delay", &self.delay)
+            .field("reply_delay", &self.reply_delay)
             .field("observer", &self.observer.is_some())
             .field("forget", &self.forget)
+            .field("cut_reply_after", &self.cut_reply_after)
             .finish()
     }
 }
@@ -280,6 +291,11 @@ struct Sink {
 }
 
 impl Sink {
+    /// Nobody reads the records: frames need not be decoded at all.
+    fn is_discarded(&self) -> bool {
+        self.forget && self.observer.is_none()
+    }
+
     fn push(&self, record: Record) {
         if let Some(observer) = &self.observer {
             observer(&record);
@@ -297,6 +313,7 @@ impl Sink {
 pub struct Capture {
     addr: SocketAddr,
     records: Arc<Mutex<Vec<Record>>>,
+    cut_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Capture {
@@ -318,20 +335,27 @@ impl Capture {
             observer: options.observer,
             forget: options.forget,
         };
-        let delay = options.delay;
+        let delays = (options.delay, options.reply_delay);
+        let cut_at = Arc::new(Mutex::new(None));
+        let cut = options.cut_reply_after.map(|after| (after, cut_at.clone()));
         tonic_deadline::detach(async move {
             let mut connection = 0;
             while let Ok((client, _)) = listener.accept().await {
                 let sink = sink.clone();
+                let cut = cut.clone();
                 tonic_deadline::detach(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        let _ = relay(client, server, sink, connection, delay).await;
+                        let _ = relay(client, server, sink, connection, delays, cut).await;
                     }
                 });
                 connection += 1;
             }
         });
-        Ok(Capture { addr, records })
+        Ok(Capture {
+            addr,
+            records,
+            cut_at,
+        })
     }
 
     /// The address clients connect to.
@@ -353,6 +377,12 @@ impl Capture {
         self.records.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
+    /// When the proxy cut a connection mid-message
+    /// ([`Options::cut_reply_mid_data`]), if it did.
+    pub fn cut_at(&self) -> Option<Instant> {
+        self.cut_at.lock().ok().and_then(|c| *c)
+    }
+
     /// Forgets what was recorded so far.
     pub fn clear(&self) {
         if let Ok(mut records) = self.records.lock() {
@@ -366,7 +396,8 @@ async fn relay(
     server: TcpStream,
     sink: Sink,
     connection: u32,
-    delay: Duration,
+    (delay, reply_delay): (Duration, Duration),
+    cut: Option<(u64, Arc<Mutex<Option<Instant>>>)>,
 ) -> std::io::Result<()> {
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
@@ -377,15 +408,91 @@ async fn relay(
         server_write,
         Decoder::new(Direction::ClientToServer, connection, sink.clone()),
         delay,
+        None,
     );
     let down = pump(
         server_read,
         client_write,
         Decoder::new(Direction::ServerToClient, connection, sink),
-        Duration::ZERO,
+        reply_delay,
+        cut.map(|(after, at)| Cutter::new(after, at)),
     );
-    let (up, down) = tokio::join!(up, down);
-    up.and(down)
+    // A cut ends one direction with an error; both sockets close with it.
+    tokio::try_join!(up, down).map(|_| ())
+}
+
+/// Finds where to cut a server → client byte stream: inside the DATA frame
+/// that carries payload byte number `after`.
+struct Cutter {
+    parser: FrameParser,
+    after: u64,
+    /// Bytes of the stream before the current chunk.
+    seen: u64,
+    /// DATA payload bytes in the frames parsed so far.
+    payload: u64,
+    cut_at: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Cutter {
+    fn new(after: u64, cut_at: Arc<Mutex<Option<Instant>>>) -> Self {
+        Self {
+            parser: FrameParser::new(0),
+            after,
+            seen: 0,
+            payload: 0,
+            cut_at,
+        }
+    }
+
+    /// How many bytes of `chunk` to forward before cutting, if the cut
+    /// falls in it. A frame split across chunks is cut at the start of the
+    /// chunk that completes it if its cut point already went through.
+    fn cut_point(&mut self, chunk: &[u8]) -> Option<usize> {
+        let start = self.seen;
+        self.seen += chunk.len() as u64;
+        for parsed in self.parser.feed(chunk) {
+            if parsed.frame.kind != DATA {
+                continue;
+            }
+            let len = parsed.payload.len() as u64;
+            if self.payload + len > self.after {
+                let inside = (self.after - self.payload)
+                    .max(1)
+                    .min(len.saturating_sub(1));
+                let cut = parsed.start + 9 + inside;
+                return Some(usize::try_from(cut.saturating_sub(start)).unwrap_or(0));
+            }
+            self.payload += len;
+        }
+        None
+    }
+
+    fn mark(&self) {
+        if let Ok(mut at) = self.cut_at.lock() {
+            at.get_or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// Forwards `chunk`, or, if the cut falls in it, its first part only and
+/// then fails with the cut.
+async fn forward(
+    to: &mut OwnedWriteHalf,
+    chunk: &[u8],
+    cutter: &mut Option<Cutter>,
+) -> std::io::Result<()> {
+    if let Some(c) = cutter
+        && let Some(keep) = c.cut_point(chunk)
+    {
+        to.write_all(&chunk[..keep.min(chunk.len())]).await?;
+        to.flush().await?;
+        c.mark();
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "cut mid-message on purpose",
+        ));
+    }
+    to.write_all(chunk).await
 }
 
 /// Copies one direction, decoding on the way. With a delay, each chunk is
@@ -397,6 +504,7 @@ async fn pump(
     mut to: OwnedWriteHalf,
     mut decoder: Decoder,
     delay: Duration,
+    mut cutter: Option<Cutter>,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     if delay.is_zero() {
@@ -406,7 +514,7 @@ async fn pump(
                 return to.shutdown().await;
             }
             decoder.feed(&buf[..n]);
-            to.write_all(&buf[..n]).await?;
+            forward(&mut to, &buf[..n], &mut cutter).await?;
         }
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, Vec<u8>)>(1024);
@@ -425,14 +533,33 @@ async fn pump(
     };
     let writer = async move {
         while let Some((due, chunk)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
+            wait_until(due).await;
             decoder.feed(&chunk);
-            to.write_all(&chunk).await?;
+            forward(&mut to, &chunk, &mut cutter).await?;
         }
         to.shutdown().await
     };
     let (read, write) = tokio::join!(reader, writer);
     read.and(write)
+}
+
+/// Waits until `due`, closer than the timer's millisecond resolution: the
+/// timer brings it within a millisecond, then the task yields until `due`
+/// (a bounded number of times; a paused clock falls back to the timer). A
+/// link latency that ran up to a millisecond late would show as transit
+/// that is not there.
+async fn wait_until(due: Instant) {
+    const SPINS: u32 = 200_000;
+    if let Some(early) = due.checked_sub(Duration::from_millis(1)) {
+        tokio::time::sleep_until(early).await;
+    }
+    for _ in 0..SPINS {
+        if Instant::now() >= due {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep_until(due).await;
 }
 
 /// One direction's frame parser, HPACK table and pending header block.
@@ -469,8 +596,11 @@ impl Decoder {
     }
 
     fn feed(&mut self, bytes: &[u8]) {
-        for (frame, payload) in self.parser.feed(bytes) {
-            let record = self.decode(frame, &payload);
+        if self.sink.is_discarded() {
+            return;
+        }
+        for parsed in self.parser.feed(bytes) {
+            let record = self.decode(parsed.frame, &parsed.payload);
             self.sink.push(record);
         }
         self.chunks += 1;
@@ -558,11 +688,22 @@ fn header_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
     payload.get(start..end)
 }
 
+/// One frame split off a byte stream.
+#[derive(Debug)]
+struct Parsed {
+    frame: Frame,
+    payload: Vec<u8>,
+    /// Where its header starts, in bytes after the preface.
+    start: u64,
+}
+
 /// Splits a byte stream into frames, whatever the chunking.
 #[derive(Debug)]
 struct FrameParser {
     preface_left: usize,
     pending: Vec<u8>,
+    /// Bytes after the preface that were split off before `pending`.
+    consumed: u64,
 }
 
 impl FrameParser {
@@ -570,10 +711,11 @@ impl FrameParser {
         Self {
             preface_left: preface,
             pending: Vec::new(),
+            consumed: 0,
         }
     }
 
-    fn feed(&mut self, mut bytes: &[u8]) -> Vec<(Frame, Vec<u8>)> {
+    fn feed(&mut self, mut bytes: &[u8]) -> Vec<Parsed> {
         let take = self.preface_left.min(bytes.len());
         self.preface_left -= take;
         bytes = &bytes[take..];
@@ -590,10 +732,15 @@ impl FrameParser {
                 flags: h[4],
                 stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
             };
-            out.push((frame, payload.to_vec()));
+            out.push(Parsed {
+                frame,
+                payload: payload.to_vec(),
+                start: self.consumed + at as u64,
+            });
             at += 9 + len;
         }
         self.pending.drain(..at);
+        self.consumed += at as u64;
         out
     }
 }
@@ -604,7 +751,10 @@ mod tests {
 
     fn parse_all(wire: &[u8], chunk: usize) -> Vec<(Frame, Vec<u8>)> {
         let mut parser = FrameParser::new(PREFACE.len());
-        wire.chunks(chunk).flat_map(|c| parser.feed(c)).collect()
+        wire.chunks(chunk)
+            .flat_map(|c| parser.feed(c))
+            .map(|p| (p.frame, p.payload))
+            .collect()
     }
 
     #[test]
@@ -670,6 +820,38 @@ mod tests {
         out.extend(stream.to_be_bytes());
         out.extend(payload);
         out
+    }
+
+    #[test]
+    fn the_cut_falls_inside_the_data_frame_that_carries_the_byte_whatever_the_chunking() {
+        let mut wire = frame_bytes(HEADERS, END_HEADERS, 1, &[0xaa; 7]);
+        wire.extend(frame_bytes(DATA, 0, 1, &[0x2a; 40]));
+        let second = wire.len();
+        wire.extend(frame_bytes(DATA, 0, 1, &[0x2b; 40]));
+        let end = wire.len();
+        wire.extend(frame_bytes(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1,
+            &[0xbb; 3],
+        ));
+        for chunk in 1..wire.len() {
+            let mut cutter = Cutter::new(60, Arc::default());
+            let mut forwarded = 0;
+            for piece in wire.chunks(chunk) {
+                match cutter.cut_point(piece) {
+                    Some(keep) => {
+                        forwarded += keep.min(piece.len());
+                        break;
+                    }
+                    None => forwarded += piece.len(),
+                }
+            }
+            assert!(
+                forwarded > second + 9 && forwarded < end,
+                "chunk size {chunk}: the cut must fall inside the second DATA payload, at {forwarded}"
+            );
+        }
     }
 
     #[test]

@@ -31,6 +31,9 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("db-cancel", Box::pin(experiments::db_cancel::run())),
         ("seams", Box::pin(experiments::seams::run())),
         ("edge", Box::pin(experiments::edge::run())),
+        ("hosts", Box::pin(experiments::hosts::run())),
+        ("proxy", Box::pin(experiments::proxy::run())),
+        ("faults", Box::pin(experiments::faults::run())),
         (
             "bench overhead",
             Box::pin(bench::overhead::run(bench::overhead::Load {

@@ -10,6 +10,9 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::experiments::faults::Faults;
+use crate::experiments::hosts::Hosts;
+use crate::experiments::proxy::Proxy;
 use crate::report::Outcome;
 
 /// One finished step of the demo.
@@ -380,6 +383,168 @@ fn completions_chart(propagation: Option<&Value>, handler: Option<&Value>) -> Op
     })
 }
 
+/// A plain HTML table from a header row and body rows.
+fn plain_table(columns: &[&str], rows: &[Vec<String>]) -> String {
+    let mut html = String::from("<table><thead><tr>");
+    for c in columns {
+        let _ = write!(html, "<th>{}</th>", escape(c));
+    }
+    html.push_str("</tr></thead><tbody>");
+    for row in rows {
+        html.push_str("<tr>");
+        for cell in row {
+            let _ = write!(html, "<td>{}</td>", escape(cell));
+        }
+        html.push_str("</tr>");
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+/// The hosts experiment: a chart of each hop's excess at the largest
+/// latency, without and with compensation, and the whole table.
+fn hosts_section(hosts: &Hosts) -> String {
+    let mut html = String::new();
+    if let Some(one_way) = hosts.rows.iter().map(|r| r.one_way_ms).max() {
+        let mut groups: Vec<Group> = Vec::new();
+        for r in hosts
+            .rows
+            .iter()
+            .filter(|r| r.one_way_ms == one_way && !r.compensation)
+        {
+            let with = hosts
+                .rows
+                .iter()
+                .find(|c| {
+                    c.compensation
+                        && c.one_way_ms == one_way
+                        && c.system == r.system
+                        && c.hop == r.hop
+                })
+                .map_or(0.0, |c| c.deadline_excess_ms);
+            groups.push((
+                format!("{} {}", r.system, r.hop),
+                vec![(r.deadline_excess_ms, None), (with, None)],
+            ));
+        }
+        html.push_str(&grouped(
+            "hosts",
+            &format!("Across namespaces, {one_way} ms one-way: what each hop's deadline gains over its parent's"),
+            "ms",
+            &["without compensation", "with compensation"],
+            &groups,
+        ));
+    }
+    let rows: Vec<Vec<String>> = hosts
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.system.clone(),
+                format!("{} → {}", r.parent, r.hop),
+                r.namespace.clone(),
+                r.one_way_ms.to_string(),
+                if r.compensation { "yes" } else { "no" }.to_owned(),
+                format!("{:.2}", r.deadline_excess_ms),
+                format!(
+                    "{:.2} … {:.2}",
+                    r.deadline_excess_min_ms, r.deadline_excess_max_ms
+                ),
+            ]
+        })
+        .collect();
+    html.push_str(&plain_table(
+        &[
+            "system",
+            "parent → hop",
+            "namespace",
+            "one-way ms",
+            "compensation",
+            "deadline excess ms (median)",
+            "min … max",
+        ],
+        &rows,
+    ));
+    let _ = write!(
+        html,
+        r#"<p class="note">latency by {}{}</p>"#,
+        escape(&hosts.delay_by),
+        if hosts.netem_error.is_empty() {
+            String::new()
+        } else {
+            format!(" (netem unavailable: {})", escape(&hosts.netem_error))
+        }
+    );
+    html
+}
+
+/// The faults experiment as a table.
+fn faults_section(faults: &Faults) -> String {
+    let rows: Vec<Vec<String>> = faults
+        .cases
+        .iter()
+        .map(|c| {
+            vec![
+                c.case.clone(),
+                c.status.clone(),
+                format!("{:.1}", c.detected_ms),
+                format!("{:.1}", c.answered_ms),
+                format!("{:.0}", c.deadline_ms),
+                if c.upstream_scope_ended { "yes" } else { "no" }.to_owned(),
+                c.leaked.to_string(),
+            ]
+        })
+        .collect();
+    plain_table(
+        &[
+            "case",
+            "status",
+            "detected ms",
+            "answered ms",
+            "deadline ms",
+            "upstream scope ended",
+            "leaked",
+        ],
+        &rows,
+    )
+}
+
+/// The proxy experiment's figures as a table.
+fn proxy_section(p: &Proxy) -> String {
+    let rows = vec![
+        vec!["proxy".to_owned(), p.proxy.clone()],
+        vec![
+            "grpc-timeout sent → received".to_owned(),
+            format!("{} → {}", p.header_sent, p.header_received),
+        ],
+        vec!["transit".to_owned(), format!("{:.2} ms", p.transit_ms)],
+        vec![
+            "client cancel → downstream scope ends".to_owned(),
+            format!(
+                "{:.1} ms through nginx, {:.1} ms with keepalive, {:.1} ms direct",
+                p.reset_reaches_downstream_ms,
+                p.keepalive.reset_reaches_downstream_ms,
+                p.reset_direct_ms
+            ),
+        ],
+        vec![
+            format!(
+                "grpc_read_timeout {:.0} ms, deadline {:.0} ms",
+                p.read_timeout.grpc_read_timeout_ms, p.read_timeout.deadline_ms
+            ),
+            format!(
+                "{} after {:.0} ms",
+                p.read_timeout.status, p.read_timeout.answered_ms
+            ),
+        ],
+    ];
+    plain_table(&["measured", "value"], &rows)
+}
+
+fn typed<T: serde::de::DeserializeOwned>(json: Option<&Value>) -> Option<T> {
+    json.and_then(|j| serde_json::from_value(j.clone()).ok())
+}
+
 fn wire_block(title: &str, lines: &[Value]) -> String {
     let mut html = format!("<h3>{}</h3><pre class=\"wire\">", escape(title));
     for line in lines {
@@ -504,6 +669,26 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         body.push_str(&chart);
     }
     body.push_str("</section>");
+
+    let hosts = typed::<Hosts>(find(steps, "hosts"));
+    let proxy = typed::<Proxy>(find(steps, "proxy"));
+    let faults = typed::<Faults>(find(steps, "faults"));
+    if hosts.is_some() || proxy.is_some() || faults.is_some() {
+        body.push_str("<h2>Across hosts, proxies and faults</h2><section>");
+        if let Some(hosts) = &hosts {
+            body.push_str("<h3>hosts: every service in its own network namespace</h3>");
+            body.push_str(&hosts_section(hosts));
+        }
+        if let Some(proxy) = &proxy {
+            body.push_str("<h3>proxy: nginx between two hops</h3>");
+            body.push_str(&proxy_section(proxy));
+        }
+        if let Some(faults) = &faults {
+            body.push_str("<h3>faults below a hop</h3>");
+            body.push_str(&faults_section(faults));
+        }
+        body.push_str("</section>");
+    }
 
     body.push_str("<h2>On the wire</h2><section><p class=\"muted\">Frames decoded by the capture proxy (HPACK-decoded headers; RST_STREAM with its error code).</p>");
     if let Some(h) = find(steps, "handler")
@@ -676,6 +861,78 @@ mod tests {
             "two charts, one bar per layer"
         );
         assert!(html.contains("sqlx query") && html.contains("kept running"));
+    }
+
+    #[test]
+    fn hosts_and_faults_get_their_own_tables() {
+        use crate::experiments::{faults, hosts};
+        let hosts = hosts::Hosts {
+            delay_by: "netem".into(),
+            netem_error: String::new(),
+            rows: [false, true]
+                .map(|compensation| hosts::Row {
+                    system: "chain".into(),
+                    hop: "A".into(),
+                    parent: "client".into(),
+                    namespace: "dlab-1-0-A".into(),
+                    one_way_ms: 20,
+                    compensation,
+                    deadline_excess_ms: if compensation { 0.7 } else { 20.9 },
+                    deadline_excess_min_ms: 0.5,
+                    deadline_excess_max_ms: 21.0,
+                    remaining_ms: 999.0,
+                    header: "999000u".into(),
+                })
+                .into(),
+        };
+        let faults = faults::Faults {
+            cases: vec![faults::Case {
+                case: "downstream killed".into(),
+                status: "UNAVAILABLE".into(),
+                message: String::new(),
+                detected_ms: 2.0,
+                deadline_ms: 2000.0,
+                answered_ms: 102.0,
+                upstream_scope_ended: true,
+                leaked: 0,
+                permits_held: 0,
+                tasks_running: 0,
+            }],
+        };
+        let step = |name: &str, json: Value| Step {
+            name: name.into(),
+            outcome: Ok(Outcome {
+                title: name.into(),
+                json,
+                columns: Vec::new(),
+                rows: Vec::new(),
+                notes: Vec::new(),
+            }),
+            seconds: 0.0,
+        };
+        let html = render(
+            &[
+                step("hosts", serde_json::to_value(&hosts).expect("serializable")),
+                step(
+                    "faults",
+                    serde_json::to_value(&faults).expect("serializable"),
+                ),
+            ],
+            1.0,
+        );
+        assert!(html.contains("Across hosts, proxies and faults"));
+        assert!(
+            html.contains("dlab-1-0-A"),
+            "the hosts table must list the namespaces"
+        );
+        assert!(
+            html.contains("data-chart=\"hosts\""),
+            "and chart the excess"
+        );
+        assert!(
+            html.contains("<td>downstream killed</td><td>UNAVAILABLE</td>"),
+            "the faults table must list each case and its status"
+        );
     }
 
     #[test]

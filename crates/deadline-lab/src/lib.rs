@@ -6,11 +6,15 @@
 
 pub mod bench;
 pub mod capture;
+pub mod clock;
 pub mod demo;
 pub mod experiments;
 pub mod html;
 pub mod logs;
 pub mod net;
+pub mod netns;
+pub mod nginx;
 pub mod pb;
+pub mod process;
 pub mod report;
 pub mod systems;

@@ -38,9 +38,15 @@ enum Command {
         /// Delay each chunk the client sends by this many milliseconds.
         #[arg(long, default_value_t = 0)]
         delay_ms: u64,
+        /// Delay each chunk the server sends back by this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        reply_delay_ms: u64,
         /// One JSON object per line instead of text.
         #[arg(long)]
         json: bool,
+        /// Print only the address: forward (and delay) without decoding.
+        #[arg(long)]
+        quiet: bool,
     },
     /// Serves one of the systems until killed; the first line is its address.
     Serve {
@@ -80,6 +86,10 @@ enum System {
         /// The address of the hop this one calls.
         #[arg(long)]
         next: Option<std::net::SocketAddr>,
+        /// Transit compensation: tell the next hop this many milliseconds
+        /// less than what is left (0: none).
+        #[arg(long, default_value_t = 0)]
+        transit_allowance_ms: u64,
     },
     /// grpc.health.v1.Health/Check, behind our server layer unless `--plain`.
     Echo {
@@ -114,11 +124,19 @@ struct Split {
     /// `name=addr` of a service this role calls (repeatable).
     #[arg(long = "peer")]
     peers: Vec<String>,
+    /// Transit compensation: tell every peer this many milliseconds less
+    /// than what is left (0: none).
+    #[arg(long, default_value_t = 0)]
+    transit_allowance_ms: u64,
 }
 
 impl Split {
     fn peers(&self) -> anyhow::Result<systems::Peers> {
-        systems::Peers::parse(self.peers.iter().map(String::as_str))
+        Ok(
+            systems::Peers::parse(self.peers.iter().map(String::as_str))?.with_transit(
+                deadline_lab::net::Transit::from_allowance_ms(self.transit_allowance_ms),
+            ),
+        )
     }
 }
 
@@ -152,6 +170,19 @@ enum Experiment {
     /// An axum edge → tonic → sqlx query (and → reqwest → REST) under one
     /// 900 ms budget, the client giving up at 300 ms (needs PostgreSQL).
     Edge,
+    /// Debian's nginx (grpc_pass) between two hops: the header it forwards,
+    /// the transit, and whether a client's cancel reaches the hop behind it.
+    Proxy,
+    /// A downstream process killed, a connection cut mid-message, a
+    /// downstream hung: the upstream hop's answer and what it released.
+    Faults,
+    /// Every service in its own network namespace with one-way latency:
+    /// what each hop's deadline gains over its parent's (needs root).
+    Hosts {
+        /// One-way latency of every link, in milliseconds (repeatable).
+        #[arg(long = "one-way-ms", default_values_t = experiments::hosts::ONE_WAY_MS)]
+        one_way_ms: Vec<u64>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -199,8 +230,9 @@ fn entry(started: &[systems::Started]) -> anyhow::Result<std::net::SocketAddr> {
 async fn capture(
     listen: String,
     upstream: std::net::SocketAddr,
-    delay_ms: u64,
+    (delay_ms, reply_delay_ms): (u64, u64),
     json: bool,
+    quiet: bool,
 ) -> anyhow::Result<()> {
     use deadline_lab::capture::{Capture, Options, Record};
     use std::io::Write;
@@ -219,8 +251,10 @@ async fn capture(
         Options {
             listen: Some(listen),
             delay: Duration::from_millis(delay_ms),
-            observer: Some(observer),
+            reply_delay: Duration::from_millis(reply_delay_ms),
+            observer: (!quiet).then_some(observer as deadline_lab::capture::Observer),
             forget: true,
+            ..Options::default()
         },
     )
     .await?;
@@ -236,6 +270,15 @@ async fn capture(
     Ok(())
 }
 
+/// Runs `work` until it finishes or Ctrl-C; on Ctrl-C the work is dropped,
+/// so whatever it made (processes, network namespaces) is removed.
+async fn interruptible<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::select! {
+        out = work => out,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; everything it started was stopped and removed"),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     deadline_lab::logs::install();
@@ -249,8 +292,10 @@ fn main() -> anyhow::Result<()> {
                 listen,
                 upstream,
                 delay_ms,
+                reply_delay_ms,
                 json,
-            } => capture(listen, upstream, delay_ms, json).await,
+                quiet,
+            } => capture(listen, upstream, (delay_ms, reply_delay_ms), json, quiet).await,
             Command::Serve { system } => {
                 let addr = match system {
                     System::Chain {
@@ -258,6 +303,7 @@ fn main() -> anyhow::Result<()> {
                         hop_ms,
                         role,
                         next,
+                        transit_allowance_ms,
                     } => {
                         let plan = systems::chain::Plan {
                             work: Duration::from_millis(hop_ms),
@@ -266,9 +312,18 @@ fn main() -> anyhow::Result<()> {
                         match role {
                             Some(role) => {
                                 let name = systems::chain::hop_name(&role)?;
-                                systems::chain::start_hop(name, &listen, plan, next, true)
-                                    .await?
-                                    .0
+                                systems::chain::start_hop(
+                                    name,
+                                    &listen,
+                                    plan,
+                                    next,
+                                    deadline_lab::net::Transit::from_allowance_ms(
+                                        transit_allowance_ms,
+                                    ),
+                                    true,
+                                )
+                                .await?
+                                .0
                             }
                             None => systems::chain::start(&listen, [plan; 3], true).await?.entry,
                         }
@@ -346,6 +401,15 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Orders => experiments::orders::run().await?,
                     Experiment::Seams => experiments::seams::run().await?,
                     Experiment::Edge => experiments::edge::run().await?,
+                    Experiment::Proxy => experiments::proxy::outcome(
+                        &interruptible(experiments::proxy::measure()).await?,
+                    ),
+                    Experiment::Faults => experiments::faults::outcome(
+                        &interruptible(experiments::faults::measure()).await?,
+                    ),
+                    Experiment::Hosts { one_way_ms } => experiments::hosts::outcome(
+                        &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
+                    ),
                 };
                 print(&outcome, json);
                 Ok(())

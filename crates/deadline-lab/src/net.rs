@@ -63,12 +63,65 @@ pub async fn connect_layered(addr: SocketAddr) -> anyhow::Result<Layered> {
 
 /// A client channel to `addr` through our layer that connects on first use.
 pub fn lazy_layered(addr: SocketAddr) -> anyhow::Result<Layered> {
-    Ok(layered(ReadyChannel::lazy(&endpoint(addr)?)))
+    Ok(layered(ready_lazy(addr)?))
+}
+
+/// A channel to `addr`, ready once connected, that connects on first use.
+pub fn ready_lazy(addr: SocketAddr) -> anyhow::Result<ReadyChannel> {
+    Ok(ReadyChannel::lazy(&endpoint(addr)?))
 }
 
 /// Wraps a channel in our client layer.
 pub fn layered(channel: ReadyChannel) -> Layered {
+    layered_with(channel, Transit::Ignored)
+}
+
+/// How a client channel pays for the trip its requests are about to make.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Transit {
+    /// Not at all, as in gRPC: the server starts counting on arrival.
+    #[default]
+    Ignored,
+    /// A fixed allowance deducted from the budget on the wire
+    /// ([`ClientDeadlineLayer::transit_allowance`]).
+    Allowance(std::time::Duration),
+}
+
+impl Transit {
+    /// The `deadline-lab serve` flags that give a role process this transit
+    /// compensation.
+    pub fn args(self) -> Vec<String> {
+        match self {
+            Transit::Ignored => Vec::new(),
+            Transit::Allowance(allowance) => vec![
+                "--transit-allowance-ms".to_owned(),
+                allowance.as_millis().to_string(),
+            ],
+        }
+    }
+
+    /// From the `--transit-allowance-ms` flag (0: ignored).
+    pub fn from_allowance_ms(ms: u64) -> Self {
+        if ms == 0 {
+            Transit::Ignored
+        } else {
+            Transit::Allowance(std::time::Duration::from_millis(ms))
+        }
+    }
+
+    fn layer(self) -> ClientDeadlineLayer {
+        match self {
+            Transit::Ignored => ClientDeadlineLayer::new(),
+            Transit::Allowance(allowance) => {
+                ClientDeadlineLayer::new().transit_allowance(allowance)
+            }
+        }
+    }
+}
+
+/// Wraps a channel in our client layer, with `transit` compensation.
+pub fn layered_with(channel: ReadyChannel, transit: Transit) -> Layered {
     tower::ServiceBuilder::new()
-        .layer(ClientDeadlineLayer::new())
+        .layer(transit.layer())
         .service(channel)
 }

@@ -51,6 +51,7 @@ impl Probe for Orders {
                 service: "orders".into(),
                 remaining_us: entry.map_or(-1, |d| d.as_micros() as i64),
                 header: String::new(),
+                ..Hop::default()
             }],
             payload: String::new(),
         }))

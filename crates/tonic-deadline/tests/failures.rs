@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Events, Node, PATIENCE, channel, code, connect, connect_lazy, cut_message_server, loopback,
-    serve,
+    Events, Node, PATIENCE, channel, code, connect, connect_lazy, cut_message_server,
+    dropping_server, loopback, serve,
 };
 use probe::CallRequest;
 use probe::probe_client::ProbeClient;
@@ -141,4 +141,56 @@ async fn message_cut_in_the_middle_is_internal() {
     .await
     .expect("a cut message must fail at once, not at the deadline");
     assert_eq!(code(&outcome), tonic::Code::Internal, "{outcome:?}");
+}
+
+#[tokio::test]
+async fn connection_lost_mid_call_is_unavailable_long_before_the_deadline() {
+    let addr = dropping_server(None).await;
+    let mut client = connect(addr).await;
+    let budget = Duration::from_secs(60);
+    let start = Instant::now();
+    let outcome = tokio::time::timeout(
+        PATIENCE,
+        Scope::background()
+            .with_timeout(budget)
+            .enter(client.call(CallRequest::default())),
+    )
+    .await
+    .expect("a lost connection must fail at once, not at the deadline");
+    assert_eq!(code(&outcome), tonic::Code::Unavailable, "{outcome:?}");
+    assert!(start.elapsed() < budget / 2);
+}
+
+#[tokio::test]
+async fn connection_lost_in_the_middle_of_a_message_is_internal() {
+    let addr = dropping_server(Some((100, 10))).await;
+    let mut client = connect(addr).await;
+    let outcome = tokio::time::timeout(
+        PATIENCE,
+        Scope::background()
+            .with_timeout(Duration::from_secs(60))
+            .enter(client.call(CallRequest::default())),
+    )
+    .await
+    .expect("a message cut by a lost connection must fail at once");
+    assert_eq!(code(&outcome), tonic::Code::Internal, "{outcome:?}");
+}
+
+#[tokio::test]
+async fn connection_lost_between_messages_of_a_stream_is_unavailable() {
+    let addr = dropping_server(Some((0, 0))).await;
+    let mut client = connect(addr).await;
+    let outcome = tokio::time::timeout(PATIENCE, async {
+        let mut stream = Scope::background()
+            .with_timeout(Duration::from_secs(60))
+            .enter(client.watch(endless_watch()))
+            .await?
+            .into_inner();
+        // The one empty message arrives whole; then the connection is gone.
+        while stream.message().await?.is_some() {}
+        Ok::<(), tonic::Status>(())
+    })
+    .await
+    .expect("a lost connection must end the stream at once");
+    assert_eq!(code(&outcome), tonic::Code::Unavailable, "{outcome:?}");
 }

@@ -5,11 +5,14 @@ pub mod db_cancel;
 pub mod drift;
 pub mod edge;
 pub mod expired;
+pub mod faults;
 pub mod handler;
+pub mod hosts;
 pub mod im;
 pub mod orders;
 pub mod propagation;
 pub mod seams;
+pub mod proxy;
 pub mod shop;
 pub mod wire;
 

@@ -87,19 +87,26 @@ impl Hop {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned();
-        let remaining_us = Scope::try_current()
-            .and_then(|s| s.remaining())
+        let scope = Scope::try_current();
+        let remaining_us = scope
+            .as_ref()
+            .and_then(Scope::remaining)
             .map_or(-1, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         HopReport {
             service: self.name.to_owned(),
             remaining_us,
             header,
+            deadline_mono_ns: crate::clock::deadline_ns(scope.and_then(|s| s.deadline())),
         }
     }
 
     async fn downstream(&self, request: CallRequest) -> Result<CallReply, Status> {
         let Some(next) = self.next.clone() else {
-            return Ok(CallReply::default());
+            // The last hop echoes the payload back.
+            return Ok(CallReply {
+                hops: Vec::new(),
+                payload: request.payload,
+            });
         };
         if self.plan.detach_next {
             // The chain is broken here on purpose: B and C get no deadline and
@@ -184,8 +191,9 @@ pub struct Chain {
 }
 
 /// Starts one hop named `name` on `listen`, calling `next` (if any) through
-/// our client layer; with `reflection` it also serves gRPC server reflection.
-/// Returns its address and its completion counter.
+/// our client layer with `transit` compensation; with `reflection` it also
+/// serves gRPC server reflection. Returns its address and its completion
+/// counter.
 ///
 /// # Errors
 ///
@@ -195,10 +203,14 @@ pub async fn start_hop(
     listen: &str,
     plan: Plan,
     next: Option<SocketAddr>,
+    transit: net::Transit,
     reflection: bool,
 ) -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
     let next = match next {
-        Some(addr) => Some(Next::Layered(ProbeClient::new(net::lazy_layered(addr)?))),
+        Some(addr) => Some(Next::Layered(ProbeClient::new(net::layered_with(
+            net::ready_lazy(addr)?,
+            transit,
+        )))),
         None => None,
     };
     let hop = Hop::new(name, plan, next);
@@ -233,9 +245,12 @@ pub fn hop_name(role: &str) -> anyhow::Result<&'static str> {
 ///
 /// A port that cannot be bound.
 pub async fn start(entry_addr: &str, plans: [Plan; 3], reflection: bool) -> anyhow::Result<Chain> {
-    let (c_addr, c_done) = start_hop("C", "127.0.0.1:0", plans[2], None, false).await?;
-    let (b_addr, b_done) = start_hop("B", "127.0.0.1:0", plans[1], Some(c_addr), false).await?;
-    let (entry, a_done) = start_hop("A", entry_addr, plans[0], Some(b_addr), reflection).await?;
+    let ignored = net::Transit::Ignored;
+    let (c_addr, c_done) = start_hop("C", "127.0.0.1:0", plans[2], None, ignored, false).await?;
+    let (b_addr, b_done) =
+        start_hop("B", "127.0.0.1:0", plans[1], Some(c_addr), ignored, false).await?;
+    let (entry, a_done) =
+        start_hop("A", entry_addr, plans[0], Some(b_addr), ignored, reflection).await?;
     Ok(Chain {
         entry,
         completed: [a_done, b_done, c_done],

@@ -20,9 +20,13 @@ use tonic_deadline::ServerDeadlineLayer;
 
 use crate::{net, pb};
 
-/// Addresses of the services a role calls, by service name.
+/// Addresses of the services a role calls, by service name, and how the
+/// role's calls to them pay for transit.
 #[derive(Debug, Clone, Default)]
-pub struct Peers(HashMap<String, SocketAddr>);
+pub struct Peers {
+    addrs: HashMap<String, SocketAddr>,
+    transit: net::Transit,
+}
 
 impl Peers {
     /// Parses `name=addr` pairs.
@@ -38,12 +42,21 @@ impl Peers {
                 .ok_or_else(|| anyhow::anyhow!("--peer takes name=addr, got {pair}"))?;
             peers.insert(name.to_owned(), addr.parse()?);
         }
-        Ok(Self(peers))
+        Ok(Self {
+            addrs: peers,
+            transit: net::Transit::Ignored,
+        })
+    }
+
+    /// Calls to every peer get `transit` compensation.
+    pub fn with_transit(mut self, transit: net::Transit) -> Self {
+        self.transit = transit;
+        self
     }
 
     /// Adds or replaces one peer.
     pub fn insert(&mut self, name: &str, addr: SocketAddr) {
-        self.0.insert(name.to_owned(), addr);
+        self.addrs.insert(name.to_owned(), addr);
     }
 
     /// The address of `name`.
@@ -52,19 +65,23 @@ impl Peers {
     ///
     /// When `name` was not given.
     pub fn get(&self, name: &str) -> anyhow::Result<SocketAddr> {
-        self.0
+        self.addrs
             .get(name)
             .copied()
             .ok_or_else(|| anyhow::anyhow!("this role needs --peer {name}=ADDR"))
     }
 
-    /// A layered client channel to `name` (connects on first use).
+    /// A layered client channel to `name` (connects on first use), with
+    /// this role's transit compensation.
     ///
     /// # Errors
     ///
     /// When `name` was not given.
     pub fn channel(&self, name: &str) -> anyhow::Result<net::Layered> {
-        net::lazy_layered(self.get(name)?)
+        Ok(net::layered_with(
+            net::ready_lazy(self.get(name)?)?,
+            self.transit,
+        ))
     }
 }
 

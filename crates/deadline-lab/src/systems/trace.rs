@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tonic_deadline::{Ended, Scope};
 
+use crate::clock::deadline_ns;
 use crate::pb::Trace;
 use crate::report::code_name;
 
@@ -73,13 +74,15 @@ impl Tracer {
             journal: journal.clone(),
             records: Mutex::new(Vec::new()),
         };
+        let scope = Scope::current();
         tracer.record(Trace {
             service: service.to_owned(),
             target: String::new(),
-            remaining_us: micros(Scope::current().remaining()),
+            remaining_us: micros(scope.remaining()),
             header,
             outcome: String::new(),
             at_us: 0,
+            deadline_mono_ns: deadline_ns(scope.deadline()),
         });
         tracer
     }
@@ -103,6 +106,7 @@ impl Tracer {
     {
         let at_us = self.since_entry();
         let remaining_us = micros(scope.remaining());
+        let deadline_mono_ns = deadline_ns(scope.deadline());
         let result = scope.enter(call).await;
         let outcome = match &result {
             Ok(_) => "OK",
@@ -115,6 +119,7 @@ impl Tracer {
             header: String::new(),
             outcome: outcome.to_owned(),
             at_us,
+            deadline_mono_ns,
         });
         result.map(Response::into_inner)
     }
@@ -132,6 +137,7 @@ impl Tracer {
             header: String::new(),
             outcome: outcome.to_owned(),
             at_us: self.since_entry(),
+            deadline_mono_ns: deadline_ns(Scope::current().deadline()),
         });
     }
 
@@ -192,6 +198,7 @@ impl Drop for WorkGuard<'_> {
             header: String::new(),
             outcome: cause.to_owned(),
             at_us: self.tracer.since_entry(),
+            deadline_mono_ns: deadline_ns(Scope::try_current().and_then(|s| s.deadline())),
         });
         if let Some(stopped) = self.stopped {
             stopped.fetch_add(1, Ordering::Relaxed);

@@ -7,6 +7,7 @@ use pin_project_lite::pin_project;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::future::Race;
+use super::transport::MessageCursor;
 use crate::BoxError;
 
 pin_project! {
@@ -24,6 +25,9 @@ pin_project! {
         #[pin]
         race: Race,
         done: bool,
+        // Where the body is in gRPC's message framing, to tell a connection
+        // lost between messages from one that cut a message.
+        cursor: MessageCursor,
     }
 }
 
@@ -33,6 +37,7 @@ impl<B> ClientBody<B> {
             inner: Some(inner),
             race,
             done: false,
+            cursor: MessageCursor::default(),
         }
     }
 }
@@ -78,9 +83,14 @@ where
             }
             Poll::Ready(Some(Err(err))) => {
                 *this.done = true;
-                Poll::Ready(Some(Err(this.race.map_error(err.into()))))
+                Poll::Ready(Some(Err(this
+                    .race
+                    .map_error(err.into(), this.cursor.is_mid_message()))))
             }
             Poll::Ready(Some(Ok(mut frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.cursor.feed(data);
+                }
                 if let Some(trailers) = frame.trailers_mut() {
                     this.race.correct_late_cancel(trailers);
                 }

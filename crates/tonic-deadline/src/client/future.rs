@@ -8,6 +8,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{DropGuard, WaitForCancellationFutureOwned};
 
 use super::body::ClientBody;
+use super::transport::lost_connection_status;
 use crate::BoxError;
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
@@ -137,10 +138,14 @@ impl Race {
     }
 
     /// Maps an error of the inner call: any failure after our deadline is the
-    /// deadline's doing; the rest passes through for tonic to classify.
-    pub(crate) fn map_error(&self, err: BoxError) -> BoxError {
+    /// deadline's doing; a lost connection is `UNAVAILABLE`, or `INTERNAL`
+    /// when it broke off a response message (`mid_message`); the rest passes
+    /// through for tonic to classify.
+    pub(crate) fn map_error(&self, err: BoxError, mid_message: bool) -> BoxError {
         if self.is_past_deadline() {
             Box::new(status_for(Cause::DeadlineExceeded))
+        } else if let Some(status) = lost_connection_status(&*err, mid_message) {
+            Box::new(status)
         } else {
             err
         }
@@ -193,7 +198,7 @@ where
                 }
                 match inner.poll(cx) {
                     Poll::Pending => Poll::Pending,
-                    Poll::Ready(Err(err)) => Poll::Ready(Err(race.map_error(err.into()))),
+                    Poll::Ready(Err(err)) => Poll::Ready(Err(race.map_error(err.into(), false))),
                     Poll::Ready(Ok(mut response)) => {
                         race.correct_late_cancel(response.headers_mut());
                         let race = race.for_body();

@@ -17,8 +17,10 @@
 //! 6. reports a `CANCELLED` from the server that arrives after our deadline
 //!    as `DEADLINE_EXCEEDED`, as the gRPC spec asks.
 //!
-//! Transport errors pass through unchanged, so tonic still reports a lost
-//! connection as `UNAVAILABLE` and a message cut in the middle as `INTERNAL`.
+//! A connection lost under a call is `UNAVAILABLE` (tonic alone says
+//! `UNKNOWN`), and `INTERNAL` when it broke off a response message; other
+//! transport errors (a refused connection, a stream reset) pass through for
+//! tonic to classify.
 //!
 //! How it differs from `tower::timeout` and tonic's `Endpoint::timeout`:
 //! those time one call from a fixed duration, stop at the response head and
@@ -54,6 +56,7 @@ mod body;
 mod channel;
 mod future;
 mod layer;
+mod transport;
 mod unscoped;
 
 use std::pin::Pin;

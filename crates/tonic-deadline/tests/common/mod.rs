@@ -271,6 +271,7 @@ impl Node {
             service: self.name.to_owned(),
             remaining_us,
             header,
+            ..probe::Hop::default()
         };
         (guard, report)
     }
@@ -616,6 +617,45 @@ pub(crate) async fn cut_message_server(promised: u32, sent: usize) -> SocketAddr
         let _ = stream.send_data(data.freeze(), true);
     })
     .await
+}
+
+/// A server that takes one request on each connection and then drops the
+/// connection under it, the socket closing as if the process had died. With
+/// `partial = Some((promised, sent))` it first sends the response head and
+/// the start of a message: a prefix promising `promised` bytes and `sent` of
+/// them.
+pub(crate) async fn dropping_server(partial: Option<(u32, usize)>) -> SocketAddr {
+    let (listener, addr) = loopback().await;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(tcp).await else {
+                    return;
+                };
+                let Some(Ok((_request, mut respond))) = connection.accept().await else {
+                    return;
+                };
+                let mut stream = None;
+                if let Some((promised, sent)) = partial
+                    && let Ok(mut open) = respond.send_response(grpc_response_head(), false)
+                {
+                    let mut data = BytesMut::new();
+                    data.put_u8(0);
+                    data.put_u32(promised);
+                    data.put_bytes(0x2a, sent);
+                    let _ = open.send_data(data.freeze(), false);
+                    stream = Some(open);
+                }
+                // Drive the connection a moment so what was written goes out,
+                // then drop it while the stream is still open (dropping the
+                // stream handles first would reset the stream instead).
+                let _ = tokio::time::timeout(Duration::from_millis(50), connection.accept()).await;
+                drop(connection);
+                drop((respond, stream));
+            });
+        }
+    });
+    addr
 }
 
 /// What a silent server saw of one request.

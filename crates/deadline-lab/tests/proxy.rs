@@ -1,0 +1,110 @@
+//! A real proxy hop: Debian's nginx (`grpc_pass`) between two hops.
+//!
+//! Needs nginx, so it is only built with the `nginx-tests` feature
+//! (`scripts/test-all` installs nginx and enables it through
+//! `--all-features`); there a missing nginx fails these tests.
+
+#![cfg(feature = "nginx-tests")]
+
+use std::process::Command;
+use std::sync::OnceLock;
+
+use deadline_lab::experiments::proxy::Proxy;
+use tonic_deadline::timeout_header::decode;
+
+fn proxy() -> &'static Proxy {
+    static RUN: OnceLock<Proxy> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+            .args(["experiment", "proxy", "--json"])
+            .output()
+            .expect("deadline-lab must start");
+        assert!(
+            out.status.success(),
+            "experiment proxy must run (nginx installed): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("--json must print the Proxy result")
+    })
+}
+
+#[test]
+fn nginx_forwards_grpc_timeout_unchanged() {
+    let p = proxy();
+    assert!(p.proxy.starts_with("nginx/"), "{p:?}");
+    let sent = decode(p.header_sent.as_bytes()).expect("A must send a valid grpc-timeout");
+    assert!(
+        sent <= std::time::Duration::from_secs(1) && sent > std::time::Duration::from_millis(900),
+        "A sends what is left of its 1 s budget: {p:?}"
+    );
+    assert_eq!(
+        p.header_received, p.header_sent,
+        "nginx must pass the header on as it is"
+    );
+    assert_eq!(p.keepalive.header_received, p.keepalive.header_sent);
+    assert!(p.header_unchanged);
+}
+
+#[test]
+fn the_hop_through_nginx_gains_its_transit_and_no_more() {
+    let p = proxy();
+    for transit in [p.transit_ms, p.keepalive.transit_ms] {
+        assert!(
+            (0.0..50.0).contains(&transit),
+            "B's deadline must be A's plus the transit through nginx (loopback: well under 50 ms): {p:?}"
+        );
+    }
+}
+
+#[test]
+fn a_client_reset_through_nginx_reaches_the_downstream_handler() {
+    let p = proxy();
+    for (reset, cause) in [
+        (p.reset_reaches_downstream_ms, &p.downstream_cause),
+        (
+            p.keepalive.reset_reaches_downstream_ms,
+            &p.keepalive.downstream_cause,
+        ),
+    ] {
+        assert_eq!(
+            cause, "CallerCancelled",
+            "B's scope must end because its caller went away: {p:?}"
+        );
+        assert!(
+            reset < 100.0,
+            "the cancel must reach B within milliseconds, not at B's deadline: {p:?}"
+        );
+    }
+}
+
+#[test]
+fn nginx_read_timeout_below_the_deadline_cuts_the_call_early() {
+    let r = &proxy().read_timeout;
+    assert_eq!(r.status, "INTERNAL", "{r:?}");
+    assert!(
+        r.answered_ms >= r.grpc_read_timeout_ms && r.answered_ms < r.deadline_ms,
+        "nginx answers at its own timeout, before the deadline: {r:?}"
+    );
+    assert_eq!(
+        r.downstream_cause, "CallerCancelled",
+        "and B learns its caller is gone: {r:?}"
+    );
+}
+
+#[test]
+fn missing_nginx_fails_with_a_clear_message() {
+    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+        .args(["experiment", "proxy", "--json"])
+        .env(deadline_lab::nginx::NGINX_ENV, "/nonexistent/nginx")
+        .output()
+        .expect("deadline-lab must start");
+    assert!(
+        !out.status.success(),
+        "without nginx the experiment must fail, never skip"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nginx") && stderr.contains("apt-get install nginx"),
+        "the failure must say how to get nginx: {stderr}"
+    );
+}

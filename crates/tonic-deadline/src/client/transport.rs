@@ -1,0 +1,188 @@
+//! A connection that breaks under a call, as the gRPC status it means.
+//!
+//! tonic reports a connection that closes under an open call as `UNKNOWN`
+//! ("transport error", "h2 protocol error: error reading a body from
+//! connection"). gRPC calls a lost connection `UNAVAILABLE` — the one code a
+//! client may treat as "try elsewhere" — and a response message left
+//! incomplete is `INTERNAL` (as tonic already says when a stream *ends*
+//! mid-message). So the client layer tracks where the response body is in
+//! its gRPC framing and classifies a transport failure by it.
+
+use std::error::Error;
+use std::io::IoSlice;
+
+use bytes::Buf;
+
+/// The status for `err` if it is a lost connection, given whether the
+/// response body stopped in the middle of a message; `None` for any other
+/// error (a stream reset with a reason, a status, a protocol error), which
+/// keeps tonic's own classification.
+pub(crate) fn lost_connection_status(
+    err: &(dyn Error + 'static),
+    mid_message: bool,
+) -> Option<tonic::Status> {
+    // tonic's channel turns body errors into statuses itself: a lost
+    // connection arrives as `UNKNOWN` with the I/O error as its source. Any
+    // other status (ours, the server's, a reset's) is kept.
+    if let Some(status) = err.downcast_ref::<tonic::Status>()
+        && status.code() != tonic::Code::Unknown
+    {
+        return None;
+    }
+    if !is_connection_lost(err) {
+        return None;
+    }
+    Some(if mid_message {
+        tonic::Status::internal("connection lost in the middle of a response message")
+    } else {
+        tonic::Status::unavailable("connection lost")
+    })
+}
+
+/// Whether `err` (or what caused it) is the connection going away: an I/O
+/// failure of the socket, seen directly or through h2.
+fn is_connection_lost(err: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(h2) = err.downcast_ref::<h2::Error>()
+            && h2.is_io()
+        {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(
+                io.kind(),
+                BrokenPipe | ConnectionReset | ConnectionAborted | UnexpectedEof | NotConnected
+            ) {
+                return true;
+            }
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// Where a response body is in gRPC's length-prefixed framing: each
+/// message is a 1-byte flag, a 4-byte big-endian length, then that many
+/// bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MessageCursor {
+    /// Prefix bytes seen of the current message (0..=5).
+    prefix_seen: u8,
+    /// The length bytes of the prefix so far.
+    length: [u8; 4],
+    /// Payload bytes still to come.
+    payload_left: u64,
+    /// A data chunk could not be read whole: the position is unknown.
+    lost_track: bool,
+}
+
+impl MessageCursor {
+    /// Moves past the bytes of `data` (without consuming it).
+    pub(crate) fn feed(&mut self, data: &impl Buf) {
+        let mut slices = [IoSlice::new(&[]); 64];
+        let n = data.chunks_vectored(&mut slices);
+        let seen: usize = slices[..n].iter().map(|s| s.len()).sum();
+        if seen < data.remaining() {
+            self.lost_track = true;
+        }
+        for slice in &slices[..n] {
+            self.feed_bytes(slice);
+        }
+    }
+
+    fn feed_bytes(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.payload_left > 0 {
+                let take = usize::try_from(self.payload_left)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                self.payload_left -= take as u64;
+                bytes = &bytes[take..];
+                continue;
+            }
+            let byte = bytes[0];
+            bytes = &bytes[1..];
+            if self.prefix_seen > 0 {
+                self.length[usize::from(self.prefix_seen - 1)] = byte;
+            }
+            self.prefix_seen += 1;
+            if self.prefix_seen == 5 {
+                self.prefix_seen = 0;
+                self.payload_left = u64::from(u32::from_be_bytes(self.length));
+            }
+        }
+    }
+
+    /// Part of a message has arrived and the rest has not (false when the
+    /// position is unknown: then a break counts as a lost connection).
+    pub(crate) fn is_mid_message(&self) -> bool {
+        !self.lost_track && (self.prefix_seen > 0 || self.payload_left > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn message(len: u32) -> Vec<u8> {
+        let mut out = vec![0];
+        out.extend(len.to_be_bytes());
+        out.extend(std::iter::repeat_n(0x2a, len as usize));
+        out
+    }
+
+    #[test]
+    fn cursor_knows_a_message_boundary_whatever_the_chunking() {
+        let mut wire = message(3);
+        wire.extend(message(0));
+        wire.extend(message(300));
+        for chunk in 1..wire.len() {
+            let mut cursor = MessageCursor::default();
+            let mut fed = 0;
+            for piece in wire.chunks(chunk) {
+                cursor.feed(&Bytes::copy_from_slice(piece));
+                fed += piece.len();
+                let at_boundary = [0, 8, 13, wire.len()].contains(&fed);
+                assert_eq!(
+                    cursor.is_mid_message(),
+                    !at_boundary,
+                    "chunk {chunk}, after {fed} bytes"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_broken_pipe_is_a_lost_connection_and_a_reset_is_not() {
+        let pipe = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "gone");
+        let status =
+            lost_connection_status(&pipe, false).expect("a broken pipe is a lost connection");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let status = lost_connection_status(&pipe, true).expect("and mid-message too");
+        assert_eq!(status.code(), tonic::Code::Internal);
+        let reset = h2::Error::from(h2::Reason::REFUSED_STREAM);
+        assert!(
+            lost_connection_status(&reset, false).is_none(),
+            "a stream reset keeps tonic's own mapping"
+        );
+        let status = tonic::Status::cancelled("ours");
+        assert!(lost_connection_status(&status, false).is_none());
+        let unknown = tonic::Status::unknown("the server's own");
+        assert!(
+            lost_connection_status(&unknown, false).is_none(),
+            "an UNKNOWN without a lost connection behind it stays UNKNOWN"
+        );
+        let wrapped = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "gone",
+        )));
+        assert_eq!(
+            lost_connection_status(&wrapped, false).map(|s| s.code()),
+            Some(tonic::Code::Unavailable),
+            "tonic's UNKNOWN for a broken pipe is a lost connection"
+        );
+    }
+}
