@@ -90,6 +90,10 @@ enum System {
         /// less than what is left (0: none).
         #[arg(long, default_value_t = 0)]
         transit_allowance_ms: u64,
+        /// Transit compensation: half the round trip measured with HTTP/2
+        /// PINGs on the connection to the next hop.
+        #[arg(long)]
+        transit_from_round_trip: bool,
     },
     /// grpc.health.v1.Health/Check, behind our server layer unless `--plain`.
     Echo {
@@ -128,13 +132,20 @@ struct Split {
     /// than what is left (0: none).
     #[arg(long, default_value_t = 0)]
     transit_allowance_ms: u64,
+    /// Transit compensation: half the round trip measured with HTTP/2 PINGs
+    /// on each peer's connection.
+    #[arg(long)]
+    transit_from_round_trip: bool,
 }
 
 impl Split {
     fn peers(&self) -> anyhow::Result<systems::Peers> {
         Ok(
             systems::Peers::parse(self.peers.iter().map(String::as_str))?.with_transit(
-                deadline_lab::net::Transit::from_allowance_ms(self.transit_allowance_ms),
+                deadline_lab::net::Transit::from_flags(
+                    self.transit_allowance_ms,
+                    self.transit_from_round_trip,
+                ),
             ),
         )
     }
@@ -304,6 +315,7 @@ fn main() -> anyhow::Result<()> {
                         role,
                         next,
                         transit_allowance_ms,
+                        transit_from_round_trip,
                     } => {
                         let plan = systems::chain::Plan {
                             work: Duration::from_millis(hop_ms),
@@ -317,8 +329,9 @@ fn main() -> anyhow::Result<()> {
                                     &listen,
                                     plan,
                                     next,
-                                    deadline_lab::net::Transit::from_allowance_ms(
+                                    deadline_lab::net::Transit::from_flags(
                                         transit_allowance_ms,
+                                        transit_from_round_trip,
                                     ),
                                     true,
                                 )

@@ -85,7 +85,13 @@ pub enum Transit {
     /// A fixed allowance deducted from the budget on the wire
     /// ([`ClientDeadlineLayer::transit_allowance`]).
     Allowance(std::time::Duration),
+    /// Half the connection's round trip, measured with HTTP/2 PINGs
+    /// ([`ClientDeadlineLayer::transit_from`]).
+    RoundTrip,
 }
+
+/// How often a measuring channel sends its PING.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Transit {
     /// The `deadline-lab serve` flags that give a role process this transit
@@ -97,31 +103,62 @@ impl Transit {
                 "--transit-allowance-ms".to_owned(),
                 allowance.as_millis().to_string(),
             ],
+            Transit::RoundTrip => vec!["--transit-from-round-trip".to_owned()],
         }
     }
 
-    /// From the `--transit-allowance-ms` flag (0: ignored).
-    pub fn from_allowance_ms(ms: u64) -> Self {
-        if ms == 0 {
+    /// From the `serve` flags (no allowance and no round trip: ignored).
+    pub fn from_flags(allowance_ms: u64, round_trip: bool) -> Self {
+        if round_trip {
+            Transit::RoundTrip
+        } else if allowance_ms == 0 {
             Transit::Ignored
         } else {
-            Transit::Allowance(std::time::Duration::from_millis(ms))
+            Transit::Allowance(std::time::Duration::from_millis(allowance_ms))
         }
     }
 
-    fn layer(self) -> ClientDeadlineLayer {
+    /// A channel builder for `endpoint` that measures the round trip when
+    /// this compensation needs it.
+    pub fn builder(self, endpoint: &Endpoint) -> tonic_deadline::client::ReadyChannelBuilder {
+        let builder = ReadyChannel::builder(endpoint);
         match self {
-            Transit::Ignored => ClientDeadlineLayer::new(),
-            Transit::Allowance(allowance) => {
+            Transit::RoundTrip => builder.measure_round_trip(PING_EVERY),
+            _ => builder,
+        }
+    }
+
+    fn layer(self, channel: &ReadyChannel) -> ClientDeadlineLayer {
+        match (self, channel.round_trip()) {
+            (Transit::Allowance(allowance), _) => {
                 ClientDeadlineLayer::new().transit_allowance(allowance)
             }
+            (Transit::RoundTrip, Some(round_trip)) => {
+                ClientDeadlineLayer::new().transit_from(round_trip)
+            }
+            _ => ClientDeadlineLayer::new(),
         }
     }
 }
 
+/// A lazily connecting channel to `addr` with `transit` compensation.
+///
+/// # Errors
+///
+/// Never for a socket address; the signature is tonic's.
+pub fn lazy_with(addr: SocketAddr, transit: Transit) -> anyhow::Result<Layered> {
+    Ok(layered_with(
+        transit.builder(&endpoint(addr)?).lazy(),
+        transit,
+    ))
+}
+
 /// Wraps a channel in our client layer, with `transit` compensation.
+///
+/// A [`Transit::RoundTrip`] needs a channel built to measure (see
+/// [`Transit::builder`]); over one that does not, nothing is deducted.
 pub fn layered_with(channel: ReadyChannel, transit: Transit) -> Layered {
     tower::ServiceBuilder::new()
-        .layer(transit.layer())
+        .layer(transit.layer(&channel))
         .service(channel)
 }

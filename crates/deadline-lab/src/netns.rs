@@ -322,14 +322,22 @@ impl Network {
     /// # Errors
     ///
     /// When the endpoint is invalid or the connection cannot be made.
-    pub async fn channel(&self, host: &Host, addr: SocketAddr) -> anyhow::Result<ReadyChannel> {
+    pub async fn channel(
+        &self,
+        host: &Host,
+        addr: SocketAddr,
+        transit: crate::net::Transit,
+    ) -> anyhow::Result<ReadyChannel> {
         let ns = PathBuf::from("/run/netns").join(&host.ns);
         let connector = tower::service_fn(move |_: Uri| {
             let ns = ns.clone();
             async move { connect_in(ns, addr).await.map(TokioIo::new) }
         });
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
-        Ok(ReadyChannel::connect_with_connector(&endpoint, connector).await?)
+        Ok(transit
+            .builder(&endpoint)
+            .connect_with_connector(connector)
+            .await?)
     }
 
     /// Kills the processes and removes every namespace (and with them the

@@ -279,6 +279,19 @@ fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
         (server - client).abs() < 30.0,
         "with the one-way delay as transit allowance, server and client must agree: {compensated}"
     );
+    let rtt = &json["rtt_compensated"];
+    let (server, client) = (num(&rtt["server_sees_ms"]), num(&rtt["client_left_ms"]));
+    let measured = num(&rtt["measured_rtt_ms"]);
+    assert!(
+        (200.0..240.0).contains(&measured),
+        "the PING round trip of a link delayed 100 ms each way: {rtt}"
+    );
+    // The experiment's own figure is within 2 ms on an idle machine; the
+    // bound here is generous for a loaded test run.
+    assert!(
+        (server - client).abs() < 10.0,
+        "with half the measured round trip deducted, server and client must agree: {rtt}"
+    );
 }
 
 fn hop<'a>(case: &'a Value, service: &str) -> &'a Value {

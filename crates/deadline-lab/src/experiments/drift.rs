@@ -30,24 +30,64 @@ pub const ROWS: [(u64, u32, u32); 3] = [(0, 999, 999), (100, 999, 798), (300, 99
 /// The delay of the row repeated with transit compensation.
 const COMPENSATED_DELAY_MS: u64 = 100;
 
-async fn row(delay_ms: u64, allowance_ms: u64) -> anyhow::Result<Value> {
+/// How the client pays for the trip in a row.
+#[derive(Debug, Clone, Copy)]
+enum Compensation {
+    None,
+    /// A fixed allowance, in milliseconds.
+    Allowance(u64),
+    /// Half the round trip measured with HTTP/2 PINGs (the link is made
+    /// symmetric: replies are delayed as much as requests).
+    RoundTrip,
+}
+
+async fn row(delay_ms: u64, compensation: Compensation) -> anyhow::Result<Value> {
     let svc = WorkerSvc::new();
     let addr = worker::start("127.0.0.1:0", svc.clone()).await?;
+    let delay = Duration::from_millis(delay_ms);
+    let symmetric = matches!(compensation, Compensation::RoundTrip);
     let capture = Capture::start_with(
         addr,
         Options {
-            delay: Duration::from_millis(delay_ms),
+            delay,
+            reply_delay: if symmetric { delay } else { Duration::ZERO },
             ..Options::default()
         },
     )
     .await?;
-    let channel = tonic_deadline::ClientDeadlineLayer::new()
-        .transit_allowance(Duration::from_millis(allowance_ms))
-        .layer(
-            tonic_deadline::client::ReadyChannel::connect(&net::endpoint(capture.addr())?).await?,
-        );
-    let mut client = WorkerClient::new(channel);
+    let endpoint = net::endpoint(capture.addr())?;
+    let mut layer = tonic_deadline::ClientDeadlineLayer::new();
+    let mut builder = tonic_deadline::client::ReadyChannel::builder(&endpoint);
+    if symmetric {
+        builder = builder.measure_round_trip(Duration::from_millis(500));
+    }
+    let channel = builder.connect().await?;
+    let round_trip = channel.round_trip();
+    match (compensation, &round_trip) {
+        (Compensation::Allowance(ms), _) => {
+            layer = layer.transit_allowance(Duration::from_millis(ms));
+        }
+        (Compensation::RoundTrip, Some(round_trip)) => {
+            layer = layer.transit_from(round_trip.clone());
+        }
+        _ => {}
+    }
+    let allowance_ms = match compensation {
+        Compensation::Allowance(ms) => ms,
+        _ => 0,
+    };
+    let mut client = WorkerClient::new(layer.layer(channel));
     client.work(WorkReq::default()).await?;
+    if let Some(round_trip) = &round_trip {
+        // The first PING left right after the connection opened.
+        let waited = tokio::time::timeout(Duration::from_secs(5), async {
+            while round_trip.samples() == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        anyhow::ensure!(waited.is_ok(), "no PING came back within 5 s");
+    }
     // Let the warm-up's trailing frames (acks, window updates) pass.
     tokio::time::sleep(Duration::from_millis(delay_ms * 2 + 20)).await;
     svc.take();
@@ -83,19 +123,33 @@ async fn row(delay_ms: u64, allowance_ms: u64) -> anyhow::Result<Value> {
         "header": reply.map(|r| r.header),
         "request_chunks": chunks,
         "arrived_late_ms": ms(entered.saturating_duration_since(started)),
+        "measured_rtt_ms": round_trip.and_then(|r| r.estimate()).map(ms),
         "wire": wire_lines(&records),
     }))
 }
 
 /// Runs the three delays at once (separate servers and proxies).
 pub async fn run() -> anyhow::Result<Outcome> {
-    let (rows, compensated) = tokio::join!(
-        join_all(ROWS.iter().map(|(d, _, _)| row(*d, 0))),
+    let (rows, compensated, rtt) = tokio::join!(
+        join_all(ROWS.iter().map(|(d, _, _)| row(*d, Compensation::None))),
         // Opt-in compensation: the client deducts the known one-way delay.
-        row(COMPENSATED_DELAY_MS, COMPENSATED_DELAY_MS),
+        row(
+            COMPENSATED_DELAY_MS,
+            Compensation::Allowance(COMPENSATED_DELAY_MS)
+        ),
+        // Or half the round trip it measured, with no clock sync.
+        row(COMPENSATED_DELAY_MS, Compensation::RoundTrip),
     );
     let rows: Vec<Value> = rows.into_iter().collect::<anyhow::Result<_>>()?;
     let compensated = compensated?;
+    let rtt = rtt?;
+    let rtt_compensated = json!({
+        "delay_ms": rtt["delay_ms"],
+        "server_sees_ms": rtt["server_sees_ms"],
+        "client_left_ms": rtt["client_left_ms"],
+        "measured_rtt_ms": rtt["measured_rtt_ms"],
+        "header": rtt["header"],
+    });
     let mut table: Vec<Vec<String>> = rows
         .iter()
         .zip(ROWS)
@@ -121,9 +175,20 @@ pub async fn run() -> anyhow::Result<Outcome> {
         compensated["request_chunks"].to_string(),
         "—".to_owned(),
     ]);
+    table.push(vec![
+        format!(
+            "{} both ways (half the PING round trip, {} ms)",
+            rtt["delay_ms"], rtt["measured_rtt_ms"]
+        ),
+        rtt["header"].as_str().unwrap_or("—").to_owned(),
+        rtt["server_sees_ms"].to_string(),
+        rtt["client_left_ms"].to_string(),
+        rtt["request_chunks"].to_string(),
+        "—".to_owned(),
+    ]);
     Ok(Outcome {
         title: "drift: 1 s budget through the capture proxy, each client → server chunk delayed".into(),
-        json: json!({ "budget_ms": BUDGET.as_millis() as u64, "rows": rows, "compensated": compensated }),
+        json: json!({ "budget_ms": BUDGET.as_millis() as u64, "rows": rows, "compensated": compensated, "rtt_compensated": rtt_compensated }),
         columns: vec![
             "delay ms",
             "grpc-timeout received",
@@ -135,7 +200,8 @@ pub async fn run() -> anyhow::Result<Outcome> {
         rows: table,
         notes: vec![
             "relative timeouts need no clock sync, but transit time is not deducted: every hop should keep a reserve".into(),
-            "last row: ClientDeadlineLayer::transit_allowance(100 ms) deducts the known one-way delay, so server and client agree again".into(),
+            "row 4: ClientDeadlineLayer::transit_allowance(100 ms) deducts the known one-way delay, so server and client agree again".into(),
+            "row 5: ReadyChannel measures the round trip with HTTP/2 PINGs and ClientDeadlineLayer::transit_from deducts half of it: no clock sync, no configured figure".into(),
             "ours differs from the seed's client column by the delay itself: our proxy adds a true one-way delay, so the request arrives 1 × delay late; \
              the seed's proxy slept before each chunk in turn and its request queued behind another chunk, arriving ≈ 2 × delay late (its own note: 100 ms → ≈200 ms). \
              Same law either way: the server sees the full budget, the client has the budget less the transit time".into(),

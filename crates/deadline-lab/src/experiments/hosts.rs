@@ -38,11 +38,11 @@ pub const CALLS: usize = 7;
 /// The largest excess transit compensation may leave, in milliseconds.
 pub const COMPENSATED_EXCESS_MAX_MS: f64 = 2.0;
 
-/// Where transit compensation comes from: the link's known one-way latency,
-/// as a fixed allowance on every client channel. The one place to change to
-/// use another source.
-fn compensation(one_way: Duration) -> Transit {
-    Transit::Allowance(one_way)
+/// Where transit compensation comes from: half the round trip each client
+/// channel measures with HTTP/2 PINGs — nothing is told the link's latency.
+/// (`Transit::Allowance(one_way)` would deduct the known figure instead.)
+fn compensation(_one_way: Duration) -> Transit {
+    Transit::RoundTrip
 }
 
 /// The experiment's result.
@@ -319,7 +319,8 @@ async fn run_layout(layout: &Layout, one_way: Duration) -> anyhow::Result<(Vec<R
         let entry = start(&mut net, layout, &placed, transit)
             .await
             .map_err(|e| context("starting the services", e))?;
-        let channel = net::layered_with(net.channel(&placed.client, entry).await?, transit);
+        let channel =
+            net::layered_with(net.channel(&placed.client, entry, transit).await?, transit);
         let mut client = Client::new(layout.system, channel);
         client
             .warm()
@@ -451,7 +452,7 @@ pub fn outcome(hosts: &Hosts) -> Outcome {
         .collect();
     let mut notes = vec![
         format!("excess = the hop's deadline − the deadline its parent handed on, both as CLOCK_MONOTONIC readings (one clock for every namespace); median of {CALLS} calls"),
-        "without compensation the excess is the one-way transit: a relative grpc-timeout starts counting on arrival; with it, each caller deducts the link's one-way latency (ClientDeadlineLayer::transit_allowance)".to_owned(),
+        "without compensation the excess is the one-way transit: a relative grpc-timeout starts counting on arrival; with it, each caller deducts half the round trip its connection measured with HTTP/2 PINGs (ReadyChannelBuilder::measure_round_trip + ClientDeadlineLayer::transit_from), no clock sync and no configured latency".to_owned(),
     ];
     notes.push(match hosts.delay_by.as_str() {
         "netem" => "latency: tc netem delay on both ends of every veth pair".to_owned(),

@@ -207,10 +207,9 @@ pub async fn start_hop(
     reflection: bool,
 ) -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
     let next = match next {
-        Some(addr) => Some(Next::Layered(ProbeClient::new(net::layered_with(
-            net::ready_lazy(addr)?,
-            transit,
-        )))),
+        Some(addr) => Some(Next::Layered(ProbeClient::new(net::lazy_with(
+            addr, transit,
+        )?))),
         None => None,
     };
     let hop = Hop::new(name, plan, next);

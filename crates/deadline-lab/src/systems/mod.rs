@@ -78,10 +78,7 @@ impl Peers {
     ///
     /// When `name` was not given.
     pub fn channel(&self, name: &str) -> anyhow::Result<net::Layered> {
-        Ok(net::layered_with(
-            net::ready_lazy(self.get(name)?)?,
-            self.transit,
-        ))
+        net::lazy_with(self.get(name)?, self.transit)
     }
 }
 

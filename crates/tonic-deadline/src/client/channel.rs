@@ -16,6 +16,7 @@
 //! and a TLS handshake, which tonic performs after our connector returns
 //! (give the channel a connector that does TLS itself to count it).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
@@ -23,6 +24,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use http::{Request, Response, Uri};
 use hyper::rt::{Read, ReadBufCursor, Write};
@@ -31,6 +33,7 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower_service::Service;
 
+use super::round_trip::{Meter, RoundTrip};
 use crate::BoxError;
 
 /// A tonic [`Channel`] whose readiness means "connected": put it under a
@@ -58,13 +61,154 @@ pub struct ReadyChannel {
     channel: Channel,
     link: Arc<Link>,
     dial: Arc<dyn Dial>,
+    round_trip: Option<RoundTrip>,
+}
+
+/// Builds a [`ReadyChannel`] with options; the shortcuts on `ReadyChannel`
+/// build one with none.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tonic::transport::Endpoint;
+/// use tonic_deadline::{ClientDeadlineLayer, client::ReadyChannel};
+///
+/// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let endpoint = Endpoint::from_shared("http://10.0.0.7:50051")?;
+/// let channel = ReadyChannel::builder(&endpoint)
+///     .measure_round_trip(Duration::from_secs(1))
+///     .lazy();
+/// // Tell the server half the measured round trip less than what is left.
+/// let layer = ClientDeadlineLayer::new().transit_from(channel.round_trip().expect("measured"));
+/// # let _ = (layer, channel);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ReadyChannelBuilder {
+    endpoint: Endpoint,
+    ping_every: Option<Duration>,
+}
+
+impl ReadyChannelBuilder {
+    /// Measures the connection's round trip with an HTTP/2 PING right after
+    /// each connect and then every `every`, into the channel's
+    /// [`RoundTrip`]. Off by default.
+    pub fn measure_round_trip(mut self, every: Duration) -> Self {
+        self.ping_every = Some(every);
+        self
+    }
+
+    /// The channel, over TCP, connecting on first use.
+    pub fn lazy(self) -> ReadyChannel {
+        let connector = tcp_connector(&self.endpoint);
+        self.lazy_with_connector(connector)
+    }
+
+    /// The channel, over TCP, connected before it is returned.
+    ///
+    /// # Errors
+    ///
+    /// When the connection cannot be made.
+    pub async fn connect(self) -> Result<ReadyChannel, tonic::transport::Error> {
+        let connector = tcp_connector(&self.endpoint);
+        self.connect_with_connector(connector).await
+    }
+
+    /// The channel, through `connector`, connecting on first use.
+    pub fn lazy_with_connector<C>(self, connector: C) -> ReadyChannel
+    where
+        C: Service<Uri> + Clone + Send + 'static,
+        C::Response: Read + Write + Unpin + Send + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let (parts, linked) = self.parts(connector);
+        parts.with(self.endpoint.connect_with_connector_lazy(linked))
+    }
+
+    /// The channel, through `connector`, connected before it is returned.
+    ///
+    /// # Errors
+    ///
+    /// When the connection cannot be made.
+    pub async fn connect_with_connector<C>(
+        self,
+        connector: C,
+    ) -> Result<ReadyChannel, tonic::transport::Error>
+    where
+        C: Service<Uri> + Clone + Send + 'static,
+        C::Response: Read + Write + Unpin + Send + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let (parts, linked) = self.parts(connector);
+        Ok(parts.with(self.endpoint.connect_with_connector(linked).await?))
+    }
+
+    fn parts<C>(&self, connector: C) -> (Parts, Linked<C>)
+    where
+        C: Service<Uri> + Clone + Send + 'static,
+        C::Response: Read + Write + Unpin + Send + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let link = Arc::new(Link::default());
+        let round_trip = self.ping_every.map(|every| (RoundTrip::new(), every));
+        let dialer = Arc::new(Dialer {
+            uri: self.endpoint.uri().clone(),
+            connector: Mutex::new(connector),
+            link: link.clone(),
+            stash: Mutex::new(None),
+            round_trip: round_trip.clone(),
+        });
+        let linked = Linked {
+            dialer: dialer.clone(),
+        };
+        let parts = Parts {
+            link,
+            dial: dialer,
+            round_trip: round_trip.map(|(r, _)| r),
+        };
+        (parts, linked)
+    }
+}
+
+struct Parts {
+    link: Arc<Link>,
+    dial: Arc<dyn Dial>,
+    round_trip: Option<RoundTrip>,
+}
+
+impl Parts {
+    fn with(self, channel: Channel) -> ReadyChannel {
+        ReadyChannel {
+            channel,
+            link: self.link,
+            dial: self.dial,
+            round_trip: self.round_trip,
+        }
+    }
 }
 
 impl ReadyChannel {
+    /// A builder for a channel to `endpoint` with options.
+    pub fn builder(endpoint: &Endpoint) -> ReadyChannelBuilder {
+        ReadyChannelBuilder {
+            endpoint: endpoint.clone(),
+            ping_every: None,
+        }
+    }
+
+    /// The connection's measured round trip, when the channel was built to
+    /// measure it ([`ReadyChannelBuilder::measure_round_trip`]).
+    pub fn round_trip(&self) -> Option<RoundTrip> {
+        self.round_trip.clone()
+    }
+
     /// A channel to `endpoint` over TCP (with the endpoint's `tcp_nodelay`,
     /// keepalive and connect timeout) that connects on first use.
     pub fn lazy(endpoint: &Endpoint) -> Self {
-        Self::lazy_with_connector(endpoint, tcp_connector(endpoint))
+        Self::builder(endpoint).lazy()
     }
 
     /// A channel to `endpoint` over TCP, connected before it is returned.
@@ -73,7 +217,7 @@ impl ReadyChannel {
     ///
     /// When the connection cannot be made.
     pub async fn connect(endpoint: &Endpoint) -> Result<Self, tonic::transport::Error> {
-        Self::connect_with_connector(endpoint, tcp_connector(endpoint)).await
+        Self::builder(endpoint).connect().await
     }
 
     /// A channel that connects through `connector` (a `Service<Uri>` giving
@@ -86,13 +230,7 @@ impl ReadyChannel {
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
     {
-        let (link, dial, linked) = parts(endpoint, connector);
-        let channel = endpoint.connect_with_connector_lazy(linked);
-        Self {
-            channel,
-            link,
-            dial,
-        }
+        Self::builder(endpoint).lazy_with_connector(connector)
     }
 
     /// A channel that connects through `connector`, connected before it is
@@ -111,13 +249,9 @@ impl ReadyChannel {
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
     {
-        let (link, dial, linked) = parts(endpoint, connector);
-        let channel = endpoint.connect_with_connector(linked).await?;
-        Ok(Self {
-            channel,
-            link,
-            dial,
-        })
+        Self::builder(endpoint)
+            .connect_with_connector(connector)
+            .await
     }
 
     /// Whether the channel has a connection now (or one waiting to be used).
@@ -135,26 +269,6 @@ fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
     http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
     http.set_connect_timeout(endpoint.get_connect_timeout());
     http
-}
-
-fn parts<C>(endpoint: &Endpoint, connector: C) -> (Arc<Link>, Arc<dyn Dial>, Linked<C>)
-where
-    C: Service<Uri> + Clone + Send + 'static,
-    C::Response: Read + Write + Unpin + Send + 'static,
-    C::Future: Send + 'static,
-    C::Error: Into<BoxError>,
-{
-    let link = Arc::new(Link::default());
-    let dialer = Arc::new(Dialer {
-        uri: endpoint.uri().clone(),
-        connector: Mutex::new(connector),
-        link: link.clone(),
-        stash: Mutex::new(None),
-    });
-    let linked = Linked {
-        dialer: dialer.clone(),
-    };
-    (link, dialer, linked)
 }
 
 impl Service<Request<Body>> for ReadyChannel {
@@ -302,6 +416,8 @@ struct Dialer<C: Service<Uri>> {
     link: Arc<Link>,
     /// A stream dialed ahead of tonic asking for it, or the dial's error.
     stash: Mutex<Option<Stashed<C::Response>>>,
+    /// Where to measure each connection's round trip, and how often.
+    round_trip: Option<(RoundTrip, Duration)>,
 }
 
 impl<C> Dialer<C>
@@ -412,7 +528,15 @@ where
                     dialer.link.closed(generation, empty);
                 }
             });
-            Ok(LinkedIo { io, on_close })
+            let meter = dialer
+                .round_trip
+                .as_ref()
+                .map(|(round_trip, every)| Box::new(Metered::new(round_trip.clone(), *every)));
+            Ok(LinkedIo {
+                io,
+                on_close,
+                meter,
+            })
         })
     }
 }
@@ -422,6 +546,40 @@ where
 struct LinkedIo<T> {
     io: T,
     on_close: Box<dyn Fn() + Send + Sync>,
+    /// Set when the channel measures round trips: reads then go through a
+    /// buffer of ours, to take our PING ACKs out.
+    meter: Option<Box<Metered>>,
+}
+
+/// A [`Meter`] and the read bytes waiting for hyper.
+struct Metered {
+    meter: Meter,
+    ready: VecDeque<u8>,
+    scratch: Vec<u8>,
+}
+
+impl Metered {
+    fn new(round_trip: RoundTrip, every: Duration) -> Self {
+        Self {
+            meter: Meter::new(round_trip, every),
+            ready: VecDeque::new(),
+            scratch: vec![0; 16 * 1024],
+        }
+    }
+
+    /// Moves what waits for hyper into `buf`; whether anything moved.
+    fn hand_over(&mut self, buf: &mut ReadBufCursor<'_>) -> bool {
+        let n = self.ready.len().min(buf.remaining());
+        if n == 0 {
+            return false;
+        }
+        let (a, b) = self.ready.as_slices();
+        let from_a = n.min(a.len());
+        buf.put_slice(&a[..from_a]);
+        buf.put_slice(&b[..n - from_a]);
+        self.ready.drain(..n);
+        true
+    }
 }
 
 impl<T> Drop for LinkedIo<T> {
@@ -438,21 +596,61 @@ impl<T> fmt::Debug for LinkedIo<T> {
 
 impl<T: Read + Unpin> Read for LinkedIo<T> {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
+        mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let this = self.get_mut();
+        let Some(metered) = this.meter.as_deref_mut() else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        loop {
+            if metered.hand_over(&mut buf) {
+                return Poll::Ready(Ok(()));
+            }
+            let mut read = hyper::rt::ReadBuf::new(&mut metered.scratch);
+            std::task::ready!(Pin::new(&mut this.io).poll_read(cx, read.unfilled()))?;
+            let filled = read.filled();
+            if filled.is_empty() {
+                // The peer closed: hand over what was held back, then EOF.
+                metered.meter.read_end(&mut metered.ready);
+                metered.hand_over(&mut buf);
+                return Poll::Ready(Ok(()));
+            }
+            // Our ACKs alone leave nothing for hyper: read on rather than
+            // hand it an empty read, which would mean the end.
+            let now = tokio::time::Instant::now();
+            let filled = filled.to_vec();
+            metered.meter.read(&filled, now, &mut metered.ready);
+        }
     }
 }
 
 impl<T: Write + Unpin> Write for LinkedIo<T> {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let Some(metered) = this.meter.as_deref_mut() else {
+            return Pin::new(&mut this.io).poll_write(cx, buf);
+        };
+        // Our PING, if one is due, goes first, whole.
+        loop {
+            let ours = metered.meter.pending_write(tokio::time::Instant::now());
+            if ours.is_empty() {
+                break;
+            }
+            let n = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, ours))?;
+            if n == 0 {
+                return Poll::Ready(Ok(0));
+            }
+            metered.meter.wrote_ours(n);
+        }
+        let n = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
+        metered.meter.wrote(&buf[..n]);
+        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -464,7 +662,9 @@ impl<T: Write + Unpin> Write for LinkedIo<T> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        // A measured stream takes one buffer at a time, to find the frame
+        // boundaries between which a PING may go.
+        self.meter.is_none() && self.io.is_write_vectored()
     }
 
     fn poll_write_vectored(
@@ -472,6 +672,13 @@ impl<T: Write + Unpin> Write for LinkedIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.meter.is_some() {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return self.poll_write(cx, first);
+        }
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 }

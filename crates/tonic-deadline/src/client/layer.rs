@@ -26,9 +26,11 @@ const PLAIN_CHANNEL: &str = "tonic::transport::channel::Channel";
 /// every clone of those) shares one frozen configuration.
 #[derive(Debug, Clone, Default)]
 pub struct ClientDeadlineLayer {
-    transit_allowance: Duration,
-    unscoped: Unscoped,
-    metrics: Option<Metrics>,
+    pub(super) transit_allowance: Duration,
+    #[cfg(feature = "channel")]
+    pub(super) transit_from: Option<super::RoundTrip>,
+    pub(super) unscoped: Unscoped,
+    pub(super) metrics: Option<Metrics>,
 }
 
 impl ClientDeadlineLayer {
@@ -61,6 +63,20 @@ impl ClientDeadlineLayer {
         self
     }
 
+    /// Opt-in transit compensation from a measured round trip: tell the
+    /// server half of `round_trip` (plus any fixed
+    /// [`transit_allowance`](Self::transit_allowance)) less than what is
+    /// left. Until the first PING has come back nothing is deducted.
+    ///
+    /// Half the round trip is the one-way transit on a symmetric path; a
+    /// path much slower one way than the other is over- or under-paid.
+    /// See [`ReadyChannelBuilder::measure_round_trip`](super::ReadyChannelBuilder::measure_round_trip).
+    #[cfg(feature = "channel")]
+    pub fn transit_from(mut self, round_trip: super::RoundTrip) -> Self {
+        self.transit_from = Some(round_trip);
+        self
+    }
+
     /// What to do with a call that finds no scope (default:
     /// [`Unscoped::Warn`]).
     pub fn unscoped(mut self, policy: Unscoped) -> Self {
@@ -85,7 +101,7 @@ impl ClientDeadlineLayer {
                  tonic_deadline::client::ReadyChannel, which is ready only once connected",
             );
         }
-        let config = Config::new(self.transit_allowance, self.unscoped, self.metrics.clone());
+        let config = Config::new(self);
         ClientDeadline::with_config(inner, Arc::new(config))
     }
 }

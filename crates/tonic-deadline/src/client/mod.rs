@@ -56,6 +56,8 @@ mod body;
 mod channel;
 mod future;
 mod layer;
+#[cfg(feature = "channel")]
+mod round_trip;
 mod transport;
 mod unscoped;
 
@@ -77,9 +79,11 @@ use crate::timeout_header::{self, GRPC_TIMEOUT};
 pub use body::ClientBody;
 use body::RequestBody;
 #[cfg(feature = "channel")]
-pub use channel::ReadyChannel;
+pub use channel::{ReadyChannel, ReadyChannelBuilder};
 pub use future::ResponseFuture;
 pub use layer::ClientDeadlineLayer;
+#[cfg(feature = "channel")]
+pub use round_trip::RoundTrip;
 use unscoped::Config;
 pub use unscoped::{Unscoped, capture_scope};
 
@@ -230,7 +234,7 @@ where
             Some(deadline) => {
                 let on_arrival = deadline
                     .saturating_duration_since(now)
-                    .saturating_sub(self.config.transit_allowance);
+                    .saturating_sub(self.config.transit());
                 if on_arrival.is_zero() {
                     return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
                 }

@@ -54,23 +54,37 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct Config {
     pub(crate) transit_allowance: Duration,
+    /// A measured round trip whose half is deducted too.
+    #[cfg(feature = "channel")]
+    pub(crate) transit_from: Option<super::RoundTrip>,
     pub(crate) unscoped: Unscoped,
     pub(crate) metrics: Option<Metrics>,
     warnings: WarnLimit,
 }
 
 impl Config {
-    pub(crate) fn new(
-        transit_allowance: Duration,
-        unscoped: Unscoped,
-        metrics: Option<Metrics>,
-    ) -> Self {
+    pub(crate) fn new(layer: &super::ClientDeadlineLayer) -> Self {
         Self {
-            transit_allowance,
-            unscoped,
-            metrics,
+            transit_allowance: layer.transit_allowance,
+            #[cfg(feature = "channel")]
+            transit_from: layer.transit_from.clone(),
+            unscoped: layer.unscoped,
+            metrics: layer.metrics.clone(),
             warnings: WarnLimit::new(),
         }
+    }
+
+    /// What to deduct from the budget on the wire for the trip.
+    pub(crate) fn transit(&self) -> Duration {
+        #[cfg(feature = "channel")]
+        if let Some(one_way) = self
+            .transit_from
+            .as_ref()
+            .and_then(super::RoundTrip::one_way)
+        {
+            return self.transit_allowance + one_way;
+        }
+        self.transit_allowance
     }
 
     /// Applies the policy to a call to `method` that found no scope.
