@@ -56,8 +56,9 @@ async fn sqlite() -> anyhow::Result<Value> {
     }))
 }
 
-/// A PostgreSQL server started for this experiment and stopped on drop.
-struct Throwaway {
+/// A PostgreSQL server started for an experiment and stopped on drop.
+#[derive(Debug)]
+pub struct Throwaway {
     dir: PathBuf,
     bindir: PathBuf,
     as_postgres: bool,
@@ -147,21 +148,31 @@ impl Drop for Throwaway {
     }
 }
 
-async fn postgres() -> anyhow::Result<Value> {
-    let (url, _server) = match std::env::var("TONIC_DEADLINE_PG_URL") {
-        Ok(url) => (url, None),
+/// A PostgreSQL server for an experiment: `TONIC_DEADLINE_PG_URL` if set,
+/// otherwise a throwaway one started with `initdb` and `pg_ctl` in a temp
+/// dir and stopped when the returned guard is dropped. `None` when neither
+/// is available (no server binaries installed).
+///
+/// # Errors
+///
+/// The throwaway server could not be started.
+pub async fn server() -> anyhow::Result<Option<(String, Option<Throwaway>)>> {
+    Ok(match std::env::var("TONIC_DEADLINE_PG_URL") {
+        Ok(url) => Some((url, None)),
         Err(_) => match Throwaway::bindir() {
-            None => {
-                return Ok(
-                    json!({"skipped": "no PostgreSQL server binaries (initdb, pg_ctl) installed"}),
-                );
-            }
+            None => None,
             Some(bindir) => {
                 let server =
                     tokio::task::spawn_blocking(move || Throwaway::start(bindir)).await??;
-                (server.url.clone(), Some(server))
+                Some((server.url.clone(), Some(server)))
             }
         },
+    })
+}
+
+async fn postgres() -> anyhow::Result<Value> {
+    let Some((url, _server)) = server().await? else {
+        return Ok(json!({"skipped": "no PostgreSQL server binaries (initdb, pg_ctl) installed"}));
     };
     let (monitor, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);

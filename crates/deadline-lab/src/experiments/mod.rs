@@ -6,6 +6,7 @@ pub mod drift;
 pub mod expired;
 pub mod handler;
 pub mod im;
+pub mod jobs;
 pub mod orders;
 pub mod propagation;
 pub mod shop;
