@@ -16,11 +16,11 @@ use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
 use interop::pb::test_service_server::TestServiceServer;
 use interop::server::{BudgetReportLayer, REMAINING_HEADER, TestServer};
+use interop::spec::{self, Verdict};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tonic::Code;
 use tonic_deadline::ServerDeadlineLayer;
-use interop::spec::{self, Verdict};
 use tonic_deadline::timeout_header::decode;
 use tower::{Layer, ServiceExt};
 
