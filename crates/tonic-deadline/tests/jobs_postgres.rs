@@ -31,10 +31,7 @@ fn url() -> String {
 }
 
 fn options(table: &str) -> PgStoreOptions {
-    let mut options = PgStoreOptions::default();
-    options.table = table.to_owned();
-    options.lease = LEASE;
-    options
+    PgStoreOptions::default().table(table).lease(LEASE)
 }
 
 /// The job's real effect, a row per phase: what the checks count.

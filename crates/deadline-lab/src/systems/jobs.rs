@@ -32,9 +32,9 @@ impl Setup {
     ///
     /// The server cannot be reached or set up.
     pub async fn open(&self) -> anyhow::Result<(JobQueue<PgStore>, PgPool)> {
-        let mut options = PgStoreOptions::default();
-        options.table = self.table.clone();
-        options.lease = self.lease;
+        let options = PgStoreOptions::default()
+            .table(&self.table)
+            .lease(self.lease);
         let store = PgStore::connect(&self.url, options).await?;
         let effects = PgPool::connect(&self.url, 2)?;
         effects

@@ -28,7 +28,7 @@
 //! use tonic_deadline::jobs::{JobQueue, Worker};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let options = PgStoreOptions { lease: Duration::from_secs(10), ..Default::default() };
+//! let options = PgStoreOptions::default().lease(Duration::from_secs(10));
 //! let store = PgStore::connect("postgresql://postgres@127.0.0.1:5432/postgres", options).await?;
 //! let queue = JobQueue::new(store);
 //! queue.submit("send-receipt", b"order 42", false).await?;
@@ -51,19 +51,43 @@ use crate::scope::Scope;
 /// How long one statement of the queue may take before it is stopped.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
 
-/// How a [`PgStore`] is set up.
+/// How a [`PgStore`] is set up: the defaults, changed step by step.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::jobs::postgres::PgStoreOptions;
+/// let options = PgStoreOptions::default().table("receipts").lease(Duration::from_secs(10));
+/// # let _ = options;
+/// ```
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub struct PgStoreOptions {
+    table: String,
+    lease: Duration,
+    connections: usize,
+}
+
+impl PgStoreOptions {
     /// The table the jobs live in (created if absent): lowercase letters,
     /// digits and `_`, starting with a letter or `_`, at most 63 bytes.
-    pub table: String,
-    /// How long a claim stands without renewal. A dead worker's job is
-    /// recovered this long after its last renewal; a live worker renews
-    /// every third of it.
-    pub lease: Duration,
-    /// Connections in the store's pool.
-    pub connections: usize,
+    /// Default `tonic_deadline_jobs`.
+    pub fn table(mut self, name: &str) -> Self {
+        self.table = name.to_owned();
+        self
+    }
+
+    /// How long a claim stands without renewal (default 30 s). A dead
+    /// worker's job is recovered this long after its last renewal; a live
+    /// worker renews every third of it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Connections in the store's pool (default 4).
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
+        self
+    }
 }
 
 impl Default for PgStoreOptions {
