@@ -14,6 +14,10 @@ use crate::{bench, experiments};
 
 type Run = Pin<Box<dyn Future<Output = anyhow::Result<Outcome>>>>;
 
+/// The demo's soak: long enough to see a flat memory line, short enough to
+/// keep the demo brief (`bench soak` runs 10^6).
+const DEMO_SOAK_CALLS: u64 = 30_000;
+
 fn steps() -> Vec<(&'static str, Run)> {
     vec![
         ("wire", Box::pin(experiments::wire::run())),
@@ -35,6 +39,10 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("proxy", Box::pin(experiments::proxy::run())),
         ("faults", Box::pin(experiments::faults::run())),
         (
+            "jobs",
+            Box::pin(async { experiments::jobs::run().await?.outcome() }),
+        ),
+        (
             "bench overhead",
             Box::pin(bench::overhead::run(bench::overhead::Load {
                 rounds: 4,
@@ -48,6 +56,17 @@ fn steps() -> Vec<(&'static str, Run)> {
         (
             "bench overload",
             Box::pin(bench::overload::run(bench::overload::Load::default())),
+        ),
+        (
+            "bench soak",
+            Box::pin(async {
+                let load = bench::soak::Load {
+                    calls: DEMO_SOAK_CALLS,
+                    max: Duration::from_secs(60),
+                    ..Default::default()
+                };
+                bench::soak::run_on_own_runtime(load).await?.outcome()
+            }),
         ),
     ]
 }

@@ -596,6 +596,54 @@ window.addEventListener('load', function () {
 });
 "#;
 
+/// Resident memory through the soak, what it left behind, and the jobs
+/// that survived a killed worker.
+fn resources_section(body: &mut String, soak: Option<&Value>, jobs: Option<&Value>) {
+    body.push_str("<h2>Nothing left behind</h2><section>");
+    if let Some(soak) = soak {
+        let mb = |k: &str| num(&soak[k]).unwrap_or(0.0);
+        let bars = vec![
+            Bar::new("start", mb("rss_start_mb"), None),
+            Bar::new("after warm-up", mb("rss_after_warmup_mb"), None),
+            Bar::new("end", mb("rss_end_mb"), None).note(format!(
+                "{:+.1} MB after warm-up",
+                mb("rss_growth_after_warmup_mb")
+            )),
+        ];
+        body.push_str(&hbars(
+            "soak-rss",
+            &format!(
+                "Soak, {} calls with 1-50 ms deadlines and client cancels: resident memory",
+                soak["calls"]
+            ),
+            "MB",
+            &bars,
+        ));
+        let _ = write!(
+            body,
+            "<p>Left after the last call: {} tasks, {} admission permits, {} database connections; {} unexpected statuses.</p>",
+            soak["tasks_leaked"],
+            soak["permits_held"],
+            soak["db_conns_held"],
+            soak["unexpected_status"]
+        );
+    }
+    if let Some(jobs) = jobs {
+        let _ = write!(
+            body,
+            "<p>Jobs on PostgreSQL, {} worker processes, {} killed with SIGKILL mid-job: {} accepted, {} lost, {} non-idempotent run twice; the killed job was {} after {} ms.</p>",
+            jobs["workers"],
+            jobs["killed"],
+            jobs["accepted"],
+            jobs["lost"],
+            jobs["duplicated_non_idempotent"],
+            escape(jobs["killed_job"]["state"].as_str().unwrap_or("?")),
+            jobs["killed_job"]["recovered_after_ms"]
+        );
+    }
+    body.push_str("</section>");
+}
+
 /// Renders the report for the finished demo `steps`.
 pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     let mut body = String::new();
@@ -718,6 +766,8 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         );
     }
     body.push_str("</section>");
+
+    resources_section(&mut body, find(steps, "bench soak"), find(steps, "jobs"));
 
     body.push_str("<h2>Every table</h2>");
     for step in steps {

@@ -114,6 +114,25 @@ enum System {
         #[arg(long)]
         db: Option<std::path::PathBuf>,
     },
+    /// One worker of the PostgreSQL job queue (no address; first line:
+    /// `ready NAME`).
+    JobsWorker {
+        /// The PostgreSQL server holding the queue.
+        #[arg(long)]
+        pg_url: String,
+        /// The queue's table (effects go to `<table>_effects`).
+        #[arg(long, default_value = "lab_jobs")]
+        table: String,
+        /// The name this worker's effects carry.
+        #[arg(long)]
+        name: String,
+        /// How long a claim stands without renewal.
+        #[arg(long, default_value_t = 600)]
+        lease_ms: u64,
+        /// How long each job works.
+        #[arg(long, default_value_t = 100)]
+        job_ms: u64,
+    },
 }
 
 /// Where a system listens, and which part of it runs in this process.
@@ -194,6 +213,8 @@ enum Experiment {
         #[arg(long = "one-way-ms", default_values_t = experiments::hosts::ONE_WAY_MS)]
         one_way_ms: Vec<u64>,
     },
+    /// Jobs on PostgreSQL, two worker processes, one killed mid-job.
+    Jobs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -218,6 +239,30 @@ enum Bench {
         /// Seconds of open-loop load per server and level.
         #[arg(long, default_value_t = 3.0)]
         window_s: f64,
+    },
+    /// Many calls through A -> B -> C with random deadlines and client
+    /// cancels; then memory, tasks, permits and connections left over.
+    Soak {
+        /// Calls in all, warm-up (a tenth) included.
+        #[arg(long, default_value_t = 1_000_000)]
+        calls: u64,
+        /// Stop issuing calls after this many seconds, whatever is left.
+        #[arg(long, default_value_t = 900)]
+        max_seconds: u64,
+        /// Client loops calling at the same time.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Streams a client may have reset before the server accepted them,
+        /// at one time on one connection, before the server closes it
+        /// (hyper's rapid-reset guard). 0 keeps hyper's default, 20.
+        #[arg(long, default_value_t = bench::soak::PENDING_ACCEPT_RESETS)]
+        max_pending_accept_resets: usize,
+        /// Streams each client connection remembers having reset, so that
+        /// late frames on them are ignored; a late frame on a forgotten one
+        /// counts toward h2's limit of 1024 protocol errors, after which the
+        /// client closes the connection. 0 keeps h2's default, 50.
+        #[arg(long, default_value_t = bench::soak::REMEMBERED_RESETS)]
+        remembered_resets: usize,
     },
 }
 
@@ -393,6 +438,21 @@ fn main() -> anyhow::Result<()> {
                         };
                         entry(&started)?
                     }
+                    System::JobsWorker {
+                        pg_url,
+                        table,
+                        name,
+                        lease_ms,
+                        job_ms,
+                    } => {
+                        let setup = systems::jobs::Setup {
+                            url: pg_url,
+                            table,
+                            lease: Duration::from_millis(lease_ms),
+                            job_time: Duration::from_millis(job_ms),
+                        };
+                        return systems::jobs::serve_worker(setup, &name).await;
+                    }
                 };
                 println!("{addr}");
                 tokio::signal::ctrl_c().await?;
@@ -423,6 +483,7 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Hosts { one_way_ms } => experiments::hosts::outcome(
                         &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
                     ),
+                    Experiment::Jobs => experiments::jobs::run().await?.outcome()?,
                 };
                 print(&outcome, json);
                 Ok(())
@@ -447,6 +508,23 @@ fn main() -> anyhow::Result<()> {
                         })
                         .await?
                     }
+                    Bench::Soak {
+                        calls,
+                        max_seconds,
+                        concurrency,
+                        max_pending_accept_resets,
+                        remembered_resets,
+                    } => bench::soak::run_on_own_runtime(bench::soak::Load {
+                        calls,
+                        max: Duration::from_secs(max_seconds),
+                        concurrency: concurrency.clamp(1, 4096),
+                        pending_accept_resets: (max_pending_accept_resets > 0)
+                            .then_some(max_pending_accept_resets),
+                        remembered_resets: (remembered_resets > 0).then_some(remembered_resets),
+                        ..Default::default()
+                    })
+                    .await?
+                    .outcome()?,
                 };
                 print(&outcome, json);
                 Ok(())

@@ -42,6 +42,7 @@ pub mod client;
 pub mod hostile;
 pub mod relay;
 pub mod server;
+pub mod spec;
 
 /// The `grpc.testing` messages and services, generated at build time from
 /// this crate's own `proto/grpc_testing.proto`.

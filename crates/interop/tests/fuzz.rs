@@ -2,7 +2,7 @@
 //! `grpc-timeout` bytes: the header decoder, and the server layer's request
 //! path in front of a real tonic service.
 //!
-//! Each run checks against an oracle written here from the spec (not the
+//! Each run checks against the oracle of [`interop::spec`], written from the spec (not the
 //! library's code), and fails on any panic. Case counts default to
 //! [`DECODE_CASES`] and [`LAYER_CASES`]; set `INTEROP_FUZZ_SCALE=N` to run N
 //! times as many (`scripts/conformance` runs a longer pass). Each test prints
@@ -16,11 +16,12 @@ use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
 use interop::pb::test_service_server::TestServiceServer;
 use interop::server::{BudgetReportLayer, REMAINING_HEADER, TestServer};
+use interop::spec::{self, Verdict};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tonic::Code;
 use tonic_deadline::ServerDeadlineLayer;
-use tonic_deadline::timeout_header::{MAX_DECODED, decode};
+use tonic_deadline::timeout_header::decode;
 use tower::{Layer, ServiceExt};
 
 /// Inputs for the pure decoder at scale 1.
@@ -42,27 +43,6 @@ fn runner(cases: u32) -> TestRunner {
         failure_persistence: None,
         ..Config::default()
     })
-}
-
-/// The spec's grammar and meaning, written from: 1–8 ASCII digits
-/// and one unit; hours past i64 nanoseconds clamp like grpc-go.
-fn oracle(value: &[u8]) -> Option<Duration> {
-    let (&unit, digits) = value.split_last()?;
-    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let count: u128 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    let unit_nanos: u128 = match unit {
-        b'n' => 1,
-        b'u' => 1_000,
-        b'm' => 1_000_000,
-        b'S' => 1_000_000_000,
-        b'M' => 60_000_000_000,
-        b'H' => 3_600_000_000_000,
-        _ => return None,
-    };
-    let nanos = (count * unit_nanos).min(MAX_DECODED.as_nanos());
-    Some(Duration::from_nanos(u64::try_from(nanos).ok()?))
 }
 
 /// Bytes near the grammar (where the bugs are) and arbitrary bytes.
@@ -94,7 +74,7 @@ fn decoder_matches_the_spec_on_every_input() {
             let got = decode(&value).ok();
             prop_assert_eq!(
                 got,
-                oracle(&value),
+                spec::timeout(&value),
                 "value {:?}",
                 value.escape_ascii().to_string()
             );
@@ -102,26 +82,6 @@ fn decoder_matches_the_spec_on_every_input() {
         })
         .expect("the decoder must agree with the spec and never panic");
     println!("fuzz: decoder ran {} inputs", ran.load(Ordering::Relaxed));
-}
-
-/// What the server must answer for these `grpc-timeout` values.
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    Internal,
-    Expired,
-    Runs(Option<Duration>),
-}
-
-fn expected(values: &[HeaderValue]) -> Verdict {
-    match values {
-        [] => Verdict::Runs(None),
-        [one] => match oracle(one.as_bytes()) {
-            None => Verdict::Internal,
-            Some(Duration::ZERO) => Verdict::Expired,
-            Some(budget) => Verdict::Runs(Some(budget)),
-        },
-        _ => Verdict::Internal,
-    }
 }
 
 #[test]
@@ -171,7 +131,7 @@ fn server_layer_answers_every_header_set_as_the_spec_says() {
                 };
                 (status.map(|s| s.code()), remaining)
             });
-            match expected(&values) {
+            match spec::verdict(&values) {
                 Verdict::Internal => {
                     prop_assert_eq!(code, Some(Code::Internal), "{:?}", values);
                     prop_assert!(remaining.is_none(), "no handler may run for {:?}", values);

@@ -57,7 +57,8 @@ async fn sqlite() -> anyhow::Result<Value> {
 }
 
 /// A PostgreSQL server started for an experiment and stopped on drop.
-pub(crate) struct Throwaway {
+#[derive(Debug)]
+pub struct Throwaway {
     dir: PathBuf,
     bindir: PathBuf,
     as_postgres: bool,
@@ -150,22 +151,32 @@ impl Drop for Throwaway {
     }
 }
 
-async fn postgres() -> anyhow::Result<Value> {
-    let (url, _server) = match std::env::var("TONIC_DEADLINE_PG_URL") {
-        Ok(url) => (url, None),
+/// A PostgreSQL server for an experiment: `TONIC_DEADLINE_PG_URL` if set,
+/// otherwise a throwaway one started with `initdb` and `pg_ctl` in a temp
+/// dir and stopped when the returned guard is dropped. `None` when neither
+/// is available (no server binaries installed).
+///
+/// # Errors
+///
+/// The throwaway server could not be started.
+pub async fn server() -> anyhow::Result<Option<(String, Option<Throwaway>)>> {
+    Ok(match std::env::var("TONIC_DEADLINE_PG_URL") {
+        Ok(url) => Some((url, None)),
         Err(_) => match Throwaway::bindir() {
-            None => {
-                return Ok(
-                    json!({"skipped": "no PostgreSQL server binaries (initdb, pg_ctl) installed"}),
-                );
-            }
+            None => None,
             Some(bindir) => {
                 #[allow(clippy::disallowed_methods)] // starting the server, before any request
                 let server =
                     tokio::task::spawn_blocking(move || Throwaway::start(bindir)).await??;
-                (server.url.clone(), Some(server))
+                Some((server.url.clone(), Some(server)))
             }
         },
+    })
+}
+
+async fn postgres() -> anyhow::Result<Value> {
+    let Some((url, _server)) = server().await? else {
+        return Ok(json!({"skipped": "no PostgreSQL server binaries (initdb, pg_ctl) installed"}));
     };
     let (monitor, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tonic_deadline::detach(connection);

@@ -9,6 +9,7 @@ pub mod faults;
 pub mod handler;
 pub mod hosts;
 pub mod im;
+pub mod jobs;
 pub mod orders;
 pub mod propagation;
 pub mod proxy;

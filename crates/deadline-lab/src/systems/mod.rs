@@ -7,6 +7,7 @@
 pub mod chain;
 pub mod echo;
 pub mod im;
+pub mod jobs;
 pub mod orders;
 pub mod shop;
 pub mod trace;

@@ -38,7 +38,9 @@
 //!
 //! 1. A connection is either idle in the pool or owned by exactly one
 //!    running query; it is returned to the pool before that query's permit
-//!    is released, so a permit always finds an idle connection.
+//!    is released, so a permit always finds an idle connection. An
+//!    interrupt reaches a connection only while the query it was meant for
+//!    still owns it.
 //! 2. When [`run_in`](SqlitePool::run_in) returns because the scope ended,
 //!    the query has already stopped and its connection is idle — unless the
 //!    closure's own Rust code ignores the scope, in which case it is counted
@@ -236,7 +238,11 @@ impl SqlitePool {
         // future is dropped.
         let watched = scope.child();
         let _stop_on_drop = StopOnDrop(watched.clone());
-        let interrupt = lease.connection().get_interrupt_handle();
+        // The interrupt is delivered only while this call still owns the
+        // connection: the blocking thread takes the handle away, under the
+        // lock, before the connection goes back to the pool. Otherwise a late
+        // interrupt could stop the *next* caller's query on it.
+        let interrupt = Arc::new(Mutex::new(Some(lease.connection().get_interrupt_handle())));
         let ended_at: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
         let span = tracing::Span::current();
         // The query watches `watched` itself and is interrupted when it ends.
@@ -244,6 +250,7 @@ impl SqlitePool {
         let mut handle = tokio::task::spawn_blocking({
             let watched = watched.clone();
             let ended_at = ended_at.clone();
+            let interrupt = interrupt.clone();
             move || {
                 let _span = span.enter();
                 let mut lease = lease;
@@ -253,6 +260,7 @@ impl SqlitePool {
                 {
                     note_if_outlived(&watched, "sqlite query");
                 }
+                interrupt.lock().unwrap_or_else(|p| p.into_inner()).take();
                 drop(lease); // connection back, then permit released
                 out
             }
@@ -272,7 +280,9 @@ impl SqlitePool {
             }
             cause = watched.ended() => {
                 let _ = ended_at.set(Instant::now());
-                interrupt.interrupt();
+                if let Some(handle) = interrupt.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    handle.interrupt();
+                }
                 self.shared.interrupted.fetch_add(1, Ordering::Relaxed);
                 // SQLite stops within a few VM steps; wait for it, so the
                 // connection is idle again when we return.

@@ -1,24 +1,39 @@
-//! Durable hand-off of background work (R-25): the job is written to SQLite
+//! Durable hand-off of background work: the job is written to a database
 //! before the handler replies, then run by a [`Worker`] with a lifecycle of
 //! its own.
 //!
 //! A task spawned from a handler belongs to the request and stops with it
 //! ([`Scope::spawn`]); [`detach`](crate::detach) escapes but is lost if the
 //! process dies. When work must outlive the request *and* survive a crash,
-//! hand it over: [`JobQueue::submit`] returns only once the job is committed
-//! (WAL, `synchronous = FULL`), so a reply sent after it never promises work
-//! that a crash could lose.
+//! hand it over: [`JobQueue::submit`] returns only once the job is committed,
+//! so a reply sent after it never promises work that a crash could lose.
+//!
+//! Two stores keep the jobs, behind one [`Store`] trait and one queue and
+//! worker for both:
+//!
+//! - [`SqliteStore`] (feature `jobs`): one file, one process at a time (WAL,
+//!   `synchronous = FULL`). A crash is recovered when the file is opened
+//!   again.
+//! - [`PgStore`](postgres::PgStore) (feature `jobs-postgres`): one table
+//!   shared by workers on any number of hosts. Workers claim jobs with
+//!   `FOR UPDATE SKIP LOCKED`, and hold each claimed job under a *lease*
+//!   that they renew while the job runs; a worker that dies stops renewing,
+//!   and once the lease has expired (by the database server's clock, so the
+//!   hosts need no clock sync) any other worker recovers the job.
 //!
 //! # Delivery
 //!
 //! 1. A job is claimed (marked `running`, attempt counted) durably before
 //!    it starts.
-//! 2. After a crash, [`JobQueue::open`] finds jobs still marked `running`: an
-//!    idempotent job goes back to `queued` and runs again; any other job is
-//!    marked `interrupted` and never runs twice — it may have had its effect,
+//! 2. A job whose worker died mid-way — found `running` when the SQLite file
+//!    is reopened, or `running` with an expired lease on PostgreSQL — goes
+//!    back to `queued` and runs again if it is idempotent; any other job is
+//!    marked `interrupted` and never runs twice: it may have had its effect,
 //!    and only the job can say whether running it again is safe.
-//! 3. Jobs that were accepted but not started are run after the restart:
-//!    none is lost.
+//! 3. Jobs that were accepted but not started are run later: none is lost.
+//! 4. A worker records a job's end only while its claim still stands (same
+//!    attempt, same worker). A worker that finds its lease lost stops the
+//!    job's scope.
 //!
 //! # Example
 //!
@@ -42,17 +57,22 @@
 //! # }
 //! ```
 
+#[cfg(feature = "jobs-postgres")]
+pub mod postgres;
+mod sqlite;
+
 use std::fmt;
 use std::future::Future;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use crate::db::Error;
 use crate::scope::Scope;
+pub use sqlite::SqliteStore;
 
 /// How often an idle worker looks for jobs submitted by another process.
 const POLL: Duration = Duration::from_millis(50);
@@ -72,12 +92,14 @@ pub enum JobState {
     Done,
     /// Finished with an error (not retried).
     Failed,
-    /// A non-idempotent job whose worker died mid-way: not run again.
+    /// A non-idempotent job whose worker died (or lost its lease) mid-way:
+    /// not run again.
     Interrupted,
 }
 
 impl JobState {
-    fn as_str(self) -> &'static str {
+    /// The state's name as stored (`queued`, `running`, …).
+    pub fn as_str(self) -> &'static str {
         match self {
             JobState::Queued => "queued",
             JobState::Running => "running",
@@ -87,8 +109,9 @@ impl JobState {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
+    /// The state stored as `name`, if it is one.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
             "queued" => JobState::Queued,
             "running" => JobState::Running,
             "done" => JobState::Done,
@@ -115,89 +138,131 @@ pub struct Job {
     pub attempt: u32,
 }
 
-/// A durable job queue in one SQLite file. Cheap to clone.
-#[derive(Clone)]
-pub struct JobQueue {
-    shared: Arc<Shared>,
+impl Job {
+    /// A job as read back from a store.
+    pub fn new(id: JobId, kind: String, payload: Vec<u8>, idempotent: bool, attempt: u32) -> Self {
+        Self {
+            id,
+            kind,
+            payload,
+            idempotent,
+            attempt,
+        }
+    }
 }
 
-struct Shared {
-    conn: Mutex<Connection>,
+/// Where a [`JobQueue`] keeps its jobs, durably. Implemented by
+/// [`SqliteStore`] and [`PgStore`](postgres::PgStore); the queue and the
+/// [`Worker`] hold the rules (refusal of ended callers, wake-ups, leases
+/// renewed while a job runs, what a stopped job becomes), a store only
+/// reads and writes.
+///
+/// Every write must be durable when its future returns `Ok`.
+pub trait Store: Send + Sync + 'static {
+    /// Writes a new `queued` job; returns its id.
+    fn insert(
+        &self,
+        kind: String,
+        payload: Vec<u8>,
+        idempotent: bool,
+    ) -> impl Future<Output = Result<JobId, Error>> + Send;
+
+    /// The state of job `id`, if it exists.
+    fn state(&self, id: JobId) -> impl Future<Output = Result<Option<JobState>, Error>> + Send;
+
+    /// Every job with its state and attempt count, in id order.
+    fn list(&self) -> impl Future<Output = Result<Vec<(JobId, JobState, u32)>, Error>> + Send;
+
+    /// How many jobs are queued or running.
+    fn pending(&self) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Marks the oldest queued job `running` for `worker`, counts the
+    /// attempt, and returns it; `None` when nothing is queued. A store with
+    /// leases first recovers the jobs whose lease has expired.
+    fn claim(&self, worker: &str) -> impl Future<Output = Result<Option<Job>, Error>> + Send;
+
+    /// Extends `worker`'s lease on `job`; `false` if the claim is gone.
+    fn renew(&self, worker: &str, job: &Job) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Records how `worker`'s attempt at `job` ended; `false` (and nothing
+    /// written) if the claim is gone.
+    fn finish(
+        &self,
+        worker: &str,
+        job: &Job,
+        state: JobState,
+        error: Option<String>,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// How often a worker renews the lease of a running job; `None` for a
+    /// store without leases.
+    fn renew_every(&self) -> Option<Duration>;
+}
+
+/// A durable job queue over a [`Store`] (SQLite unless said otherwise).
+/// Cheap to clone.
+pub struct JobQueue<S = SqliteStore> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for JobQueue<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+struct Shared<S> {
+    store: S,
     submitted: Notify,
     finished: Notify,
+    workers: AtomicU64,
 }
 
-impl fmt::Debug for JobQueue {
+impl<S> fmt::Debug for JobQueue<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobQueue").finish_non_exhaustive()
     }
 }
 
-impl JobQueue {
-    /// Opens (or creates) the queue at `path` and recovers from a crash:
-    /// jobs left `running` are re-queued if idempotent, marked `interrupted`
-    /// otherwise.
+impl JobQueue<SqliteStore> {
+    /// Opens (or creates) the queue in the SQLite file at `path` and
+    /// recovers from a crash: jobs left `running` are re-queued if
+    /// idempotent, marked `interrupted` otherwise.
     ///
     /// # Errors
     ///
     /// SQLite could not open or set up the file.
     pub fn open(path: impl AsRef<Path>) -> rusqlite::Result<Self> {
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS jobs (
-                 id INTEGER PRIMARY KEY AUTOINCREMENT,
-                 kind TEXT NOT NULL,
-                 payload BLOB NOT NULL,
-                 idempotent INTEGER NOT NULL,
-                 state TEXT NOT NULL DEFAULT 'queued',
-                 attempts INTEGER NOT NULL DEFAULT 0,
-                 error TEXT
-             );
-             CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, id);",
-        )?;
-        let recovered = conn.execute(
-            "UPDATE jobs SET state = CASE WHEN idempotent THEN 'queued' ELSE 'interrupted' END
-             WHERE state = 'running'",
-            [],
-        )?;
-        if recovered > 0 {
-            tracing::warn!(recovered, "jobs found running after a restart");
-        }
-        Ok(Self {
+        Ok(Self::new(SqliteStore::open(path)?))
+    }
+}
+
+impl<S: Store> JobQueue<S> {
+    /// A queue over `store`.
+    pub fn new(store: S) -> Self {
+        Self {
             shared: Arc::new(Shared {
-                conn: Mutex::new(conn),
+                store,
                 submitted: Notify::new(),
                 finished: Notify::new(),
+                workers: AtomicU64::new(0),
             }),
-        })
+        }
     }
 
-    async fn with_conn<T, F>(&self, f: F) -> Result<T, Error>
-    where
-        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-        T: Send + 'static,
-    {
-        let shared = self.shared.clone();
-        // A short statement on the queue's own connection, awaited at once.
-        #[allow(clippy::disallowed_methods)]
-        tokio::task::spawn_blocking(move || {
-            let mut conn = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(Error::database)?
-        .map_err(Error::database)
+    /// The store the jobs are kept in.
+    pub fn store(&self) -> &S {
+        &self.shared.store
     }
 
-    /// Accepts a job: returns once it is committed to disk. Refused without
-    /// writing if the current scope has already ended (the caller is gone).
+    /// Accepts a job: returns once it is committed. Refused without writing
+    /// if the current scope has already ended (the caller is gone).
     ///
     /// # Errors
     ///
-    /// The scope had ended, or SQLite failed; then nothing was accepted.
+    /// The scope had ended, or the store failed; then nothing was accepted.
     ///
     /// # Cancellation safety
     ///
@@ -212,15 +277,13 @@ impl JobQueue {
     ) -> Result<JobId, Error> {
         Scope::current().check()?;
         let (kind, payload) = (kind.to_owned(), payload.to_vec());
-        let id = self
-            .with_conn(move |c| {
-                c.execute(
-                    "INSERT INTO jobs (kind, payload, idempotent) VALUES (?1, ?2, ?3)",
-                    params![kind, payload, idempotent],
-                )?;
-                Ok(c.last_insert_rowid())
-            })
-            .await?;
+        let shared = self.shared.clone();
+        // On a task of its own, so that a dropped caller does not cut the
+        // write in half.
+        #[allow(clippy::disallowed_methods)] // the write must finish even if the caller goes
+        let id = tokio::spawn(async move { shared.store.insert(kind, payload, idempotent).await })
+            .await
+            .map_err(Error::database)??;
         self.shared.submitted.notify_waiters();
         Ok(id)
     }
@@ -229,52 +292,27 @@ impl JobQueue {
     ///
     /// # Errors
     ///
-    /// SQLite failed.
+    /// The store failed.
     pub async fn state(&self, id: JobId) -> Result<Option<JobState>, Error> {
-        self.with_conn(move |c| {
-            let state: Option<String> = c
-                .query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0))
-                .optional()?;
-            Ok(state.and_then(|s| JobState::parse(&s)))
-        })
-        .await
+        self.shared.store.state(id).await
     }
 
     /// Every job with its state and attempt count, in id order.
     ///
     /// # Errors
     ///
-    /// SQLite failed.
+    /// The store failed.
     pub async fn list(&self) -> Result<Vec<(JobId, JobState, u32)>, Error> {
-        self.with_conn(|c| {
-            let mut stmt = c.prepare("SELECT id, state, attempts FROM jobs ORDER BY id")?;
-            let rows = stmt.query_map([], |r| {
-                let state: String = r.get(1)?;
-                Ok((
-                    r.get(0)?,
-                    JobState::parse(&state).unwrap_or(JobState::Failed),
-                    r.get(2)?,
-                ))
-            })?;
-            rows.collect()
-        })
-        .await
+        self.shared.store.list().await
     }
 
     /// How many jobs are queued or running.
     ///
     /// # Errors
     ///
-    /// SQLite failed.
+    /// The store failed.
     pub async fn pending(&self) -> Result<u64, Error> {
-        self.with_conn(|c| {
-            c.query_row(
-                "SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')",
-                [],
-                |r| r.get(0),
-            )
-        })
-        .await
+        self.shared.store.pending().await
     }
 
     /// Waits until no job is queued or running (polling, for tests and
@@ -289,39 +327,16 @@ impl JobQueue {
         }
     }
 
-    async fn claim(&self) -> Result<Option<Job>, Error> {
-        self.with_conn(|c| {
-            c.query_row(
-                "UPDATE jobs SET state = 'running', attempts = attempts + 1
-                 WHERE id = (SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1)
-                 RETURNING id, kind, payload, idempotent, attempts",
-                [],
-                |r| {
-                    Ok(Job {
-                        id: r.get(0)?,
-                        kind: r.get(1)?,
-                        payload: r.get(2)?,
-                        idempotent: r.get(3)?,
-                        attempt: r.get(4)?,
-                    })
-                },
-            )
-            .optional()
-        })
-        .await
-    }
-
-    async fn finish(&self, id: JobId, state: JobState, error: Option<String>) -> Result<(), Error> {
-        self.with_conn(move |c| {
-            c.execute(
-                "UPDATE jobs SET state = ?2, error = ?3 WHERE id = ?1",
-                params![id, state.as_str(), error],
-            )
-            .map(drop)
-        })
-        .await?;
-        self.shared.finished.notify_waiters();
-        Ok(())
+    /// A name for a new worker of this queue, unique across processes and
+    /// hosts for all practical purposes: process id, wall-clock start, and
+    /// a counter of this queue.
+    fn worker_name(&self) -> String {
+        let n = self.shared.workers.fetch_add(1, Ordering::Relaxed);
+        // The wall clock only makes the name unique; nothing is timed by it.
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{started:x}-{n}", std::process::id())
     }
 }
 
@@ -329,27 +344,37 @@ impl JobQueue {
 /// worker's own scope (no request's deadline reaches it).
 #[derive(Debug)]
 pub struct Worker {
+    name: String,
     scope: Scope,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// How one attempt at a job ended, as the worker saw it.
+enum Ending {
+    Finished(JobState, Option<String>),
+    /// The lease was lost: another worker may own the job now.
+    LeaseLost,
 }
 
 impl Worker {
     /// Starts a worker that runs each job with `run`. A job returning
     /// `Err(message)` is marked `failed` with the message.
-    pub fn start<F, Fut>(queue: JobQueue, run: F) -> Worker
+    pub fn start<S, F, Fut>(queue: JobQueue<S>, run: F) -> Worker
     where
+        S: Store,
         F: Fn(Job) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), String>> + Send + 'static,
     {
         // The worker's lifecycle is its own: a root scope, ended by shutdown.
         let scope = Scope::background();
+        let name = queue.worker_name();
         #[allow(clippy::disallowed_methods)] // the worker runs in its own root scope
         let task = tokio::spawn({
-            let scope = scope.clone();
+            let (scope, name) = (scope.clone(), name.clone());
             async move {
                 while !scope.is_ended() {
                     let submitted = queue.shared.submitted.notified();
-                    let job = match queue.claim().await {
+                    let job = match queue.shared.store.claim(&name).await {
                         Ok(Some(job)) => job,
                         Ok(None) => {
                             tokio::select! {
@@ -365,22 +390,35 @@ impl Worker {
                             continue;
                         }
                     };
-                    let (id, idempotent) = (job.id, job.idempotent);
-                    let outcome = scope.child().run(run(job)).await;
-                    let (state, error) = match outcome {
-                        Ok(Ok(())) => (JobState::Done, None),
-                        Ok(Err(message)) => (JobState::Failed, Some(message)),
-                        // Stopped by shutdown: the same rule as a crash.
-                        Err(ended) if idempotent => (JobState::Queued, Some(ended.to_string())),
-                        Err(ended) => (JobState::Interrupted, Some(ended.to_string())),
-                    };
-                    if let Err(err) = queue.finish(id, state, error).await {
-                        tracing::warn!(id, error = %err, "could not record a job's end");
+                    let ending = attempt(&queue, &name, &scope, &run, &job).await;
+                    match ending {
+                        Ending::Finished(state, error) => {
+                            match queue.shared.store.finish(&name, &job, state, error).await {
+                                Ok(true) => {}
+                                Ok(false) => tracing::warn!(
+                                    id = job.id,
+                                    "a job's claim was lost before its end was recorded"
+                                ),
+                                Err(err) => {
+                                    tracing::warn!(id = job.id, error = %err, "could not record a job's end")
+                                }
+                            }
+                        }
+                        Ending::LeaseLost => tracing::warn!(
+                            id = job.id,
+                            "a job's lease was lost while it ran; it was stopped"
+                        ),
                     }
+                    queue.shared.finished.notify_waiters();
                 }
             }
         });
-        Worker { scope, task }
+        Worker { name, scope, task }
+    }
+
+    /// This worker's name, as stored with the jobs it claims.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Stops the worker: the running job's scope is cancelled, and the call
@@ -388,5 +426,58 @@ impl Worker {
     pub async fn shutdown(self) {
         self.scope.cancel();
         let _ = self.task.await;
+    }
+}
+
+/// Runs one attempt at `job` under a child of the worker's scope, renewing
+/// its lease while it runs (if the store has leases).
+async fn attempt<S, F, Fut>(
+    queue: &JobQueue<S>,
+    name: &str,
+    scope: &Scope,
+    run: &F,
+    job: &Job,
+) -> Ending
+where
+    S: Store,
+    F: Fn(Job) -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let job_scope = scope.child();
+    let work = job_scope.run(run(job.clone()));
+    tokio::pin!(work);
+    let mut lease_lost = false;
+    let outcome = loop {
+        let Some(every) = queue.shared.store.renew_every() else {
+            break work.await;
+        };
+        tokio::select! {
+            biased;
+            outcome = &mut work => break outcome,
+            () = tokio::time::sleep(every), if !lease_lost => {
+                match queue.shared.store.renew(name, job).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Another worker may run it now (if idempotent), or
+                        // it was marked interrupted: stop our attempt.
+                        lease_lost = true;
+                        job_scope.cancel();
+                    }
+                    // The lease may still stand; the database decides when
+                    // it expires, and `finish` tells.
+                    Err(err) => tracing::warn!(id = job.id, error = %err, "could not renew a job's lease"),
+                }
+            }
+        }
+    };
+    if lease_lost {
+        return Ending::LeaseLost;
+    }
+    match outcome {
+        Ok(Ok(())) => Ending::Finished(JobState::Done, None),
+        Ok(Err(message)) => Ending::Finished(JobState::Failed, Some(message)),
+        // Stopped by shutdown: the same rule as a crash.
+        Err(ended) if job.idempotent => Ending::Finished(JobState::Queued, Some(ended.to_string())),
+        Err(ended) => Ending::Finished(JobState::Interrupted, Some(ended.to_string())),
     }
 }

@@ -1,0 +1,381 @@
+//! Durable hand-off beyond one process (R-25): jobs accepted into a
+//! PostgreSQL queue, two worker processes taking them from the same table
+//! (`FOR UPDATE SKIP LOCKED`), one killed with SIGKILL in the middle of a
+//! non-idempotent job.
+//!
+//! Counted from the database alone: every job records a `start` and an
+//! `end` row as its effect. After the kill the survivor drains the queue;
+//! the killed worker's job is recovered once its lease expires (by the
+//! server's clock) and, being non-idempotent, is marked `interrupted` rather
+//! than run again.
+//!
+//! The server is `TONIC_DEADLINE_PG_URL` if set, otherwise a throwaway one
+//! started here (as for `db-cancel`); without either the experiment fails.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tonic_deadline::Scope;
+use tonic_deadline::db::postgres::PgPool;
+use tonic_deadline::jobs::JobState;
+
+use crate::experiments::db_cancel;
+use crate::report::{Outcome, ms};
+use crate::systems::jobs::Setup;
+
+/// Jobs submitted before the workers start.
+const JOBS: i64 = 40;
+
+/// The worker killed mid-job (the first of them).
+const KILLED: &str = "w1";
+
+/// The killed worker's job, followed through its recovery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KilledJob {
+    /// The job's id.
+    pub id: i64,
+    /// Whether it may run twice.
+    pub idempotent: bool,
+    /// Its state after the drain.
+    pub state: String,
+    /// How many times it started.
+    pub starts: u64,
+    /// From the kill until the job was no longer `running` (lease expiry
+    /// and a survivor's recovery).
+    pub recovered_after_ms: f64,
+}
+
+/// What the experiment measured (printed, `--json`, and read by the tests).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobsRun {
+    /// The queue's store.
+    pub backend: String,
+    /// The database server's version.
+    pub server: String,
+    /// Worker processes started.
+    pub workers: u64,
+    /// Worker processes killed with SIGKILL mid-job.
+    pub killed: u64,
+    /// Where each worker ran.
+    pub placement: BTreeMap<String, String>,
+    /// Jobs accepted (committed before `submit` returned).
+    pub accepted: u64,
+    /// Accepted jobs missing, still pending after the drain, or done
+    /// without their effect.
+    pub lost: u64,
+    /// Non-idempotent jobs that started more than once.
+    pub duplicated_non_idempotent: u64,
+    /// Idempotent jobs that started more than once (allowed: run again
+    /// after a crash).
+    pub rerun_idempotent: u64,
+    /// Jobs done after the drain.
+    pub done: u64,
+    /// Jobs interrupted (non-idempotent, their worker died mid-way).
+    pub interrupted: u64,
+    /// Job starts by worker name.
+    pub starts_by_worker: BTreeMap<String, u64>,
+    /// The killed worker's job.
+    pub killed_job: KilledJob,
+    /// The lease every claim holds without renewal.
+    pub lease_ms: f64,
+    /// How long each job works.
+    pub job_ms: f64,
+    /// From the kill until the queue was empty.
+    pub drained_after_kill_ms: f64,
+}
+
+impl JobsRun {
+    /// The printed table (and, as JSON, this struct).
+    pub fn outcome(&self) -> anyhow::Result<Outcome> {
+        let row = |what: &str, value: String| vec![what.to_owned(), value];
+        Ok(Outcome {
+            title: format!(
+                "experiment jobs: {} jobs on {} ({}), {} worker processes, {} SIGKILLed mid-job",
+                self.accepted, self.backend, self.server, self.workers, self.killed
+            ),
+            json: serde_json::to_value(self)?,
+            columns: vec!["figure", "measured"],
+            rows: vec![
+                row("accepted", self.accepted.to_string()),
+                row("lost", self.lost.to_string()),
+                row(
+                    "non-idempotent run twice",
+                    self.duplicated_non_idempotent.to_string(),
+                ),
+                row("idempotent run again", self.rerun_idempotent.to_string()),
+                row(
+                    "done / interrupted",
+                    format!("{} / {}", self.done, self.interrupted),
+                ),
+                row(
+                    "killed worker's job",
+                    format!(
+                        "#{} ({}), {}, started {}x",
+                        self.killed_job.id,
+                        if self.killed_job.idempotent {
+                            "idempotent"
+                        } else {
+                            "non-idempotent"
+                        },
+                        self.killed_job.state,
+                        self.killed_job.starts
+                    ),
+                ),
+                row(
+                    "kill -> job recovered ms",
+                    format!("{:.0}", self.killed_job.recovered_after_ms),
+                ),
+                row(
+                    "kill -> queue drained ms",
+                    format!("{:.0}", self.drained_after_kill_ms),
+                ),
+                row(
+                    "starts by worker",
+                    self.starts_by_worker
+                        .iter()
+                        .map(|(w, n)| format!("{w} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+            ],
+            notes: vec![
+                format!(
+                    "lease {:.0} ms (renewed every third while a job runs), jobs of {:.0} ms; claims with FOR UPDATE SKIP LOCKED",
+                    self.lease_ms, self.job_ms
+                ),
+                format!(
+                    "workers: {}",
+                    self.placement
+                        .iter()
+                        .map(|(w, p)| format!("{w} on {p}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ],
+        })
+    }
+}
+
+/// A worker process, killed (SIGKILL) when dropped.
+#[derive(Debug)]
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Where worker `index` runs: the command that starts it, and a label.
+///
+/// Every worker is a process of its own on this host, reaching the server
+/// over loopback. To put each in a network namespace of its own, wrap the
+/// command in `ip netns exec <namespace>` here and rewrite `setup.url` to the
+/// server's address as seen from that namespace (the server must listen
+/// there too).
+pub fn place_worker(index: usize, setup: &Setup, name: &str) -> anyhow::Result<(Command, String)> {
+    let _ = index;
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args([
+        "serve",
+        "jobs-worker",
+        "--pg-url",
+        &setup.url,
+        "--table",
+        &setup.table,
+        "--name",
+        name,
+        "--lease-ms",
+        &setup.lease.as_millis().to_string(),
+        "--job-ms",
+        &setup.job_time.as_millis().to_string(),
+    ]);
+    Ok((command, "this host, loopback".to_owned()))
+}
+
+/// Starts a worker and waits for its `ready` line.
+fn spawn(mut command: Command) -> anyhow::Result<Process> {
+    let mut child = Process(
+        command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let stdout = child
+        .0
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the worker's stdout is not piped"))?;
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("ready "));
+    anyhow::ensure!(ready, "the worker exited before it was ready");
+    Ok(child)
+}
+
+/// The job `worker` is in the middle of (started, not ended), with its
+/// idempotence.
+async fn mid_job(pool: &PgPool, table: &str, worker: &str) -> anyhow::Result<Option<(i64, bool)>> {
+    let rows = pool
+        .query(
+            &format!(
+                "SELECT e.job, j.idempotent FROM {table}_effects e JOIN {table} j ON j.id = e.job
+                 WHERE e.worker = $1 AND e.phase = 'start' AND NOT EXISTS (
+                     SELECT 1 FROM {table}_effects f
+                     WHERE f.job = e.job AND f.attempt = e.attempt AND f.phase = 'end')"
+            ),
+            &[&worker],
+        )
+        .await?;
+    Ok(rows.first().map(|r| (r.get(0), r.get(1))))
+}
+
+/// Runs the experiment.
+///
+/// # Errors
+///
+/// No PostgreSQL server could be had, or a worker did not start or the
+/// queue did not drain in time.
+pub async fn run() -> anyhow::Result<JobsRun> {
+    let Some((url, _server)) = db_cancel::server().await? else {
+        anyhow::bail!(
+            "experiment jobs needs PostgreSQL: set TONIC_DEADLINE_PG_URL or install the server (apt-get install postgresql)"
+        );
+    };
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos();
+    let setup = Setup {
+        url,
+        table: format!("lab_jobs_{}_{wall}", std::process::id()),
+        lease: Duration::from_millis(600),
+        job_time: Duration::from_millis(100),
+    };
+    let (queue, effects) = setup.open().await?;
+    let server: String = effects.query("SHOW server_version", &[]).await?[0].get(0);
+
+    let mut accepted = BTreeMap::new();
+    for i in 0..JOBS {
+        let idempotent = i % 2 == 0;
+        let id = queue.submit("effect", &i.to_le_bytes(), idempotent).await?;
+        accepted.insert(id, idempotent);
+    }
+
+    let names = ["w1", "w2"];
+    let mut placement = BTreeMap::new();
+    let mut processes = Vec::new();
+    for (index, name) in names.iter().enumerate() {
+        let (command, place) = place_worker(index, &setup, name)?;
+        let process = tokio::task::block_in_place(|| spawn(command))?;
+        placement.insert((*name).to_owned(), place);
+        processes.push(process);
+    }
+
+    // Kill the first worker in the middle of a non-idempotent job.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let (killed_id, killed_idempotent) = loop {
+        if let Some((job, idempotent)) = mid_job(&effects, &setup.table, KILLED).await?
+            && !idempotent
+        {
+            processes[0].0.kill()?;
+            processes[0].0.wait()?;
+            break (job, idempotent);
+        }
+        anyhow::ensure!(
+            Instant::now() < give_up,
+            "{KILLED} never ran a non-idempotent job"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let killed_at = Instant::now();
+
+    // The survivor drains the queue; follow the killed job's recovery.
+    let mut recovered_after = None;
+    let drain = Scope::background().with_timeout(Duration::from_secs(60));
+    loop {
+        anyhow::ensure!(!drain.is_ended(), "the queue did not drain within 60 s");
+        if recovered_after.is_none() && queue.state(killed_id).await? != Some(JobState::Running) {
+            recovered_after = Some(killed_at.elapsed());
+        }
+        if recovered_after.is_some() && queue.pending().await? == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let drained_after = killed_at.elapsed();
+    drop(processes);
+
+    let states: BTreeMap<i64, JobState> = queue
+        .list()
+        .await?
+        .into_iter()
+        .map(|(id, state, _)| (id, state))
+        .collect();
+    let rows = effects
+        .query(
+            &format!("SELECT job, worker, phase FROM {}_effects", setup.table),
+            &[],
+        )
+        .await?;
+    let mut starts: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut ends: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut by_worker: BTreeMap<String, u64> = BTreeMap::new();
+    for row in &rows {
+        let (job, worker, phase): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
+        if phase == "start" {
+            *starts.entry(job).or_default() += 1;
+            *by_worker.entry(worker).or_default() += 1;
+        } else {
+            *ends.entry(job).or_default() += 1;
+        }
+    }
+    let count = |f: &dyn Fn(i64, bool) -> bool| {
+        accepted.iter().filter(|(id, i)| f(**id, **i)).count() as u64
+    };
+    let started = |id: i64| starts.get(&id).copied().unwrap_or(0);
+    let lost = count(&|id, _| match states.get(&id) {
+        None | Some(JobState::Queued | JobState::Running) => true,
+        Some(JobState::Done) => ends.get(&id).copied().unwrap_or(0) == 0,
+        Some(_) => false,
+    });
+    let result = JobsRun {
+        backend: "postgres".into(),
+        server,
+        workers: names.len() as u64,
+        killed: 1,
+        placement,
+        accepted: accepted.len() as u64,
+        lost,
+        duplicated_non_idempotent: count(&|id, idempotent| !idempotent && started(id) > 1),
+        rerun_idempotent: count(&|id, idempotent| idempotent && started(id) > 1),
+        done: count(&|id, _| states.get(&id) == Some(&JobState::Done)),
+        interrupted: count(&|id, _| states.get(&id) == Some(&JobState::Interrupted)),
+        starts_by_worker: by_worker,
+        killed_job: KilledJob {
+            id: killed_id,
+            idempotent: killed_idempotent,
+            state: states
+                .get(&killed_id)
+                .map_or("missing", |s| s.as_str())
+                .to_owned(),
+            starts: started(killed_id),
+            recovered_after_ms: recovered_after.map_or(f64::NAN, ms),
+        },
+        lease_ms: ms(setup.lease),
+        job_ms: ms(setup.job_time),
+        drained_after_kill_ms: ms(drained_after),
+    };
+    let _ = effects
+        .query(
+            &format!("DROP TABLE {t}, {t}_effects", t = setup.table),
+            &[],
+        )
+        .await;
+    Ok(result)
+}

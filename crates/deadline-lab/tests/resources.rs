@@ -1,0 +1,114 @@
+//! Long-running resources: the soak leaves nothing behind, and jobs handed
+//! to PostgreSQL survive a worker killed mid-job.
+
+use std::process::Command;
+
+use deadline_lab::bench::soak::Soak;
+
+/// Runs the lab binary and reads its `--json` line into `T`.
+fn lab<T: serde::de::DeserializeOwned>(args: &[&str]) -> T {
+    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+        .args(args)
+        .output()
+        .expect("deadline-lab must start");
+    assert!(
+        out.status.success(),
+        "deadline-lab {args:?} must succeed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("stdout must be UTF-8");
+    serde_json::from_str(stdout.trim()).expect("--json must print one result object")
+}
+
+/// In its own process, so that resident memory and the task count are the
+/// soak's alone.
+#[test]
+fn soak_leaks_no_task_permit_or_connection_and_memory_stays_flat() {
+    let soak: Soak = lab(&[
+        "bench",
+        "soak",
+        "--calls",
+        "20000",
+        "--max-seconds",
+        "300",
+        "--json",
+    ]);
+    assert_eq!(soak.calls, 20_000, "every call must be made: {soak:?}");
+    assert!(soak.settled, "in-flight work must drain after each phase");
+    assert_eq!(
+        soak.tasks_leaked, 0,
+        "no task may outlive the calls: {soak:?}"
+    );
+    assert_eq!(
+        soak.connections_end, soak.connections_after_warmup,
+        "the connections must stay the same (none closed by a protocol guard)"
+    );
+    assert_eq!(
+        soak.permits_held, 0,
+        "every admission permit must be released"
+    );
+    assert_eq!(
+        soak.db_conns_held, 0,
+        "every SQLite connection must be back in the pool"
+    );
+    assert_eq!(
+        soak.unexpected_status, 0,
+        "only OK, DEADLINE_EXCEEDED and CANCELLED may answer: {:?}",
+        soak.unexpected
+    );
+    let deadline = soak.statuses.get("DEADLINE_EXCEEDED").copied().unwrap_or(0);
+    let cancelled = soak.statuses.get("CANCELLED").copied().unwrap_or(0);
+    let ok = soak.statuses.get("OK").copied().unwrap_or(0);
+    assert!(
+        deadline > 0 && cancelled > 0 && ok > 0 && soak.client_drops > 0,
+        "the soak must exercise deadlines, cancels, drops and answers: {:?}",
+        soak.statuses
+    );
+    assert!(
+        soak.children_spawned > 0,
+        "C must have spawned children under request scopes"
+    );
+    assert!(
+        soak.rss_growth_after_warmup_mb <= 5.0,
+        "resident memory must stay flat after the warm-up: {:.1} MB -> {:.1} MB",
+        soak.rss_after_warmup_mb,
+        soak.rss_end_mb
+    );
+}
+
+#[cfg(feature = "postgres-tests")]
+#[test]
+fn jobs_experiment_loses_nothing_when_a_worker_is_killed_mid_job() {
+    use deadline_lab::experiments::jobs::JobsRun;
+    std::env::var("TONIC_DEADLINE_PG_URL").expect(
+        "TONIC_DEADLINE_PG_URL must point at a PostgreSQL server (scripts/postgres starts one)",
+    );
+    let run: JobsRun = lab(&["experiment", "jobs", "--json"]);
+    assert_eq!(run.backend, "postgres");
+    assert_eq!((run.workers, run.killed), (2, 1));
+    assert_eq!(run.accepted, 40);
+    assert_eq!(run.lost, 0, "no accepted job may be lost: {run:?}");
+    assert_eq!(
+        run.duplicated_non_idempotent, 0,
+        "no non-idempotent job may run twice"
+    );
+    assert!(
+        !run.killed_job.idempotent,
+        "the kill must land on a non-idempotent job"
+    );
+    assert_eq!(
+        (run.killed_job.state.as_str(), run.killed_job.starts),
+        ("interrupted", 1),
+        "the killed non-idempotent job must be interrupted, not run again"
+    );
+    assert_eq!(run.done + run.interrupted, run.accepted);
+    assert!(
+        run.killed_job.recovered_after_ms >= run.lease_ms * 0.5,
+        "the job must not be recovered before its lease could expire: {run:?}"
+    );
+    assert!(
+        run.starts_by_worker.len() == 2,
+        "both workers must have taken jobs from the shared table: {:?}",
+        run.starts_by_worker
+    );
+}
