@@ -1,5 +1,6 @@
 //! Benchmarks: plain tonic and ours side by side in one process.
 
 pub mod cancel;
+pub mod instructions;
 pub mod overhead;
 pub mod overload;
