@@ -8,6 +8,22 @@ use clap::{Parser, Subcommand};
 use deadline_lab::report::Outcome;
 use deadline_lab::{bench, experiments, systems};
 
+/// Counts every allocation and its size, for `bench instructions`
+/// (allocations and bytes per request). Each allocation and deallocation
+/// costs two uncontended atomic adds on top of the system allocator (on
+/// x86-64 the crate's `SeqCst` adds are the same `lock xadd` a relaxed add
+/// would be); both variants of every benchmark pay it alike.
+#[global_allocator]
+static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+fn allocated() -> bench::instructions::Allocated {
+    let stats = ALLOCATOR.stats();
+    bench::instructions::Allocated {
+        allocations: stats.allocations as u64,
+        bytes: stats.bytes_allocated as u64,
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "deadline-lab",
@@ -69,6 +85,9 @@ enum Command {
         #[arg(long, global = true)]
         json: bool,
     },
+    /// One side of one `bench instructions` variant (run by the bench itself).
+    #[command(hide = true)]
+    BenchChild(bench::instructions::ChildArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -234,6 +253,27 @@ enum Bench {
         #[arg(long, default_value_t = 1)]
         threads: usize,
     },
+    /// Instructions and allocations per request under callgrind, ours vs plain tonic.
+    Instructions {
+        /// N: every variant runs with N and with 5N requests.
+        #[arg(long, default_value_t = 2000)]
+        requests: u64,
+        /// Client connections.
+        #[arg(long, default_value_t = 4)]
+        connections: usize,
+        /// Calls in flight per connection.
+        #[arg(long, default_value_t = 16)]
+        streams: usize,
+        /// Measure only these cases (repeatable; all by default).
+        #[arg(long = "case", value_enum)]
+        cases: Vec<bench::instructions::Case>,
+        /// Children run at the same time.
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
+        /// Keep callgrind's output files in this directory, for callgrind_annotate.
+        #[arg(long)]
+        keep: Option<std::path::PathBuf>,
+    },
     /// Goodput at 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
     Overload {
         /// Seconds of open-loop load per server and level.
@@ -337,12 +377,18 @@ async fn interruptible<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyh
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let command = match cli.command {
+        // A single-threaded runtime of its own, so its count is repeatable.
+        Command::BenchChild(args) => return bench::instructions::child(args, allocated),
+        command => command,
+    };
     deadline_lab::logs::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        match cli.command {
+        match command {
+            Command::BenchChild(_) => anyhow::bail!("bench-child runs before the runtime starts"),
             Command::Demo { report } => deadline_lab::demo::run(&report).await,
             Command::Capture {
                 listen,
@@ -500,6 +546,31 @@ fn main() -> anyhow::Result<()> {
                     }
                     Bench::Cancel { runs, threads } => {
                         bench::cancel::run_on_own_runtime(runs, threads).await?
+                    }
+                    Bench::Instructions {
+                        requests,
+                        connections,
+                        streams,
+                        cases,
+                        jobs,
+                        keep,
+                    } => {
+                        let options = bench::instructions::Options {
+                            requests,
+                            connections,
+                            streams,
+                            cases: if cases.is_empty() {
+                                bench::instructions::Case::ALL.to_vec()
+                            } else {
+                                cases
+                            },
+                            jobs,
+                            keep,
+                            exe: None,
+                        };
+                        tokio::task::spawn_blocking(move || bench::instructions::measure(&options))
+                            .await??
+                            .outcome()?
                     }
                     Bench::Overload { window_s } => {
                         bench::overload::run(bench::overload::Load {

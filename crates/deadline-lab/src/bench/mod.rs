@@ -1,6 +1,7 @@
 //! Benchmarks: plain tonic and ours side by side in one process.
 
 pub mod cancel;
+pub mod instructions;
 pub mod overhead;
 pub mod overload;
 pub mod soak;
