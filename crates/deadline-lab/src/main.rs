@@ -568,6 +568,8 @@ fn main() -> anyhow::Result<()> {
                             keep,
                             exe: None,
                         };
+                        // Runs valgrind child processes; no request is involved.
+                        #[allow(clippy::disallowed_methods)]
                         tokio::task::spawn_blocking(move || bench::instructions::measure(&options))
                             .await??
                             .outcome()?
