@@ -642,6 +642,11 @@ pub struct ChildArgs {
 ///
 /// A failed request or a port that cannot be bound.
 pub fn child(args: ChildArgs, allocated: fn() -> Allocated) -> anyhow::Result<()> {
+    // A service that logs nothing, for both variants. Without any tracing
+    // subscriber, a dependency that turns on tracing's `log` feature (sqlx
+    // does) makes every span of hyper, h2 and tonic try the `log` crate:
+    // a tenth of plain tonic's instructions, which would dilute the ratio.
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
