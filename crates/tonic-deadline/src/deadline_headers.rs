@@ -3,7 +3,7 @@
 //!
 //! | header | sent by | format |
 //! |---|---|---|
-//! | `grpc-timeout` | gRPC-Web and Connect's gRPC-Web mode | 1–8 digits and a unit of `H M S m u n` ([`timeout_header`](crate::timeout_header)) |
+//! | `grpc-timeout` | gRPC-Web and Connect's gRPC-Web mode | 1–8 digits and a unit of `H M S m u n` ([`timeout_header`]) |
 //! | `connect-timeout-ms` | Connect protocol (unary and streaming over HTTP) | 1–10 digits, milliseconds |
 //! | `x-envoy-expected-rq-timeout-ms` | Envoy, the time it will wait for this request | 1–10 digits, milliseconds |
 //! | `request-timeout` | any HTTP client; no standard defines it, so this is ours | seconds: 1–10 digits, optionally `.` and 1–9 more |

@@ -56,17 +56,46 @@ pub const MAX_DECODED: Duration = Duration::from_nanos(i64::MAX as u64);
 /// assert_eq!(encode(Duration::ZERO), "0n");
 /// ```
 pub fn encode(budget: Duration) -> String {
+    let mut buf = [0; ENCODED_MAX];
+    let len = encode_into(budget, &mut buf);
+    // Digits and a unit letter: always ASCII.
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
+/// The longest encoded value: eight digits and a unit.
+pub(crate) const ENCODED_MAX: usize = 9;
+
+/// Writes the encoded `budget` into `buf`; returns its length. The one
+/// encoder: [`encode`] and the client layer's header both use it, without
+/// `format!` on the request path.
+pub(crate) fn encode_into(budget: Duration, buf: &mut [u8; ENCODED_MAX]) -> usize {
     let nanos = budget.as_nanos();
-    if nanos == 0 {
-        return "0n".to_owned();
-    }
-    for (unit, len) in UNITS {
-        let value = nanos.div_ceil(len);
-        if value <= MAX_VALUE {
-            return format!("{value}{unit}");
+    let (value, unit) = if nanos == 0 {
+        (0, b'n')
+    } else {
+        UNITS
+            .iter()
+            .map(|&(unit, len)| (nanos.div_ceil(len), unit as u8))
+            .find(|&(value, _)| value <= MAX_VALUE)
+            .unwrap_or((MAX_VALUE, b'H'))
+    };
+    // At most eight digits: `value <= MAX_VALUE`.
+    let mut digits = [0u8; 8];
+    let mut n = 0;
+    let mut rest = value;
+    loop {
+        digits[n] = b'0' + (rest % 10) as u8;
+        n += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
         }
     }
-    format!("{MAX_VALUE}H")
+    for (i, d) in digits[..n].iter().rev().enumerate() {
+        buf[i] = *d;
+    }
+    buf[n] = unit;
+    n + 1
 }
 
 /// Decodes a `grpc-timeout` value with grpc-go's rules.
@@ -90,11 +119,14 @@ pub fn encode(budget: Duration) -> String {
 /// assert!(decode(b"123456789S").is_err());
 /// ```
 pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
+    // Built only on the error path: a valid header costs no allocation.
     let malformed = |reason| MalformedTimeout {
         reason,
         value: String::from_utf8_lossy(value).into_owned(),
     };
-    let (&unit, digits) = value.split_last().ok_or(malformed(Reason::TooShort))?;
+    let (&unit, digits) = value
+        .split_last()
+        .ok_or_else(|| malformed(Reason::TooShort))?;
     if digits.is_empty() {
         return Err(malformed(Reason::TooShort));
     }
@@ -105,7 +137,7 @@ pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
         .iter()
         .find(|(u, _)| *u as u8 == unit)
         .map(|(_, len)| *len)
-        .ok_or(malformed(Reason::UnknownUnit))?;
+        .ok_or_else(|| malformed(Reason::UnknownUnit))?;
     let mut count: u128 = 0;
     for &d in digits {
         if !d.is_ascii_digit() {

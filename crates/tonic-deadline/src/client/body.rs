@@ -4,8 +4,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
+use super::abandon::Abandoned;
 use super::future::Race;
 use super::transport::MessageCursor;
 use crate::BoxError;
@@ -76,7 +76,15 @@ where
             return Poll::Ready(None);
         };
         match inner.poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if let Poll::Ready(status) = this.race.as_mut().arm(cx) {
+                    *this.done = true;
+                    this.inner.set(None);
+                    this.race.as_mut().abandon();
+                    return Poll::Ready(Some(Err(Box::new(status))));
+                }
+                Poll::Pending
+            }
             Poll::Ready(None) => {
                 *this.done = true;
                 Poll::Ready(None)
@@ -120,13 +128,12 @@ pin_project! {
     pub(crate) struct RequestBody<B> {
         #[pin]
         inner: B,
-        #[pin]
-        abandoned: WaitForCancellationFutureOwned,
+        abandoned: Abandoned,
     }
 }
 
 impl<B> RequestBody<B> {
-    pub(super) fn new(inner: B, abandoned: WaitForCancellationFutureOwned) -> Self {
+    pub(super) fn new(inner: B, abandoned: Abandoned) -> Self {
         Self { inner, abandoned }
     }
 }

@@ -5,7 +5,9 @@ use std::task::{Context, Poll};
 use http::{HeaderMap, HeaderValue, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::{DropGuard, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use super::abandon::Abandon;
 
 use super::body::ClientBody;
 use super::transport::lost_connection_status;
@@ -41,15 +43,23 @@ pin_project! {
 pin_project! {
     /// What a call races against: its deadline and its scope's cancellation.
     ///
+    /// Both are *armed* — a timer registered, a wait on the scope's token —
+    /// only once the call is pending: a call that is answered on its first
+    /// poll pays for neither. Before that the deadline is read off the clock
+    /// (not at all on the call's first poll: `call` just did).
+    ///
     /// It also owns the call's *abandon* signal: dropping the race (or
     /// [`abandon`](Race::abandon)) ends the request body with a stream reset.
     pub(crate) struct Race {
         deadline: Option<Instant>,
-        timer: Option<Pin<Box<Sleep>>>,
+        #[pin]
+        timer: Option<Sleep>,
+        // Read the clock before the timer is armed.
+        check_clock: bool,
         #[pin]
         cancelled: Option<WaitForCancellationFutureOwned>,
         scope: Option<Scope>,
-        abandon: Option<DropGuard>,
+        abandon: Option<Abandon>,
     }
 }
 
@@ -57,40 +67,30 @@ impl Race {
     pub(crate) fn new(
         deadline: Option<Instant>,
         scope: Option<Scope>,
-        abandon: Option<DropGuard>,
-    ) -> Self {
-        Self::with_timer(
-            deadline,
-            deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-            scope,
-            abandon,
-        )
-    }
-
-    fn with_timer(
-        deadline: Option<Instant>,
-        timer: Option<Pin<Box<Sleep>>>,
-        scope: Option<Scope>,
-        abandon: Option<DropGuard>,
+        abandon: Option<Abandon>,
     ) -> Self {
         Self {
             deadline,
-            timer,
-            cancelled: scope.as_ref().map(|s| s.token().clone().cancelled_owned()),
+            timer: None,
+            check_clock: false,
+            cancelled: None,
             scope,
             abandon,
         }
     }
 
-    /// The same race for the response body, reusing the registered timer.
+    /// The same race for the response body, armed anew when the body is
+    /// first pending.
     pub(crate) fn for_body(self: Pin<&mut Self>) -> Race {
         let this = self.project();
-        Race::with_timer(
-            *this.deadline,
-            this.timer.take(),
-            this.scope.take(),
-            this.abandon.take(),
-        )
+        Race {
+            deadline: *this.deadline,
+            timer: None,
+            check_clock: true,
+            cancelled: None,
+            scope: this.scope.take(),
+            abandon: this.abandon.take(),
+        }
     }
 
     /// Gives the call up now: the request body ends with a stream reset, so
@@ -99,24 +99,66 @@ impl Race {
         drop(self.project().abandon.take());
     }
 
-    /// Ready with the status to report once the deadline passes or the
-    /// scope ends.
+    /// Ready with the status to report once the deadline has passed or the
+    /// scope has ended; what is armed registers for a wake-up.
     pub(crate) fn poll_lost(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<tonic::Status> {
         let mut this = self.project();
-        if let Some(timer) = this.timer.as_mut()
-            && timer.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(status_for(Cause::DeadlineExceeded));
+        match this.timer.as_mut().as_pin_mut() {
+            Some(timer) => {
+                if timer.poll(cx).is_ready() {
+                    return Poll::Ready(status_for(Cause::DeadlineExceeded));
+                }
+            }
+            None => {
+                if std::mem::take(this.check_clock)
+                    && this.deadline.is_some_and(|d| d <= Instant::now())
+                {
+                    return Poll::Ready(status_for(Cause::DeadlineExceeded));
+                }
+            }
         }
-        if let Some(cancelled) = this.cancelled.as_mut().as_pin_mut()
-            && cancelled.poll(cx).is_ready()
+        match this.cancelled.as_mut().as_pin_mut() {
+            Some(cancelled) => {
+                if cancelled.poll(cx).is_ready() {
+                    return Poll::Ready(status_for(cancel_cause(this.scope.as_ref())));
+                }
+            }
+            None => {
+                // The deadline is the timer's business; only a cancel here.
+                if let Some(scope) = this.scope.as_ref()
+                    && scope.is_cancelled()
+                {
+                    return Poll::Ready(status_for(scope.cause().unwrap_or(Cause::Cancelled)));
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    /// The call is pending: arm what is not armed yet, and poll it once so
+    /// it registers. Ready if it already fired.
+    pub(crate) fn arm(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<tonic::Status> {
+        let mut this = self.project();
+        if this.timer.is_none()
+            && let Some(deadline) = *this.deadline
         {
-            let cause = this
-                .scope
-                .as_ref()
-                .and_then(Scope::cause)
-                .unwrap_or(Cause::Cancelled);
-            return Poll::Ready(status_for(cause));
+            this.timer.set(Some(tokio::time::sleep_until(deadline)));
+            if let Some(timer) = this.timer.as_mut().as_pin_mut()
+                && timer.poll(cx).is_ready()
+            {
+                return Poll::Ready(status_for(Cause::DeadlineExceeded));
+            }
+        }
+        if this.cancelled.is_none()
+            && let Some(scope) = this.scope.as_ref()
+        {
+            this.cancelled
+                .set(Some(scope.token().clone().cancelled_owned()));
+            if let Some(cancelled) = this.cancelled.as_mut().as_pin_mut()
+                && cancelled.poll(cx).is_ready()
+            {
+                return Poll::Ready(status_for(cancel_cause(this.scope.as_ref())));
+            }
         }
         Poll::Pending
     }
@@ -152,6 +194,11 @@ impl Race {
     }
 }
 
+/// Why a call's scope was cancelled, for its status.
+fn cancel_cause(scope: Option<&Scope>) -> Cause {
+    scope.and_then(Scope::cause).unwrap_or(Cause::Cancelled)
+}
+
 impl<F> ResponseFuture<F> {
     pub(super) fn failed(status: tonic::Status) -> Self {
         Self {
@@ -165,7 +212,7 @@ impl<F> ResponseFuture<F> {
         inner: F,
         deadline: Option<Instant>,
         scope: Option<Scope>,
-        abandon: DropGuard,
+        abandon: Abandon,
     ) -> Self {
         Self {
             state: State::Running {
@@ -197,7 +244,13 @@ where
                     return Poll::Ready(Err(Box::new(status)));
                 }
                 match inner.poll(cx) {
-                    Poll::Pending => Poll::Pending,
+                    Poll::Pending => {
+                        if let Poll::Ready(status) = race.as_mut().arm(cx) {
+                            race.abandon();
+                            return Poll::Ready(Err(Box::new(status)));
+                        }
+                        Poll::Pending
+                    }
                     Poll::Ready(Err(err)) => Poll::Ready(Err(race.map_error(err.into(), false))),
                     Poll::Ready(Ok(mut response)) => {
                         race.correct_late_cancel(response.headers_mut());

@@ -51,6 +51,7 @@
 //! # }
 //! ```
 
+mod abandon;
 mod body;
 #[cfg(feature = "channel")]
 mod channel;
@@ -68,7 +69,6 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
 use crate::BoxError;
@@ -238,20 +238,21 @@ where
                 if on_arrival.is_zero() {
                     return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
                 }
-                let wire = timeout_header::encode(on_arrival);
-                let value = HeaderValue::try_from(wire).expect("an encoded timeout is ASCII");
-                request.headers_mut().insert(GRPC_TIMEOUT, value);
+                let mut wire = [0; timeout_header::ENCODED_MAX];
+                let len = timeout_header::encode_into(on_arrival, &mut wire);
+                // Digits and a unit letter are always a valid header value.
+                if let Ok(value) = HeaderValue::from_bytes(&wire[..len]) {
+                    request.headers_mut().insert(GRPC_TIMEOUT, value);
+                }
             }
             None => {
                 request.headers_mut().remove(GRPC_TIMEOUT);
             }
         }
-        let abandoned = CancellationToken::new();
-        let request = request.map(|body| {
-            tonic::body::Body::new(RequestBody::new(body, abandoned.clone().cancelled_owned()))
-        });
+        let (abandon, abandoned) = abandon::pair();
+        let request = request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned)));
         let inner = self.inner.call(request);
-        ResponseFuture::running(inner, deadline, scope, abandoned.drop_guard())
+        ResponseFuture::running(inner, deadline, scope, abandon)
     }
 }
 

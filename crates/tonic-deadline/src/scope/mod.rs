@@ -133,9 +133,14 @@ pub struct Scope {
 
 struct Inner {
     deadline: Option<Instant>,
-    token: CancellationToken,
-    /// Set once, by the first cancellation of *this* node.
-    ended: OnceLock<(Cause, Instant)>,
+    /// The node's place in the cancellation tree, made when first needed: a
+    /// root that nothing waits on and that has no children (most requests
+    /// that answer at once) never allocates one. A child always has one,
+    /// linked to its parent's.
+    token: OnceLock<CancellationToken>,
+    /// Set once, by the first cancellation of *this* node: the cause and
+    /// when, if anything can ask (see `end`).
+    ended: OnceLock<(Cause, Option<Instant>)>,
     parent: Option<Scope>,
     /// Incoming metadata allowed to travel to outbound calls.
     forwarded: Option<Arc<HeaderMap>>,
@@ -160,17 +165,19 @@ impl Scope {
     /// # }
     /// ```
     pub fn root(deadline: Option<Instant>) -> Scope {
-        Scope::node(deadline, CancellationToken::new(), None, None)
+        Scope::node(deadline, OnceLock::new(), None, None)
     }
 
-    pub(crate) fn root_with_metadata(deadline: Option<Instant>, forwarded: HeaderMap) -> Scope {
-        let forwarded = (!forwarded.is_empty()).then(|| Arc::new(forwarded));
-        Scope::node(deadline, CancellationToken::new(), None, forwarded)
+    pub(crate) fn root_with_metadata(
+        deadline: Option<Instant>,
+        forwarded: Option<Arc<HeaderMap>>,
+    ) -> Scope {
+        Scope::node(deadline, OnceLock::new(), None, forwarded)
     }
 
     fn node(
         deadline: Option<Instant>,
-        token: CancellationToken,
+        token: OnceLock<CancellationToken>,
         parent: Option<Scope>,
         forwarded: Option<Arc<HeaderMap>>,
     ) -> Scope {
@@ -183,6 +190,16 @@ impl Scope {
                 forwarded,
             }),
         }
+    }
+
+    /// Whether this node was cancelled (by itself or an ancestor).
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.inner.ended.get().is_some()
+            || self
+                .inner
+                .token
+                .get()
+                .is_some_and(CancellationToken::is_cancelled)
     }
 
     /// The current scope of this task, installed by the server layer or by
@@ -217,15 +234,18 @@ impl Scope {
 
     /// Whether the scope has ended, by deadline or cancellation.
     pub fn is_ended(&self) -> bool {
-        self.inner.token.is_cancelled() || self.is_expired()
+        self.is_cancelled() || self.is_expired()
     }
 
     /// Why the scope ended, or `None` while it is still live.
     pub fn cause(&self) -> Option<Cause> {
-        if self.inner.token.is_cancelled() {
+        if self.is_cancelled() {
             let (cause, at) = self.origin();
             // A deadline that passed before the cancellation came first.
-            let expired_first = self.inner.deadline.is_some_and(|d| d <= at);
+            let expired_first = self
+                .inner
+                .deadline
+                .is_some_and(|d| at.is_some_and(|at| d <= at));
             return Some(if expired_first {
                 Cause::DeadlineExceeded
             } else {
@@ -236,7 +256,7 @@ impl Scope {
     }
 
     /// The cause and time recorded by the node whose cancellation reached us.
-    fn origin(&self) -> (Cause, Instant) {
+    fn origin(&self) -> (Cause, Option<Instant>) {
         let mut node = Some(self);
         while let Some(scope) = node {
             if let Some(&ended) = scope.inner.ended.get() {
@@ -247,7 +267,7 @@ impl Scope {
         // Unreachable by construction (every token cancel goes through
         // `end`), but a token handed out by `cancellation_token` may be
         // cancelled directly: that is an explicit cancel.
-        (Cause::Cancelled, Instant::now())
+        (Cause::Cancelled, Some(Instant::now()))
     }
 
     /// `Ok(())` while live; the reason as an error once ended. The error
@@ -280,11 +300,21 @@ impl Scope {
 
     /// Ends the scope with `cause` unless it already ended.
     pub(crate) fn end(&self, cause: Cause) {
-        if self.inner.token.is_cancelled() {
+        if self.is_cancelled() {
             return;
         }
-        let _ = self.inner.ended.set((cause, Instant::now()));
-        self.inner.token.cancel();
+        // The time only tells a deadline that passed first from a cancel:
+        // a node with no deadline and no children (no token) needs none,
+        // and skips the clock. A child made from here on sees the end at once.
+        let at = (self.inner.deadline.is_some() || self.inner.token.get().is_some())
+            .then(Instant::now);
+        let _ = self.inner.ended.set((cause, at));
+        // Pairs with the fence in `token`: either it sees `ended`, or this
+        // sees its token (see there).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if let Some(token) = self.inner.token.get() {
+            token.cancel();
+        }
     }
 
     /// Waits until the scope ends and returns why.
@@ -300,11 +330,11 @@ impl Scope {
             Some(deadline) => {
                 tokio::select! {
                     biased;
-                    () = self.inner.token.cancelled() => {}
+                    () = self.token().cancelled() => {}
                     () = tokio::time::sleep_until(deadline) => {}
                 }
             }
-            None => self.inner.token.cancelled().await,
+            None => self.token().cancelled().await,
         }
         self.cause().unwrap_or(Cause::DeadlineExceeded)
     }
@@ -354,18 +384,35 @@ impl Scope {
     /// cancelled when this scope is *cancelled*; it does not observe the
     /// deadline by itself (pair it with [`deadline`](Scope::deadline)).
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.inner.token.child_token()
+        self.token().child_token()
     }
 
-    /// This node's own token: cancelled exactly when the scope is.
+    /// This node's own token, made on first use: cancelled exactly when the
+    /// scope is.
+    ///
+    /// # Invariants
+    ///
+    /// 1. A token made after the scope ended is cancelled before it is
+    ///    returned.
+    /// 2. `end` and `token` racing cannot both miss each other: each writes
+    ///    (its cause, the token), then a `SeqCst` fence, then reads the
+    ///    other's write; two fences order one write before the other's read.
     pub(crate) fn token(&self) -> &CancellationToken {
-        &self.inner.token
+        if let Some(token) = self.inner.token.get() {
+            return token;
+        }
+        let token = self.inner.token.get_or_init(CancellationToken::new);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if self.inner.ended.get().is_some() {
+            token.cancel();
+        }
+        token
     }
 
     fn child_with(&self, deadline: Option<Instant>) -> Scope {
         Scope::node(
             deadline,
-            self.inner.token.child_token(),
+            OnceLock::from(self.token().child_token()),
             Some(self.clone()),
             self.inner.forwarded.clone(),
         )

@@ -51,6 +51,8 @@ pin_project! {
         // stream is dropped.
         guard: Option<EndGuard>,
         timer: Option<LazyTimer>,
+        // Ready polls since the clock was last read.
+        unchecked: u8,
         #[pin]
         inner: Option<B>,
     }
@@ -61,6 +63,7 @@ impl<B> Default for ServerBody<B> {
         Self {
             inner: None,
             timer: None,
+            unchecked: 0,
             guard: None,
         }
     }
@@ -74,12 +77,14 @@ impl<B: Body> ServerBody<B> {
             return Self {
                 inner: Some(inner),
                 timer: None,
+                unchecked: 0,
                 guard: None,
             };
         }
         Self {
             inner: Some(inner),
             timer,
+            unchecked: 0,
             guard: Some(guard),
         }
     }
@@ -110,7 +115,13 @@ where
             // Finished: the stream has ended (or was cut at the deadline).
             return Poll::Ready(None);
         };
-        let expired = this.timer.as_ref().is_some_and(LazyTimer::passed);
+        // The clock is read on the first poll, after the body was pending,
+        // and every sixteenth poll of a body that is always ready; a body
+        // that is pending is woken by the timer itself. A unary answer
+        // (data, trailers, end) reads it once instead of three times.
+        let check = *this.unchecked == 0;
+        *this.unchecked = (*this.unchecked + 1) % CHECK_EVERY;
+        let expired = check && this.timer.as_ref().is_some_and(LazyTimer::passed);
         let polled = if expired {
             Poll::Pending
         } else {
@@ -118,6 +129,7 @@ where
             CURRENT.sync_scope(scope, || inner.as_mut().poll_frame(cx))
         };
         if polled.is_pending() {
+            *this.unchecked = 0;
             if expired
                 || this
                     .timer
@@ -154,6 +166,10 @@ where
         self.inner.as_ref().map(B::size_hint).unwrap_or_default()
     }
 }
+
+/// How many ready polls of a response body may pass between two reads of
+/// the clock.
+const CHECK_EVERY: u8 = 16;
 
 fn finish(guard: &mut Option<EndGuard>, timer: &mut Option<LazyTimer>) {
     *timer = None;

@@ -129,14 +129,18 @@ impl Config {
         }
     }
 
-    pub(crate) fn forwarded(&self, headers: &HeaderMap) -> HeaderMap {
+    /// The allow-listed incoming metadata, `None` when there is none.
+    pub(crate) fn forwarded(&self, headers: &HeaderMap) -> Option<Arc<HeaderMap>> {
+        if self.forward.is_empty() {
+            return None;
+        }
         let mut out = HeaderMap::new();
         for name in &self.forward {
             for value in headers.get_all(name) {
                 out.append(name.clone(), value.clone());
             }
         }
-        out
+        (!out.is_empty()).then(|| Arc::new(out))
     }
 }
 

@@ -22,9 +22,13 @@ impl LazyTimer {
         Self { at, sleep: None }
     }
 
-    /// Whether the deadline has passed, by the clock alone.
+    /// Whether the deadline has passed: asked of the registered timer when
+    /// there is one (no clock read), else of the clock.
     pub(crate) fn passed(&self) -> bool {
-        self.at <= Instant::now()
+        match &self.sleep {
+            Some(sleep) => sleep.is_elapsed(),
+            None => self.at <= Instant::now(),
+        }
     }
 
     /// Registers for a wake-up at the deadline; ready once it passed.
