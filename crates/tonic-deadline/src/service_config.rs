@@ -311,6 +311,7 @@ impl ServiceConfig {
     ///
     /// A [`ConfigError`] naming the first invalid field.
     pub fn from_value(value: &Value) -> Result<Self, ConfigError> {
+        object(value, "(document)")?;
         let raw: RawConfig = shape(value, "(document)")?;
         let mut methods = Vec::new();
         let mut seen = HashSet::new();
@@ -475,6 +476,7 @@ fn shape<T: serde::de::DeserializeOwned>(value: &Value, at: &str) -> Result<T, C
 }
 
 fn parse_method(value: &Value, at: &str) -> Result<MethodConfig, ConfigError> {
+    object(value, at)?;
     let raw: RawMethod = shape(value, at)?;
     let mut names = Vec::new();
     for (j, name) in raw.name.unwrap_or_default().into_iter().enumerate() {

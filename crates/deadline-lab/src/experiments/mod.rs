@@ -11,8 +11,8 @@ pub mod hosts;
 pub mod im;
 pub mod orders;
 pub mod propagation;
-pub mod seams;
 pub mod proxy;
+pub mod seams;
 pub mod shop;
 pub mod wire;
 
