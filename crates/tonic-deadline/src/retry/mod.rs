@@ -146,4 +146,4 @@ where
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
