@@ -34,6 +34,8 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("hosts", Box::pin(experiments::hosts::run())),
         ("proxy", Box::pin(experiments::proxy::run())),
         ("faults", Box::pin(experiments::faults::run())),
+        ("retry", Box::pin(experiments::retry::run())),
+        ("hedge", Box::pin(experiments::hedge::run())),
         (
             "bench overhead",
             Box::pin(bench::overhead::run(bench::overhead::Load {
@@ -48,6 +50,13 @@ fn steps() -> Vec<(&'static str, Run)> {
         (
             "bench overload",
             Box::pin(bench::overload::run(bench::overload::Load::default())),
+        ),
+        (
+            "bench retry-storm",
+            Box::pin(bench::retry_storm::run(bench::overload::Load {
+                window: Duration::from_secs(2),
+                ..Default::default()
+            })),
         ),
     ]
 }

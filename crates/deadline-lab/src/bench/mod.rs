@@ -3,3 +3,4 @@
 pub mod cancel;
 pub mod overhead;
 pub mod overload;
+pub mod retry_storm;
