@@ -49,13 +49,17 @@ const SETTLE: Duration = Duration::from_millis(400);
 pub const OUR_CONFIG: &str = r#"{"methodConfig": [{
     "name": [{"service": "probe.v1.Probe", "method": "Call"}], "idempotent": true,
     "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.02s", "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}"#;
+/// The extra row: our layer with the delay learned from the answers' p95.
+pub const ADAPTIVE: &str = "ours (adaptive p95)";
+const ADAPTIVE_QUANTILE: f64 = 0.95;
 /// tower::hedge's settings: hedge after the p90 latency of the last period.
 pub const TOWER_PERCENTILE: f32 = 0.9;
 
 /// The experiment's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HedgeRows {
-    /// One row per variant: `none`, `ours`, `tower::hedge`.
+    /// One row per variant: `none`, `ours`, `tower::hedge`, and
+    /// `ours (adaptive p95)`.
     pub rows: Vec<Row>,
     /// Calls per variant.
     pub calls: usize,
@@ -389,6 +393,10 @@ pub async fn measure() -> anyhow::Result<(HedgeRows, Metrics)> {
         .layer(HedgeLayer::from_service_config(OUR_CONFIG)?.metrics(&metrics))
         .service(net::connect_layered(addr).await?);
     let ours = Caller::Ours(ProbeClient::new(hedged));
+    let adaptive = tower::ServiceBuilder::new()
+        .layer(HedgeLayer::from_service_config(OUR_CONFIG)?.adaptive_delay(ADAPTIVE_QUANTILE))
+        .service(net::connect_layered(addr).await?);
+    let adaptive = Caller::Ours(ProbeClient::new(adaptive));
     let plain = PlainCall(ProbeClient::new(net::connect(addr).await?));
     let tower = Caller::Tower(Arc::new(tokio::sync::Mutex::new(tower::hedge::Hedge::new(
         plain,
@@ -398,7 +406,12 @@ pub async fn measure() -> anyhow::Result<(HedgeRows, Metrics)> {
         Duration::from_millis(300),
     ))));
     let mut rows = Vec::new();
-    for (name, caller) in [("none", none), ("ours", ours), ("tower::hedge", tower)] {
+    for (name, caller) in [
+        ("none", none),
+        ("ours", ours),
+        ("tower::hedge", tower),
+        (ADAPTIVE, adaptive),
+    ] {
         rows.push(variant(name, caller, &server).await);
     }
     Ok((
@@ -471,7 +484,7 @@ pub fn outcome(result: &HedgeRows) -> Outcome {
         rows,
         notes: vec![
             ratio,
-            "ours: hedgingPolicy maxAttempts 3, hedgingDelay 20 ms, over our client layer; tower::hedge: its p90 of the last 300 ms, one hedge, over plain tonic with a fresh 1 s timeout per attempt".into(),
+            "ours: hedgingPolicy maxAttempts 3, hedgingDelay 20 ms, over our client layer; tower::hedge: its p90 of the last 300 ms, one hedge, over plain tonic with a fresh 1 s timeout per attempt; ours (adaptive p95): the same policy, the delay learned from the answers' p95".into(),
             "reset on server: losing attempts whose server scope ended Abandoned (the client's RST_STREAM arrived while it worked); ended: ended any way".into(),
         ],
     }

@@ -9,7 +9,7 @@ use crate::experiments::hedge::HedgeRows;
 use crate::experiments::retry::RetryCases;
 
 /// Stroke colours of the CDF's lines, in the order of the bar series.
-const STROKES: [&str; 3] = ["#e76f51", "#2a9d8f", "#8ab17d"];
+const STROKES: [&str; 4] = ["#e76f51", "#2a9d8f", "#8ab17d", "#6d597a"];
 
 /// The latency CDF of every hedging variant, on a log scale of milliseconds.
 pub(super) fn cdf_chart(hedge: &HedgeRows) -> String {
