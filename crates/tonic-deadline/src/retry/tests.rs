@@ -290,12 +290,11 @@ async fn the_backoff_ends_when_the_caller_cancels() {
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(60));
     let canceller = scope.clone();
-    tokio::spawn(async move {
+    let cancel = async move {
         tokio::time::sleep(Duration::from_millis(50)).await;
         canceller.cancel();
-    });
-    // The first backoff may be short: keep calling until the cancel lands.
-    let (code, took) = outcome(&mut service, &scope).await;
+    };
+    let ((code, took), ()) = tokio::join!(outcome(&mut service, &scope), cancel);
     assert_eq!(code, Code::Cancelled, "a cancelled caller gets CANCELLED");
     assert!(
         took <= Duration::from_millis(50),

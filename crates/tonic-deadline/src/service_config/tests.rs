@@ -307,7 +307,8 @@ fn every_hedging_policy_field_is_parsed_or_refused_by_name() {
 
 #[test]
 fn retry_throttling_fields_are_parsed_or_refused_by_name() {
-    let cases: Vec<(Value, Result<(u32, u32), &str>)> = vec![
+    type Expected = Result<(u32, u32), &'static str>;
+    let cases: Vec<(Value, Expected)> = vec![
         (json!({"maxTokens": 10, "tokenRatio": 0.1}), Ok((10, 100))),
         (
             json!({"maxTokens": 1000, "tokenRatio": 1}),
