@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Bar, escape, hbars, plain_table};
+use super::{escape, plain_table};
 use crate::bench::retry_storm::Storm;
 use crate::experiments::hedge::HedgeRows;
 use crate::experiments::retry::RetryCases;
@@ -11,24 +11,31 @@ use crate::experiments::retry::RetryCases;
 /// Stroke colours of the CDF's lines, in the order of the bar series.
 const STROKES: [&str; 4] = ["#e76f51", "#2a9d8f", "#8ab17d", "#6d597a"];
 
-/// The latency CDF of every hedging variant, on a log scale of milliseconds.
+/// How far up the tail a quantile is: 0 at p0, 1 at p90, 2 at p99, 3 at
+/// p99.9, so the tail hedging changes gets as much room as the body.
+fn tail_depth(q: f64) -> f64 {
+    -(1.0 - q.min(0.999)).log10()
+}
+
+/// The latency CDF of every hedging variant: milliseconds on a log scale
+/// across, the quantile down the tail (p50, p90, p99, p99.9) upwards.
 pub(super) fn cdf_chart(hedge: &HedgeRows) -> String {
     const W: f64 = 760.0;
-    const H: f64 = 320.0;
-    const LEFT: f64 = 50.0;
+    const H: f64 = 340.0;
+    const LEFT: f64 = 56.0;
     const RIGHT: f64 = 20.0;
     const TOP: f64 = 34.0;
-    const BOTTOM: f64 = 64.0;
+    const BOTTOM: f64 = 84.0;
     let plot_w = W - LEFT - RIGHT;
     let plot_h = H - TOP - BOTTOM;
     let max = hedge
         .rows
         .iter()
-        .flat_map(|r| r.cdf_ms.iter().copied())
+        .flat_map(|r| r.cdf_ms.iter().copied().chain([r.p999_ms]))
         .fold(10.0_f64, f64::max);
-    let (lo, hi) = (1.0_f64.log10(), max.log10().ceil().max(1.0));
-    let x = |ms: f64| LEFT + (ms.max(1.0).log10() - lo) / (hi - lo) * plot_w;
-    let y = |q: f64| TOP + (1.0 - q) * plot_h;
+    let hi = max.log10().ceil().max(1.0);
+    let x = |ms: f64| LEFT + ms.max(1.0).log10() / hi * plot_w;
+    let y = |q: f64| TOP + (1.0 - tail_depth(q) / 3.0) * plot_h;
     let title = format!(
         "Latency CDF, {} calls, {:.0} % of answers slow: without and with hedging",
         hedge.calls,
@@ -55,25 +62,27 @@ pub(super) fn cdf_chart(hedge: &HedgeRows) -> String {
         );
         decade *= 10.0;
     }
-    for q in [0.5, 0.9, 0.99] {
+    for (q, name) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p99.9")] {
         let _ = write!(
             svg,
-            r#"<line class="axis" stroke-dasharray="3 3" x1="{LEFT}" x2="{x2}" y1="{yy:.1}" y2="{yy:.1}"/><text class="label" x="{lx}" y="{ty:.1}" text-anchor="end">p{p}</text>"#,
+            r#"<line class="axis" stroke-dasharray="3 3" x1="{LEFT}" x2="{x2}" y1="{yy:.1}" y2="{yy:.1}"/><text class="label" x="{lx}" y="{ty:.1}" text-anchor="end">{name}</text>"#,
             x2 = W - RIGHT,
             yy = y(q),
             lx = LEFT - 4.0,
             ty = y(q) + 4.0,
-            p = (q * 100.0).round()
         );
     }
-    let mut lx = LEFT;
     for (i, row) in hedge.rows.iter().enumerate() {
         let n = row.cdf_ms.len().saturating_sub(1).max(1) as f64;
+        // The 101 quantiles up to p99, then p99.9 (p100 is off the scale).
         let points: Vec<String> = row
             .cdf_ms
             .iter()
             .enumerate()
-            .map(|(k, ms)| format!("{:.1},{:.1}", x(*ms), y(k as f64 / n)))
+            .map(|(k, ms)| (k as f64 / n, *ms))
+            .filter(|(q, _)| *q < 0.9995)
+            .chain([(0.999, row.p999_ms)])
+            .map(|(q, ms)| format!("{:.1},{:.1}", x(ms), y(q)))
             .collect();
         let stroke = STROKES[i % STROKES.len()];
         let _ = write!(
@@ -85,18 +94,71 @@ pub(super) fn cdf_chart(hedge: &HedgeRows) -> String {
             row.p99_ms,
             row.p999_ms
         );
-        let label = format!("{} (p99 {:.0} ms)", row.variant, row.p99_ms);
+        let label = format!(
+            "{} (p99 {:.0} ms, p99.9 {:.0} ms)",
+            row.variant, row.p99_ms, row.p999_ms
+        );
+        let (lx, ly) = (
+            LEFT + 340.0 * (i % 2) as f64,
+            H - 42.0 + 20.0 * (i / 2) as f64,
+        );
         let _ = write!(
             svg,
-            r#"<rect class="bar" style="fill:{stroke}" x="{lx}" y="{ry}" width="12" height="12"/><text class="legend" x="{tx}" y="{ty}">{l}</text>"#,
-            ry = H - 22.0,
+            r#"<rect class="bar" style="fill:{stroke}" x="{lx}" y="{ry}" width="12" height="12"/><text class="legend" x="{tx}" y="{ly}">{l}</text>"#,
+            ry = ly - 10.0,
             tx = lx + 16.0,
-            ty = H - 12.0,
             l = escape(&label)
         );
-        lx += 40.0 + 7.0 * label.chars().count() as f64;
     }
     svg.push_str("</svg>");
+    svg
+}
+
+/// Goodput per storm variant as bars, with the 90 % goal marked.
+fn storm_chart(storm: &Storm) -> String {
+    const W: f64 = 760.0;
+    const LABEL: f64 = 170.0;
+    const ROW: f64 = 30.0;
+    const TOP: f64 = 34.0;
+    let plot = W - LABEL - 230.0;
+    let max = storm.rows.iter().map(|r| r.goodput).fold(1.0_f64, f64::max);
+    let height = TOP + ROW * storm.rows.len() as f64 + 26.0;
+    let title = format!(
+        "Retry storm: goodput at {:.0} of {:.0} req/s, {:.0} % of calls failing downstream",
+        storm.offered_rps,
+        storm.capacity_rps,
+        storm.failing_share * 100.0
+    );
+    let mut svg = format!(
+        r#"<svg class="chart" data-chart="retry-storm" viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" aria-label="{t}"><text class="title" x="0" y="18">{t}</text>"#,
+        t = escape(&title)
+    );
+    for (i, row) in storm.rows.iter().enumerate() {
+        let y = TOP + ROW * i as f64;
+        let w = (row.goodput.max(0.0) / max * plot).max(1.0);
+        let _ = write!(
+            svg,
+            r#"<text class="label" x="{x}" y="{ty}" text-anchor="end">{label}</text><rect class="bar{s}" x="{LABEL}" y="{y}" width="{w:.1}" height="20" rx="2"><title>{label}: {g:.0} % of capacity</title></rect><text class="value" x="{vx:.1}" y="{ty}">{g:.0} % of capacity, {a:.2} attempts per call</text>"#,
+            x = LABEL - 8.0,
+            ty = y + 15.0,
+            label = escape(&row.variant),
+            s = if row.variant.starts_with("naive") {
+                " s1"
+            } else {
+                ""
+            },
+            g = row.goodput * 100.0,
+            a = row.amplification,
+            vx = LABEL + w + 6.0,
+        );
+    }
+    let goal = LABEL + 0.9 / max * plot;
+    let _ = write!(
+        svg,
+        r#"<line class="seed" x1="{goal:.1}" x2="{goal:.1}" y1="{TOP}" y2="{y2}"/><text class="legend" x="{LABEL}" y="{ly}">┃ the goal: 90 % of capacity</text></svg>"#,
+        y2 = height - 26.0,
+        ly = height - 6.0
+    );
     svg
 }
 
@@ -138,25 +200,7 @@ pub(super) fn section(
         ));
     }
     if let Some(storm) = storm {
-        let bars: Vec<Bar> = storm
-            .rows
-            .iter()
-            .map(|r| {
-                Bar::new(r.variant.clone(), (r.goodput * 100.0).round(), None)
-                    .note(format!("{:.2} attempts per call", r.amplification))
-            })
-            .collect();
-        html.push_str(&hbars(
-            "retry-storm",
-            &format!(
-                "Retry storm: goodput at {:.0} of {:.0} req/s, {:.0} % of calls failing downstream",
-                storm.offered_rps,
-                storm.capacity_rps,
-                storm.failing_share * 100.0
-            ),
-            "% of capacity",
-            &bars,
-        ));
+        html.push_str(&storm_chart(storm));
     }
     if let Some(retry) = retry {
         let rows: Vec<Vec<String>> = retry
@@ -267,14 +311,14 @@ mod tests {
         );
         assert!(html.contains("data-chart=\"hedge-cdf\""));
         assert!(
-            html.contains("ours (p99 27 ms)"),
-            "the legend names each p99"
+            html.contains("ours (p99 27 ms, p99.9 32 ms)"),
+            "the legend names each tail"
         );
         assert!(
             html.contains("data-chart=\"retry-storm\""),
             "the storm's goodput bars"
         );
-        assert!(html.contains("95 % of capacity"));
+        assert!(html.contains("95 % of capacity, 1.02 attempts per call"));
         assert!(
             html.contains("1000 / 970 / 920"),
             "the retry case's budgets on the wire"
