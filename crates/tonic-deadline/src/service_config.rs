@@ -177,6 +177,13 @@ pub struct Throttling {
 }
 
 /// A set of gRPC status codes.
+///
+/// ```
+/// use tonic::Code;
+/// use tonic_deadline::service_config::Codes;
+/// let codes = Codes::empty().with(Code::Unavailable);
+/// assert!(codes.contains(Code::Unavailable) && !codes.contains(Code::Internal));
+/// ```
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct Codes(u32);
 

@@ -34,7 +34,6 @@ use tonic::service::Routes;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
-use tonic_deadline::observe::Metrics;
 use tonic_deadline::retry::{Retry, RetryBudget, RetryLayer};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
@@ -206,23 +205,20 @@ pub async fn measure(load: Load) -> anyhow::Result<Storm> {
     let mut naive = Vec::new();
     let mut throttled = Vec::new();
     let mut budgeted = Vec::new();
+    // One layer per variant: its channels to the one server share its
+    // throttle (or budget), as a client's connections to one target do.
     let throttle = RetryLayer::from_service_config(OUR_CONFIG)?;
     let budget = RetryLayer::from_service_config(OUR_CONFIG)?.budget(RetryBudget::new(0.1, 1));
     for _ in 0..channels {
+        use tower::Layer;
         single.push(Variant::Single(ProbeClient::new(
             net::connect_layered(addr).await?,
         )));
         naive.push(Variant::Naive(ProbeClient::new(net::connect(addr).await?)));
-        let metrics = Metrics::new();
         let layered = net::connect_layered(addr).await?;
-        use tower::Layer;
-        throttled.push(Variant::Ours(ProbeClient::new(
-            throttle.clone().metrics(&metrics).layer(layered),
-        )));
+        throttled.push(Variant::Ours(ProbeClient::new(throttle.layer(layered))));
         let layered = net::connect_layered(addr).await?;
-        budgeted.push(Variant::Ours(ProbeClient::new(
-            budget.clone().layer(layered),
-        )));
+        budgeted.push(Variant::Ours(ProbeClient::new(budget.layer(layered))));
     }
     // Capacity: closed loop, enough callers to keep the pool busy, OK
     // answers per second (the failing share costs no pool time).

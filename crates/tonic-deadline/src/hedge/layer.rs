@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -11,6 +11,9 @@ use crate::service_config::{ConfigError, ServiceConfig};
 
 /// Hedges calls as the service config's `hedgingPolicy` says, inside the
 /// caller's deadline. See the [module docs](super).
+///
+/// Every service the layer builds shares its throttle (or budget) and its
+/// learned latencies: use one layer per target server.
 ///
 /// ```
 /// use tonic_deadline::hedge::HedgeLayer;
@@ -29,6 +32,9 @@ use crate::service_config::{ConfigError, ServiceConfig};
 pub struct HedgeLayer {
     config: Arc<ServiceConfig>,
     settings: Settings,
+    /// The state every service built by this layer shares, made by the
+    /// first `layer` call (each builder step starts it afresh).
+    shared: Arc<OnceLock<Arc<Core>>>,
     adaptive: Option<f64>,
 }
 
@@ -44,6 +50,7 @@ impl HedgeLayer {
         Ok(Self {
             config: Arc::new(config),
             settings: Settings::default(),
+            shared: Arc::default(),
             adaptive: None,
         })
     }
@@ -60,12 +67,14 @@ impl HedgeLayer {
     /// Counts calls, attempts, hedges and cancelled losers into `metrics`.
     pub fn metrics(mut self, metrics: &Metrics) -> Self {
         self.settings.metrics = Some(metrics.clone());
+        self.shared = Arc::default();
         self
     }
 
     /// Caps each attempt at `timeout` (never beyond the caller's deadline).
     pub fn per_attempt_timeout(mut self, timeout: Duration) -> Self {
         self.settings.per_attempt_timeout = Some(timeout);
+        self.shared = Arc::default();
         self
     }
 
@@ -73,18 +82,21 @@ impl HedgeLayer {
     /// request is sent once, unhedged.
     pub fn replay_buffer(mut self, bytes: usize) -> Self {
         self.settings.replay_buffer = bytes;
+        self.shared = Arc::default();
         self
     }
 
     /// Limits hedges by `budget` instead of the config's `retryThrottling`.
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.settings.budget = Some(budget);
+        self.shared = Arc::default();
         self
     }
 
     /// The least time left for which a hedge is sent (default 1 ms).
     pub fn min_attempt_time(mut self, floor: Duration) -> Self {
         self.settings.min_attempt_time = floor;
+        self.shared = Arc::default();
         self
     }
 
@@ -93,6 +105,7 @@ impl HedgeLayer {
     /// until enough answers were seen).
     pub fn adaptive_delay(mut self, q: f64) -> Self {
         self.adaptive = q.is_finite().then(|| q.clamp(0.0, 1.0));
+        self.shared = Arc::default();
         self
     }
 }
@@ -103,7 +116,10 @@ impl<S> Layer<S> for HedgeLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Hedge {
             inner,
-            core: Arc::new(Core::new((*self.config).clone(), self.settings.clone())),
+            core: self
+                .shared
+                .get_or_init(|| Arc::new(Core::new((*self.config).clone(), self.settings.clone())))
+                .clone(),
             adaptive: self.adaptive,
         }
     }

@@ -131,7 +131,8 @@ pub(crate) struct CallReport {
 }
 
 impl Metrics {
-    /// Calls made through a retry or hedging layer.
+    /// Calls made through a retry or hedging layer, counted when they end
+    /// (a call whose caller dropped it first is not counted).
     pub fn resilient_calls(&self) -> u64 {
         self.inner.resilience.calls.load(Ordering::Relaxed)
     }

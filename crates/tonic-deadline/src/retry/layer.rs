@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -30,6 +30,9 @@ use crate::service_config::{ConfigError, ServiceConfig};
 pub struct RetryLayer {
     config: Arc<ServiceConfig>,
     settings: Settings,
+    /// The state every service built by this layer shares, made by the
+    /// first `layer` call (each builder step starts it afresh).
+    shared: Arc<OnceLock<Arc<Core>>>,
 }
 
 impl RetryLayer {
@@ -41,6 +44,7 @@ impl RetryLayer {
         Self {
             config: Arc::new(config),
             settings: Settings::default(),
+            shared: Arc::default(),
         }
     }
 
@@ -56,6 +60,7 @@ impl RetryLayer {
     /// Counts calls, attempts, retries and backoff into `metrics`.
     pub fn metrics(mut self, metrics: &Metrics) -> Self {
         self.settings.metrics = Some(metrics.clone());
+        self.shared = Arc::default();
         self
     }
 
@@ -64,6 +69,7 @@ impl RetryLayer {
     /// retries `DEADLINE_EXCEEDED` (idempotent methods only).
     pub fn per_attempt_timeout(mut self, timeout: Duration) -> Self {
         self.settings.per_attempt_timeout = Some(timeout);
+        self.shared = Arc::default();
         self
     }
 
@@ -71,12 +77,14 @@ impl RetryLayer {
     /// request is sent once.
     pub fn replay_buffer(mut self, bytes: usize) -> Self {
         self.settings.replay_buffer = bytes;
+        self.shared = Arc::default();
         self
     }
 
     /// Limits retries by `budget` instead of the config's `retryThrottling`.
     pub fn budget(mut self, budget: RetryBudget) -> Self {
         self.settings.budget = Some(budget);
+        self.shared = Arc::default();
         self
     }
 
@@ -84,6 +92,7 @@ impl RetryLayer {
     /// 1 ms), whatever the learned latency says.
     pub fn min_attempt_time(mut self, floor: Duration) -> Self {
         self.settings.min_attempt_time = floor;
+        self.shared = Arc::default();
         self
     }
 
@@ -95,6 +104,7 @@ impl RetryLayer {
         } else {
             0.5
         };
+        self.shared = Arc::default();
         self
     }
 }
@@ -105,7 +115,10 @@ impl<S> Layer<S> for RetryLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Retry {
             inner,
-            core: Arc::new(Core::new((*self.config).clone(), self.settings.clone())),
+            core: self
+                .shared
+                .get_or_init(|| Arc::new(Core::new((*self.config).clone(), self.settings.clone())))
+                .clone(),
         }
     }
 }

@@ -36,8 +36,9 @@
 //! grpc-java implement the same service-config policy, bounded by the call
 //! deadline too; neither learns how long an attempt needs.
 //!
-//! Throttling and learned latencies belong to the service the layer
-//! builds, and are shared by its clones: build one per target server.
+//! Throttling (or the budget) and the learned latencies belong to the
+//! layer: every service it builds — one per connection to the same server,
+//! and their clones — shares them. Use one layer per target server.
 //!
 //! # Example
 //!

@@ -657,3 +657,27 @@ fn backoff_is_random_below_the_exponential_bound() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_layer_shares_its_throttle_across_the_services_it_builds() {
+    let server = Server::new(vec![fail(Code::Unavailable, 1); 100]);
+    let json = config(
+        false,
+        r#""UNAVAILABLE""#,
+        r#", "retryThrottling": {"maxTokens": 4, "tokenRatio": 0.5}"#,
+    )
+    .replace("\"0.1s\"", "\"0.001s\"");
+    let layer = RetryLayer::from_service_config(&json).expect("valid");
+    // Two connections to the same server, one layer.
+    let mut first = stack(layer.clone(), &server);
+    let mut second = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    outcome(&mut first, &scope).await;
+    assert_eq!(server.seen().len(), 2, "4 → 3 tokens: one retry");
+    outcome(&mut second, &scope).await;
+    assert_eq!(
+        server.seen().len(),
+        3,
+        "the second connection sees the 2 tokens the first left: no retry"
+    );
+}
