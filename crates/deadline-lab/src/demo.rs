@@ -38,6 +38,8 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("hosts", Box::pin(experiments::hosts::run())),
         ("proxy", Box::pin(experiments::proxy::run())),
         ("faults", Box::pin(experiments::faults::run())),
+        ("retry", Box::pin(experiments::retry::run())),
+        ("hedge", Box::pin(experiments::hedge::run())),
         (
             "jobs",
             Box::pin(async { experiments::jobs::run().await?.outcome() }),
@@ -67,6 +69,13 @@ fn steps() -> Vec<(&'static str, Run)> {
                 };
                 bench::soak::run_on_own_runtime(load).await?.outcome()
             }),
+        ),
+        (
+            "bench retry-storm",
+            Box::pin(bench::retry_storm::run(bench::overload::Load {
+                window: Duration::from_secs(2),
+                ..Default::default()
+            })),
         ),
     ]
 }

@@ -6,6 +6,8 @@
 //! (`data-rendered="W×H"`) and the number of bars drawn, so a headless
 //! browser's DOM dump shows that the charts really rendered.
 
+mod resilience;
+
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -736,6 +738,17 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
             body.push_str(&faults_section(faults));
         }
         body.push_str("</section>");
+    }
+
+    let retry = typed(find(steps, "retry"));
+    let hedge = typed(find(steps, "hedge"));
+    let storm = typed(find(steps, "bench retry-storm"));
+    if retry.is_some() || hedge.is_some() || storm.is_some() {
+        body.push_str(&resilience::section(
+            retry.as_ref(),
+            hedge.as_ref(),
+            storm.as_ref(),
+        ));
     }
 
     body.push_str("<h2>On the wire</h2><section><p class=\"muted\">Frames decoded by the capture proxy (HPACK-decoded headers; RST_STREAM with its error code).</p>");

@@ -225,6 +225,11 @@ enum Experiment {
     /// A downstream process killed, a connection cut mid-message, a
     /// downstream hung: the upstream hop's answer and what it released.
     Faults,
+    /// Retries inside one deadline: succeeding on the 3rd attempt, the
+    /// deadline ending the backoff, pushback, outcome-unknown codes.
+    Retry,
+    /// Hedging against a 5 % slow tail: none, ours, tower::hedge.
+    Hedge,
     /// Every service in its own network namespace with one-way latency:
     /// what each hop's deadline gains over its parent's (needs root).
     Hosts {
@@ -273,6 +278,13 @@ enum Bench {
         /// Keep callgrind's output files in this directory, for callgrind_annotate.
         #[arg(long)]
         keep: Option<std::path::PathBuf>,
+    },
+    /// The overload setup at 2x capacity with a downstream failing 10 % of
+    /// calls: no retries, naive retries, ours.
+    RetryStorm {
+        /// Seconds of open-loop load per variant.
+        #[arg(long, default_value_t = 2.0)]
+        window_s: f64,
     },
     /// Goodput at 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
     Overload {
@@ -526,6 +538,8 @@ fn main() -> anyhow::Result<()> {
                     Experiment::Faults => experiments::faults::outcome(
                         &interruptible(experiments::faults::measure()).await?,
                     ),
+                    Experiment::Retry => experiments::retry::run().await?,
+                    Experiment::Hedge => experiments::hedge::run().await?,
                     Experiment::Hosts { one_way_ms } => experiments::hosts::outcome(
                         &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
                     ),
@@ -573,6 +587,13 @@ fn main() -> anyhow::Result<()> {
                         tokio::task::spawn_blocking(move || bench::instructions::measure(&options))
                             .await??
                             .outcome()?
+                    }
+                    Bench::RetryStorm { window_s } => {
+                        bench::retry_storm::run(bench::overload::Load {
+                            window: Duration::from_secs_f64(window_s.clamp(0.5, 30.0)),
+                            ..Default::default()
+                        })
+                        .await?
                     }
                     Bench::Overload { window_s } => {
                         bench::overload::run(bench::overload::Load {

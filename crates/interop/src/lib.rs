@@ -9,7 +9,9 @@
 //! - [`relay`]: the middle hop of the mixed-language chains — a foreign client
 //!   calls it, it calls a foreign service under the request's scope;
 //! - [`hostile`]: malformed and edge-case `grpc-timeout` values sent over raw
-//!   HTTP/2, with the answer the spec requires for each.
+//!   HTTP/2, with the answer the spec requires for each;
+//! - `interop-retry`: one call through our retry layer, for the check
+//!   against a foreign server that fails the first attempts.
 //!
 //! How it differs from tonic's interop crate: that one leaves
 //! `timeout_on_sleeping_server`, `cancel_after_begin` and

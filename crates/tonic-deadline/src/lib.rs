@@ -18,6 +18,7 @@ pub mod db;
 #[cfg(any(feature = "http", feature = "reqwest"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "reqwest"))))]
 pub mod deadline_headers;
+pub mod hedge;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod http_client;
@@ -27,8 +28,10 @@ pub mod http_server;
 #[cfg(feature = "jobs")]
 pub mod jobs;
 pub mod observe;
+pub mod retry;
 pub mod scope;
 pub mod server;
+pub mod service_config;
 pub mod status;
 pub mod timeout_header;
 

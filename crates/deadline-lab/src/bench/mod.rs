@@ -5,3 +5,4 @@ pub mod instructions;
 pub mod overhead;
 pub mod overload;
 pub mod soak;
+pub mod retry_storm;

@@ -72,7 +72,7 @@ impl Default for Load {
 }
 
 #[derive(Clone)]
-enum Pool {
+pub(crate) enum Pool {
     /// A first-in-first-out pool that knows no deadlines.
     Plain(Arc<Semaphore>),
     /// Our deadline-aware admission in front of the connections.
@@ -80,7 +80,7 @@ enum Pool {
 }
 
 #[derive(Clone)]
-struct Service {
+pub(crate) struct Service {
     pool: Pool,
     query: Duration,
 }
@@ -102,7 +102,23 @@ impl Service {
         .map_err(|_| Status::internal("query failed"))
     }
 
-    async fn ours(&self, admission: &Admission) -> Result<(), Status> {
+    /// Our server's handler: behind an [`Admission`] for `load`'s pool.
+    pub(crate) fn ours(load: &Load) -> Self {
+        Self {
+            pool: Pool::Ours(Admission::new(load.connections)),
+            query: load.query,
+        }
+    }
+
+    /// Waits for a connection, runs the query, answers.
+    pub(crate) async fn serve(&self) -> Result<(), Status> {
+        match &self.pool {
+            Pool::Plain(pool) => self.plain(pool).await,
+            Pool::Ours(admission) => self.ours_query(admission).await,
+        }
+    }
+
+    async fn ours_query(&self, admission: &Admission) -> Result<(), Status> {
         let scope = Scope::current();
         let connection = admission.acquire(&scope).await?;
         // Stopped (and the connection freed) when the request's scope ends.
@@ -117,10 +133,7 @@ type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>
 #[tonic::async_trait]
 impl Probe for Service {
     async fn call(&self, _request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
-        match &self.pool {
-            Pool::Plain(pool) => self.plain(pool).await?,
-            Pool::Ours(admission) => self.ours(admission).await?,
-        }
+        self.serve().await?;
         Ok(Response::new(CallReply::default()))
     }
 
@@ -162,17 +175,34 @@ async fn start(name: &'static str, pool: Pool, load: &Load) -> anyhow::Result<Ta
 
 /// Closed loop, `callers` at a time, for `length`: completed calls per second.
 async fn closed_loop(target: &Target, callers: usize, length: Duration) -> f64 {
+    let clients = target.clients.clone();
+    closed_loop_with(callers, length, move |i| {
+        let mut client = clients[i % clients.len()].clone();
+        async move {
+            let mut request = Request::new(CallRequest::default());
+            request.set_timeout(Duration::from_secs(5));
+            client.call(request).await.is_ok()
+        }
+    })
+    .await
+}
+
+/// Closed loop, `callers` at a time, for `length`, each running `call`
+/// (given its caller's number) again and again: OK calls per second.
+pub(crate) async fn closed_loop_with<F, Fut>(callers: usize, length: Duration, call: F) -> f64
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = bool> + Send,
+{
     let end = Instant::now() + length;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..callers {
-        let mut client = target.clients[i % target.clients.len()].clone();
+        let call = call.clone();
         tasks.push(tonic_deadline::detach(async move {
             let mut done = 0u64;
             while Instant::now() < end {
-                let mut request = Request::new(CallRequest::default());
-                request.set_timeout(Duration::from_secs(5));
-                if client.call(request).await.is_ok() {
+                if call(i).await {
                     done += 1;
                 }
             }
@@ -188,33 +218,54 @@ async fn closed_loop(target: &Target, callers: usize, length: Duration) -> f64 {
 
 /// What one open-loop window produced.
 #[derive(Debug, Default, Clone, Copy)]
-struct Window {
-    sent: u64,
-    good: u64,
-    late: u64,
-    failed: u64,
-    seconds: f64,
+pub(crate) struct Window {
+    pub(crate) sent: u64,
+    pub(crate) good: u64,
+    pub(crate) late: u64,
+    pub(crate) failed: u64,
+    pub(crate) seconds: f64,
 }
 
 /// Open loop at `rate` calls per second for `length`; every call carries
 /// `deadline`. Counts answers received OK before the deadline.
 async fn open_loop(target: &Target, rate: f64, length: Duration, deadline: Duration) -> Window {
+    let clients = target.clients.clone();
+    open_loop_with(rate, length, deadline, move |i| {
+        let mut client = clients[i as usize % clients.len()].clone();
+        async move {
+            let mut request = Request::new(CallRequest::default());
+            request.set_timeout(deadline);
+            client.call(request).await.is_ok()
+        }
+    })
+    .await
+}
+
+/// Open loop at `rate` calls per second for `length`, each call made by
+/// `call(i)` (true: answered OK) and waited for `deadline` at most.
+pub(crate) async fn open_loop_with<F, Fut>(
+    rate: f64,
+    length: Duration,
+    deadline: Duration,
+    call: F,
+) -> Window
+where
+    F: Fn(u64) -> Fut,
+    Fut: Future<Output = bool> + Send + 'static,
+{
     let total = (rate * length.as_secs_f64()).round() as u64;
     let gap = Duration::from_secs_f64(1.0 / rate);
     let start = Instant::now();
     let mut calls = tokio::task::JoinSet::new();
     for i in 0..total {
         tokio::time::sleep_until(start + gap.mul_f64(i as f64)).await;
-        let mut client = target.clients[i as usize % target.clients.len()].clone();
+        let answer = call(i);
         #[allow(clippy::disallowed_methods)] // the load generator is no request's work
         calls.spawn(async move {
             let sent = Instant::now();
-            let mut request = Request::new(CallRequest::default());
-            request.set_timeout(deadline);
-            let answer = tokio::time::timeout(deadline, client.call(request)).await;
-            match answer {
-                Ok(Ok(_)) if sent.elapsed() <= deadline => Answer::Good,
-                Ok(Ok(_)) => Answer::Late,
+            match tokio::time::timeout(deadline, answer).await {
+                Ok(true) if sent.elapsed() <= deadline => Answer::Good,
+                Ok(true) => Answer::Late,
                 _ => Answer::Failed,
             }
         });

@@ -12,6 +12,11 @@
 //! assert_eq!(metrics.unscoped_calls(), 0);
 //! ```
 
+mod resilience;
+
+pub(crate) use resilience::CallReport;
+pub use resilience::{COUNT_BOUNDS, DELAY_BOUNDS, Histogram};
+
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +30,7 @@ pub struct Metrics {
 #[derive(Default)]
 struct Counters {
     unscoped_calls: AtomicU64,
+    resilience: resilience::Resilience,
 }
 
 impl Metrics {
@@ -48,6 +54,9 @@ impl fmt::Debug for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Metrics")
             .field("unscoped_calls", &self.unscoped_calls())
-            .finish()
+            .field("resilient_calls", &self.resilient_calls())
+            .field("call_attempts", &self.call_attempts())
+            .field("hedge_losers_cancelled", &self.hedge_losers_cancelled())
+            .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,470 @@
+//! What the retry and hedging layers share: the frozen configuration, the
+//! per-server limiter, the learned attempt latencies, the replay buffer and
+//! the reading of an attempt's outcome.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::Instant;
+use tonic::Code;
+
+use super::limiter::Limiter;
+use crate::BoxError;
+use crate::observe::Metrics;
+use crate::scope::Scope;
+use crate::service_config::{Codes, ServiceConfig};
+use crate::timeout_header::{self, GRPC_TIMEOUT};
+
+/// The header a server sets to ask for a pause before the next attempt.
+pub(crate) const PUSHBACK: &str = "grpc-retry-pushback-ms";
+/// The header every attempt after the first carries.
+pub(crate) const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+
+/// gRPC's default replay buffer per call (grpc-go's figure).
+pub(crate) const DEFAULT_REPLAY_BUFFER: usize = 256 * 1024;
+/// Recent attempt latencies kept per method.
+const WINDOW: usize = 128;
+/// Samples needed before a learned latency is trusted.
+const MIN_SAMPLES: usize = 8;
+
+/// The settings both layers' builders collect.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) metrics: Option<Metrics>,
+    pub(crate) per_attempt_timeout: Option<Duration>,
+    pub(crate) replay_buffer: usize,
+    pub(crate) budget: Option<super::RetryBudget>,
+    pub(crate) min_attempt_time: Duration,
+    pub(crate) attempt_time_quantile: f64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            metrics: None,
+            per_attempt_timeout: None,
+            replay_buffer: DEFAULT_REPLAY_BUFFER,
+            budget: None,
+            min_attempt_time: Duration::from_millis(1),
+            attempt_time_quantile: 0.5,
+        }
+    }
+}
+
+/// The state one layered service (one target server) and all its clones
+/// share.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) config: ServiceConfig,
+    pub(crate) settings: Settings,
+    pub(crate) limiter: Limiter,
+    latencies: Mutex<HashMap<String, Latencies>>,
+    rng: AtomicU64,
+}
+
+impl Core {
+    pub(crate) fn new(config: ServiceConfig, settings: Settings) -> Self {
+        let limiter = match (&settings.budget, config.throttling) {
+            (Some(budget), _) => Limiter::budget(budget),
+            (None, Some(throttling)) => Limiter::throttle(throttling),
+            (None, None) => Limiter::Unlimited,
+        };
+        Self {
+            config,
+            settings,
+            limiter,
+            latencies: Mutex::new(HashMap::new()),
+            rng: AtomicU64::new(RandomState::new().hash_one(0x5eed_u64) | 1),
+        }
+    }
+
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        self.settings.metrics.as_ref()
+    }
+
+    /// A uniform random number in [0, 1) (splitmix64 over a shared state).
+    pub(crate) fn random(&self) -> f64 {
+        let mut z = self
+            .rng
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+            .wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Records how long an answered attempt of `path` took.
+    pub(crate) fn record_latency(&self, path: &str, took: Duration) {
+        if let Ok(mut map) = self.latencies.lock() {
+            match map.get_mut(path) {
+                Some(window) => window.push(took),
+                None => {
+                    let mut window = Latencies::default();
+                    window.push(took);
+                    map.insert(path.to_owned(), window);
+                }
+            }
+        }
+    }
+
+    /// The `q`-quantile of the recent answered attempts of `path`, once
+    /// enough were seen.
+    pub(crate) fn latency_quantile(&self, path: &str, q: f64) -> Option<Duration> {
+        let map = self.latencies.lock().ok()?;
+        map.get(path)?.quantile(q)
+    }
+
+    /// The least time an attempt of `path` needs to be of use: the learned
+    /// latency quantile, never below the configured floor.
+    pub(crate) fn useful_attempt(&self, path: &str) -> Duration {
+        let learned = self.latency_quantile(path, self.settings.attempt_time_quantile);
+        learned.map_or(self.settings.min_attempt_time, |l| {
+            l.max(self.settings.min_attempt_time)
+        })
+    }
+
+    /// Whether an attempt of `path` started `after` from now still fits in
+    /// what `scope` has left. A scope without a deadline always fits.
+    pub(crate) fn fits(&self, scope: Option<&Scope>, path: &str, after: Duration) -> bool {
+        match scope.and_then(Scope::remaining) {
+            None => true,
+            Some(left) => left >= after + self.useful_attempt(path),
+        }
+    }
+
+    /// The scope one attempt runs in: a child of the caller's, capped by the
+    /// per-attempt timeout if one is set.
+    pub(crate) fn attempt_scope(&self, caller: &Scope) -> Scope {
+        match self.settings.per_attempt_timeout {
+            Some(cap) => caller.with_cap(cap),
+            None => caller.child(),
+        }
+    }
+}
+
+/// A ring of recent latencies, in microseconds.
+#[derive(Debug, Default)]
+struct Latencies {
+    samples: Vec<u32>,
+    next: usize,
+}
+
+impl Latencies {
+    fn push(&mut self, took: Duration) {
+        let us = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+        if self.samples.len() < WINDOW {
+            self.samples.push(us);
+        } else {
+            self.samples[self.next] = us;
+        }
+        self.next = (self.next + 1) % WINDOW;
+    }
+
+    fn quantile(&self, q: f64) -> Option<Duration> {
+        if self.samples.len() < MIN_SAMPLES {
+            return None;
+        }
+        let mut sorted = self.samples.clone();
+        sorted.sort_unstable();
+        let i = ((sorted.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        Some(Duration::from_micros(u64::from(sorted[i])))
+    }
+}
+
+/// The caller's scope for a call: the one the request carries, else the
+/// task's current one; a per-request timeout (`grpc-timeout` written by
+/// `tonic::Request::set_timeout`) becomes part of it, so it counts from the
+/// call, not from each attempt.
+///
+/// A malformed header is left for the client layer to refuse.
+pub(crate) fn caller_scope<B>(request: &mut Request<B>) -> Option<Scope> {
+    let scope = match request.extensions().get::<Scope>() {
+        Some(scope) => Some(scope.clone()),
+        None => Scope::try_current(),
+    };
+    let Ok(Some(timeout)) = timeout_header::from_headers(request.headers()) else {
+        return scope;
+    };
+    request.headers_mut().remove(GRPC_TIMEOUT);
+    let base = scope.unwrap_or_else(Scope::background);
+    Some(base.with_timeout(timeout))
+}
+
+/// What the server's `grpc-retry-pushback-ms` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushback {
+    /// No header: back off as the policy says.
+    None,
+    /// Wait exactly this long, and start the backoff sequence afresh.
+    Delay(Duration),
+    /// Negative or unparseable: do not retry.
+    Stop,
+}
+
+pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
+    let Some(value) = headers.get(PUSHBACK) else {
+        return Pushback::None;
+    };
+    let text = value.to_str().unwrap_or("");
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Pushback::Stop;
+    }
+    match text.parse::<u64>() {
+        Ok(ms) => Pushback::Delay(Duration::from_millis(ms)),
+        Err(_) => Pushback::Stop,
+    }
+}
+
+/// How an attempt ended, as far as retrying is concerned.
+#[derive(Debug)]
+pub(crate) enum Outcome<B> {
+    /// Response headers arrived (or an OK): the call is committed to it.
+    Committed(Response<B>),
+    /// A failure with a status the policy may act on.
+    Failed {
+        code: Code,
+        pushback: Pushback,
+        result: Result<Response<B>, BoxError>,
+    },
+}
+
+/// Reads an attempt's result: a trailers-only response or an error is a
+/// failure with its code; anything else commits.
+pub(crate) fn classify<B>(result: Result<Response<B>, BoxError>) -> Outcome<B> {
+    match result {
+        Ok(response) => {
+            let Some(status) = response.headers().get("grpc-status") else {
+                return Outcome::Committed(response);
+            };
+            let code = status
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<i32>().ok())
+                .map_or(Code::Unknown, Code::from_i32);
+            if code == Code::Ok {
+                return Outcome::Committed(response);
+            }
+            Outcome::Failed {
+                code,
+                pushback: pushback(response.headers()),
+                result: Ok(response),
+            }
+        }
+        Err(err) => {
+            let status = match err.downcast::<tonic::Status>() {
+                Ok(status) => *status,
+                Err(other) => tonic::Status::from_error(other),
+            };
+            Outcome::Failed {
+                code: status.code(),
+                pushback: Pushback::None,
+                result: Err(Box::new(status)),
+            }
+        }
+    }
+}
+
+/// Whether `code` may lead to another attempt: listed, and — for the codes
+/// whose outcome is unknown — only for idempotent methods.
+pub(crate) fn may_repeat(codes: Codes, code: Code, idempotent: bool) -> bool {
+    codes.contains(code)
+        && (idempotent || !matches!(code, Code::DeadlineExceeded | Code::Cancelled))
+}
+
+/// The parts of the caller's request each attempt is made from.
+#[derive(Debug)]
+pub(crate) struct Template {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: HeaderMap,
+    extensions: http::Extensions,
+}
+
+impl Template {
+    pub(crate) fn new(parts: http::request::Parts) -> Self {
+        Self {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            headers: parts.headers,
+            extensions: parts.extensions,
+        }
+    }
+
+    pub(crate) fn path(&self) -> &str {
+        self.uri.path()
+    }
+
+    /// Attempt `n` (1-based) with `body`, running in `scope`.
+    pub(crate) fn attempt(
+        &self,
+        n: u32,
+        body: tonic::body::Body,
+        scope: Option<Scope>,
+    ) -> Request<tonic::body::Body> {
+        let mut request = Request::new(body);
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.version_mut() = self.version;
+        *request.headers_mut() = self.headers.clone();
+        *request.extensions_mut() = self.extensions.clone();
+        if n > 1 {
+            request
+                .headers_mut()
+                .insert(PREVIOUS_ATTEMPTS, HeaderValue::from(n - 1));
+        }
+        if let Some(scope) = scope {
+            request.extensions_mut().insert(scope);
+        }
+        request
+    }
+}
+
+/// The request body, read once.
+#[derive(Debug)]
+pub(crate) enum Buffered {
+    /// Complete within the buffer: replayed for every attempt.
+    Replayable(Replay),
+    /// A live stream or too large: the call is sent once, with this body.
+    Live(tonic::body::Body),
+}
+
+/// Reads `body` while its frames are ready at once, up to `limit` bytes.
+///
+/// A body still pending is a live stream (client streaming, bidi): it
+/// cannot be replayed without holding it back, so the call commits.
+pub(crate) fn poll_buffer(
+    body: &mut Option<tonic::body::Body>,
+    data: &mut BytesMut,
+    limit: usize,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Buffered, BoxError>> {
+    let Some(live) = body.as_mut() else {
+        return Poll::Ready(Err("request body read twice".into()));
+    };
+    loop {
+        match Pin::new(&mut *live).poll_frame(cx) {
+            Poll::Ready(None) => {
+                return Poll::Ready(Ok(Buffered::Replayable(Replay {
+                    data: data.split().freeze(),
+                    trailers: None,
+                })));
+            }
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(chunk) => {
+                    data.extend_from_slice(&chunk);
+                    if data.len() > limit {
+                        return Poll::Ready(Ok(live_rest(body, data)));
+                    }
+                }
+                Err(frame) => {
+                    // Trailers end the body.
+                    let trailers = frame.into_trailers().ok();
+                    return Poll::Ready(Ok(Buffered::Replayable(Replay {
+                        data: data.split().freeze(),
+                        trailers,
+                    })));
+                }
+            },
+            Poll::Ready(Some(Err(status))) => return Poll::Ready(Err(Box::new(status))),
+            Poll::Pending => return Poll::Ready(Ok(live_rest(body, data))),
+        }
+    }
+}
+
+fn live_rest(body: &mut Option<tonic::body::Body>, data: &mut BytesMut) -> Buffered {
+    let rest = body.take().unwrap_or_else(tonic::body::Body::empty);
+    let head = data.split().freeze();
+    Buffered::Live(tonic::body::Body::new(Prefixed {
+        head: (!head.is_empty()).then_some(head),
+        rest,
+    }))
+}
+
+/// A request body read in full, handed out again for each attempt.
+#[derive(Debug, Clone)]
+pub(crate) struct Replay {
+    data: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+impl Replay {
+    pub(crate) fn body(&self) -> tonic::body::Body {
+        tonic::body::Body::new(ReplayBody {
+            data: (!self.data.is_empty()).then(|| self.data.clone()),
+            trailers: self.trailers.clone(),
+        })
+    }
+}
+
+struct ReplayBody {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for ReplayBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+/// What was read of a live body, then the rest of it.
+struct Prefixed {
+    head: Option<Bytes>,
+    rest: tonic::body::Body,
+}
+
+impl Body for Prefixed {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(head) = self.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && self.rest.is_end_stream()
+    }
+}
+
+/// When a backoff or hedge delay ends, or the scope does.
+pub(crate) fn deadline_or(scope: Option<&Scope>, at: Instant) -> Instant {
+    match scope.and_then(Scope::deadline) {
+        Some(deadline) => deadline.min(at),
+        None => at,
+    }
+}

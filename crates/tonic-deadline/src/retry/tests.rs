@@ -1,0 +1,683 @@
+//! The retry layer over the client layer over a scripted server, on a
+//! paused clock: every figure is exact.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tonic::Code;
+use tower::{Layer, Service, ServiceExt};
+
+use super::*;
+use crate::observe::Metrics;
+use crate::{ClientDeadlineLayer, Scope, timeout_header};
+
+/// What one attempt does on the scripted server.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub(crate) after: Duration,
+    /// `None`: answers with response headers (the call commits).
+    pub(crate) code: Option<Code>,
+    pub(crate) pushback: Option<&'static str>,
+}
+
+pub(crate) fn fail(code: Code, after_ms: u64) -> Step {
+    Step {
+        after: Duration::from_millis(after_ms),
+        code: Some(code),
+        pushback: None,
+    }
+}
+
+pub(crate) fn answer(after_ms: u64) -> Step {
+    Step {
+        after: Duration::from_millis(after_ms),
+        code: None,
+        pushback: None,
+    }
+}
+
+/// What the server saw of one attempt.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub(crate) at: Instant,
+    pub(crate) budget: Option<Duration>,
+    pub(crate) previous: Option<String>,
+    pub(crate) body: Vec<u8>,
+    /// Set when the attempt's future was dropped before it answered.
+    pub(crate) dropped: Arc<Mutex<Option<Instant>>>,
+}
+
+#[derive(Clone, Default)]
+pub(crate) struct Server {
+    pub(crate) script: Arc<Mutex<Vec<Step>>>,
+    pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+struct DropMark(Arc<Mutex<Option<Instant>>>, bool);
+
+impl Drop for DropMark {
+    fn drop(&mut self) {
+        if !self.1 {
+            *self.0.lock().expect("not poisoned") = Some(Instant::now());
+        }
+    }
+}
+
+impl Server {
+    pub(crate) fn new(steps: Vec<Step>) -> Self {
+        Self {
+            script: Arc::new(Mutex::new(steps)),
+            seen: Arc::default(),
+        }
+    }
+
+    pub(crate) fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("not poisoned").clone()
+    }
+
+    pub(crate) fn service(
+        &self,
+    ) -> impl Service<
+        Request<tonic::body::Body>,
+        Response = Response<tonic::body::Body>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone {
+        let server = self.clone();
+        tower::service_fn(move |request: Request<tonic::body::Body>| {
+            let server = server.clone();
+            async move {
+                let budget = timeout_header::from_headers(request.headers()).expect("well formed");
+                let previous = request
+                    .headers()
+                    .get(core::PREVIOUS_ATTEMPTS)
+                    .map(|v| v.to_str().expect("ascii").to_owned());
+                let body = http_body_util::BodyExt::collect(request.into_body())
+                    .await
+                    .map(|b| b.to_bytes().to_vec())
+                    .unwrap_or_default();
+                let step = {
+                    let mut script = server.script.lock().expect("not poisoned");
+                    if script.is_empty() {
+                        answer(0)
+                    } else {
+                        script.remove(0)
+                    }
+                };
+                let dropped = Arc::new(Mutex::new(None));
+                server.seen.lock().expect("not poisoned").push(Seen {
+                    at: Instant::now(),
+                    budget,
+                    previous,
+                    body,
+                    dropped: dropped.clone(),
+                });
+                let mut mark = DropMark(dropped, false);
+                tokio::time::sleep(step.after).await;
+                mark.1 = true;
+                let mut response = Response::new(tonic::body::Body::empty());
+                if let Some(code) = step.code {
+                    let headers = response.headers_mut();
+                    headers.insert("content-type", "application/grpc".parse().expect("valid"));
+                    headers.insert("grpc-status", (code as i32).into());
+                    if let Some(p) = step.pushback {
+                        headers.insert(core::PUSHBACK, p.parse().expect("valid"));
+                    }
+                }
+                Ok::<_, BoxError>(response)
+            }
+        })
+    }
+}
+
+pub(crate) fn request(path: &str) -> Request<tonic::body::Body> {
+    let mut request = Request::new(tonic::body::Body::new(http_body_util::Full::new(
+        bytes::Bytes::from_static(b"\0\0\0\0\x02hi"),
+    )));
+    *request.uri_mut() = format!("http://server{path}").parse().expect("a valid uri");
+    request
+}
+
+const PATH: &str = "/kv.Store/Get";
+
+fn config(idempotent: bool, codes: &str, extra: &str) -> String {
+    format!(
+        r#"{{"methodConfig": [{{"name": [{{"service": "kv.Store"}}], "idempotent": {idempotent},
+            "retryPolicy": {{"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                            "backoffMultiplier": 2, "retryableStatusCodes": [{codes}]}}}}]{extra}}}"#
+    )
+}
+
+fn stack(
+    layer: RetryLayer,
+    server: &Server,
+) -> impl Service<
+    Request<tonic::body::Body>,
+    Response = Response<crate::client::ClientBody<tonic::body::Body>>,
+    Error = BoxError,
+> + Clone {
+    layer.layer(ClientDeadlineLayer::new().layer(server.service()))
+}
+
+/// Trailers-only answers carry their status in the headers: turn them into
+/// the call's code for the assertions.
+fn code_of<B>(response: &Response<B>) -> Code {
+    response
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .map_or(Code::Ok, Code::from_i32)
+}
+
+async fn outcome<S, RB>(service: &mut S, scope: &Scope) -> (Code, Duration)
+where
+    S: Service<Request<tonic::body::Body>, Response = Response<RB>, Error = BoxError>,
+{
+    let started = Instant::now();
+    let mut req = request(PATH);
+    req.extensions_mut().insert(scope.clone());
+    let result = service.ready().await.expect("ready").call(req).await;
+    let code = match result {
+        Ok(response) => code_of(&response),
+        Err(err) => err
+            .downcast_ref::<tonic::Status>()
+            .map_or(Code::Unknown, tonic::Status::code),
+    };
+    (code, started.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_retried_to_success_tells_the_server_less_at_each_attempt() {
+    let server = Server::new(vec![
+        fail(Code::Unavailable, 10),
+        fail(Code::Unavailable, 10),
+        answer(10),
+    ]);
+    let metrics = Metrics::new();
+    let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid")
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(2));
+    let (code, _) = outcome(&mut service, &scope).await;
+    assert_eq!(code, Code::Ok, "the third attempt must succeed");
+    let seen = server.seen();
+    assert_eq!(seen.len(), 3, "three attempts must reach the server");
+    assert_eq!(
+        seen.iter().map(|s| s.previous.clone()).collect::<Vec<_>>(),
+        vec![None, Some("1".into()), Some("2".into())],
+        "grpc-previous-rpc-attempts must count the earlier attempts"
+    );
+    let budgets: Vec<Duration> = seen
+        .iter()
+        .map(|s| s.budget.expect("a deadline travels"))
+        .collect();
+    assert!(budgets[0] <= Duration::from_secs(2));
+    assert!(
+        budgets.windows(2).all(|w| w[1] < w[0]),
+        "each attempt must carry less: {budgets:?}"
+    );
+    for (s, b) in seen.iter().zip(&budgets) {
+        assert_eq!(
+            s.at + *b,
+            seen[0].at + budgets[0],
+            "every attempt must end at the caller's one deadline"
+        );
+        assert_eq!(
+            s.body, b"\0\0\0\0\x02hi",
+            "the request body must be replayed whole"
+        );
+    }
+    assert_eq!(metrics.resilient_calls(), 1);
+    assert_eq!(metrics.call_attempts(), 3);
+    assert_eq!(metrics.call_retries().count, 1);
+    assert_eq!(metrics.call_retries().sum, 2.0, "two retries for this call");
+    let delay = metrics.call_retry_delay();
+    assert!(
+        delay.sum <= 0.1 + 0.2,
+        "the backoff is random(0, 100 ms) then random(0, 200 ms): {delay:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoff_beyond_the_deadline_answers_deadline_exceeded_with_no_attempt_after_it() {
+    // Backoff bounds of 1 s against 300 ms left: no retry can fit.
+    let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"1s\"");
+    let server = Server::new(vec![fail(Code::Unavailable, 10); 100]);
+    let metrics = Metrics::new();
+    let layer = RetryLayer::from_service_config(&json)
+        .expect("valid")
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_millis(300));
+    let deadline = scope.deadline().expect("a deadline");
+    let mut outcomes = Vec::new();
+    for _ in 0..20 {
+        outcomes.push(outcome(&mut service, &scope).await);
+        if scope.is_ended() {
+            break;
+        }
+    }
+    for (code, took) in &outcomes {
+        assert!(
+            *took <= Duration::from_millis(300),
+            "never beyond the deadline: {took:?}"
+        );
+        assert!(
+            matches!(code, Code::DeadlineExceeded | Code::Unavailable),
+            "{code:?}"
+        );
+    }
+    assert!(
+        server.seen().iter().all(|s| s.at < deadline),
+        "no attempt may start at or after the deadline"
+    );
+    assert!(
+        metrics.attempts_refused_for_time() > 0,
+        "the doomed backoffs must be counted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_backoff_ends_when_the_caller_cancels() {
+    let server = Server::new(vec![fail(Code::Unavailable, 10); 5]);
+    let json = config(false, r#""UNAVAILABLE""#, "")
+        .replace("\"0.1s\"", "\"1s\"")
+        .replace("\"1s\",", "\"10s\",");
+    let layer = RetryLayer::from_service_config(&json).expect("valid");
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(60));
+    let canceller = scope.clone();
+    let cancel = async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        canceller.cancel();
+    };
+    let ((code, took), ()) = tokio::join!(outcome(&mut service, &scope), cancel);
+    assert_eq!(code, Code::Cancelled, "a cancelled caller gets CANCELLED");
+    assert!(
+        took <= Duration::from_millis(50),
+        "at once, not after the backoff: {took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn negative_or_malformed_pushback_stops_retrying() {
+    for value in ["-1", "soon", "1.5", ""] {
+        let server = Server::new(vec![
+            Step {
+                pushback: Some(value),
+                ..fail(Code::Unavailable, 5)
+            },
+            answer(5),
+        ]);
+        let metrics = Metrics::new();
+        let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+            .expect("valid")
+            .metrics(&metrics);
+        let mut service = stack(layer, &server);
+        let scope = Scope::background().with_timeout(Duration::from_secs(2));
+        let (code, _) = outcome(&mut service, &scope).await;
+        assert_eq!(
+            code,
+            Code::Unavailable,
+            "pushback {value:?} must stop the retries"
+        );
+        assert_eq!(
+            server.seen().len(),
+            1,
+            "pushback {value:?}: one attempt only"
+        );
+        assert_eq!(metrics.pushback_stops(), 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_valid_pushback_replaces_the_backoff() {
+    let server = Server::new(vec![
+        Step {
+            pushback: Some("250"),
+            ..fail(Code::Unavailable, 10)
+        },
+        fail(Code::Unavailable, 10),
+        answer(10),
+    ]);
+    let layer =
+        RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, "")).expect("valid");
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(5));
+    let (code, _) = outcome(&mut service, &scope).await;
+    assert_eq!(code, Code::Ok);
+    let seen = server.seen();
+    assert_eq!(
+        seen[1].at - seen[0].at,
+        Duration::from_millis(260),
+        "the second attempt must start exactly 250 ms after the first answered"
+    );
+    assert!(
+        seen[2].at - seen[1].at <= Duration::from_millis(110),
+        "after a pushback the backoff starts afresh at initialBackoff (100 ms)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_exceeded_is_retried_only_for_idempotent_methods() {
+    for idempotent in [false, true] {
+        let server = Server::new(vec![fail(Code::DeadlineExceeded, 10), answer(10)]);
+        let json = config(
+            idempotent,
+            r#""UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED""#,
+            "",
+        );
+        let layer = RetryLayer::from_service_config(&json).expect("valid");
+        let mut service = stack(layer, &server);
+        let scope = Scope::background().with_timeout(Duration::from_secs(2));
+        let (code, _) = outcome(&mut service, &scope).await;
+        if idempotent {
+            assert_eq!(
+                code,
+                Code::Ok,
+                "an idempotent method is retried after DEADLINE_EXCEEDED"
+            );
+            assert_eq!(server.seen().len(), 2);
+        } else {
+            assert_eq!(
+                code,
+                Code::DeadlineExceeded,
+                "the outcome is unknown: no retry"
+            );
+            assert_eq!(server.seen().len(), 1);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_per_attempt_timeout_gives_way_to_the_next_attempt_of_an_idempotent_method() {
+    let server = Server::new(vec![answer(5_000), answer(10)]);
+    let layer = RetryLayer::from_service_config(&config(true, r#""DEADLINE_EXCEEDED""#, ""))
+        .expect("valid")
+        .per_attempt_timeout(Duration::from_millis(100));
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(2));
+    let (code, took) = outcome(&mut service, &scope).await;
+    assert_eq!(code, Code::Ok);
+    assert!(
+        took < Duration::from_millis(400),
+        "the hung attempt is cut at 100 ms: {took:?}"
+    );
+    let seen = server.seen();
+    assert_eq!(
+        seen[0].budget,
+        Some(Duration::from_millis(100)),
+        "the cap travels on the wire"
+    );
+    assert!(
+        seen[0].dropped.lock().expect("not poisoned").is_some(),
+        "the capped attempt was dropped (reset)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_per_request_timeout_counts_from_the_call_not_from_each_attempt() {
+    let server = Server::new(vec![fail(Code::Unavailable, 100); 5]);
+    let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
+    let layer = RetryLayer::from_service_config(&json).expect("valid");
+    let mut service = stack(layer, &server);
+    let mut req = request(PATH);
+    req.headers_mut()
+        .insert("grpc-timeout", "250m".parse().expect("valid"));
+    let started = Instant::now();
+    let result = Scope::background()
+        .enter(service.ready().await.expect("ready").call(req))
+        .await;
+    assert!(
+        started.elapsed() <= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+    let status = result
+        .err()
+        .and_then(|e| e.downcast_ref::<tonic::Status>().map(tonic::Status::code));
+    assert_eq!(status, Some(Code::DeadlineExceeded));
+    let seen = server.seen();
+    assert!(
+        seen.len() <= 3,
+        "250 ms fit three 100 ms attempts at most, not five: {}",
+        seen.len()
+    );
+    assert!(seen[1].budget.expect("set") < Duration::from_millis(160));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_the_learned_latency_cannot_fit_is_not_sent() {
+    // Teach the layer that an answer takes 100 ms.
+    let mut steps = vec![answer(100); 10];
+    steps.push(fail(Code::Unavailable, 100));
+    steps.push(answer(100));
+    let server = Server::new(steps);
+    let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
+    let metrics = Metrics::new();
+    let layer = RetryLayer::from_service_config(&json)
+        .expect("valid")
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    for _ in 0..10 {
+        let scope = Scope::background().with_timeout(Duration::from_secs(1));
+        assert_eq!(outcome(&mut service, &scope).await.0, Code::Ok);
+    }
+    // 150 ms: the first attempt fails after 100 ms, and 50 ms cannot fit another.
+    let scope = Scope::background().with_timeout(Duration::from_millis(150));
+    let (code, took) = outcome(&mut service, &scope).await;
+    assert_eq!(
+        code,
+        Code::DeadlineExceeded,
+        "a doomed attempt is answered, not sent"
+    );
+    assert!(
+        took <= Duration::from_millis(101),
+        "answered at once: {took:?}"
+    );
+    assert_eq!(server.seen().len(), 11, "no attempt after the failure");
+    assert_eq!(metrics.attempts_refused_for_time(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttling_stops_retries_once_half_the_tokens_are_gone() {
+    let server = Server::new(vec![fail(Code::Unavailable, 1); 100]);
+    let json = config(
+        false,
+        r#""UNAVAILABLE""#,
+        r#", "retryThrottling": {"maxTokens": 4, "tokenRatio": 0.5}"#,
+    )
+    .replace("\"0.1s\"", "\"0.001s\"");
+    let metrics = Metrics::new();
+    let layer = RetryLayer::from_service_config(&json)
+        .expect("valid")
+        .metrics(&metrics);
+    let service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let mut attempts = Vec::new();
+    for _ in 0..4 {
+        let before = server.seen().len();
+        outcome(&mut service.clone(), &scope).await;
+        attempts.push(server.seen().len() - before);
+    }
+    // 4 tokens: each failure takes one, and no retry while 2 or fewer are left.
+    assert_eq!(
+        attempts,
+        vec![2, 1, 1, 1],
+        "tokens 4 → 3 (retry) → 2 (stop): then single attempts"
+    );
+    assert!(metrics.retries_throttled() >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_budget_bounds_retries_to_its_ratio() {
+    let server = Server::new(vec![fail(Code::Unavailable, 1); 1000]);
+    let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
+    let metrics = Metrics::new();
+    let layer = RetryLayer::from_service_config(&json)
+        .expect("valid")
+        .budget(RetryBudget::new(0.1, 0))
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(100));
+    for _ in 0..100 {
+        outcome(&mut service, &scope).await;
+    }
+    let amplification = metrics.call_attempts() as f64 / metrics.resilient_calls() as f64;
+    assert!(
+        amplification <= 1.1,
+        "retries may add 10 % of the calls: {amplification}"
+    );
+    assert!(
+        amplification >= 1.05,
+        "and the budget is used: {amplification}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn response_headers_commit_the_call() {
+    let server = Server::new(vec![answer(10)]);
+    let layer =
+        RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, "")).expect("valid");
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    let (code, _) = outcome(&mut service, &scope).await;
+    assert_eq!(code, Code::Ok);
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_request_stream_or_an_oversized_body_is_sent_once() {
+    let metrics = Metrics::new();
+    let server = Server::new(vec![fail(Code::Unavailable, 1), answer(1)]);
+    let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid")
+        .replay_buffer(4)
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    let (code, _) = outcome(&mut service, &scope).await;
+    assert_eq!(
+        code,
+        Code::Unavailable,
+        "a 7-byte body over a 4-byte buffer is not retried"
+    );
+    assert_eq!(
+        server.seen()[0].body,
+        b"\0\0\0\0\x02hi",
+        "but it is sent whole"
+    );
+    assert_eq!(metrics.committed_unreplayable(), 1);
+
+    let server = Server::new(vec![fail(Code::Unavailable, 1), answer(1)]);
+    let layer =
+        RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, "")).expect("valid");
+    let mut service = stack(layer, &server);
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>(1);
+    let mut req = request(PATH);
+    *req.body_mut() = tonic::body::Body::new(http_body_util::StreamBody::new(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ));
+    req.extensions_mut().insert(scope.clone());
+    let pending = service.ready().await.expect("ready").call(req);
+    // The call is under way before the stream yields anything: it is live.
+    let send = async move {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tx.send(Ok(http_body::Frame::data(bytes::Bytes::from_static(b"x"))))
+            .await
+            .expect("sent");
+    };
+    let (response, ()) = tokio::join!(pending, send);
+    let response = response.expect("a trailers-only answer");
+    assert_eq!(
+        code_of(&response),
+        Code::Unavailable,
+        "a live stream is not replayed"
+    );
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn methods_without_a_retry_policy_pass_straight_through() {
+    let server = Server::new(vec![fail(Code::Unavailable, 1), answer(1)]);
+    let metrics = Metrics::new();
+    let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid")
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let mut req = request("/other.Svc/Call");
+    req.extensions_mut()
+        .insert(Scope::background().with_timeout(Duration::from_secs(1)));
+    let response = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(req)
+        .await
+        .expect("answered");
+    assert_eq!(code_of(&response), Code::Unavailable);
+    assert_eq!(server.seen().len(), 1);
+    assert_eq!(
+        metrics.resilient_calls(),
+        0,
+        "a passed-through call is no retried call"
+    );
+}
+
+#[test]
+fn backoff_is_random_below_the_exponential_bound() {
+    let config =
+        crate::service_config::ServiceConfig::from_json(&config(false, r#""UNAVAILABLE""#, ""))
+            .expect("valid");
+    let Some(crate::service_config::Policy::Retry(policy)) = config.methods[0].policy.clone()
+    else {
+        panic!("a retry policy");
+    };
+    let core = core::Core::new(config, core::Settings::default());
+    for n in 1..=6u32 {
+        let bound = Duration::from_millis(100 * 2u64.pow(n - 1)).min(Duration::from_secs(1));
+        let draws: Vec<Duration> = (0..200)
+            .map(|_| future::backoff(&core, &policy, n))
+            .collect();
+        assert!(
+            draws.iter().all(|d| *d < bound),
+            "retry {n}: below {bound:?}"
+        );
+        assert!(
+            draws.iter().any(|d| *d > bound / 2),
+            "retry {n}: spread up to the bound"
+        );
+        assert!(
+            draws.iter().any(|d| *d < bound / 2),
+            "retry {n}: and below half of it"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_layer_shares_its_throttle_across_the_services_it_builds() {
+    let server = Server::new(vec![fail(Code::Unavailable, 1); 100]);
+    let json = config(
+        false,
+        r#""UNAVAILABLE""#,
+        r#", "retryThrottling": {"maxTokens": 4, "tokenRatio": 0.5}"#,
+    )
+    .replace("\"0.1s\"", "\"0.001s\"");
+    let layer = RetryLayer::from_service_config(&json).expect("valid");
+    // Two connections to the same server, one layer.
+    let mut first = stack(layer.clone(), &server);
+    let mut second = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    outcome(&mut first, &scope).await;
+    assert_eq!(server.seen().len(), 2, "4 → 3 tokens: one retry");
+    outcome(&mut second, &scope).await;
+    assert_eq!(
+        server.seen().len(),
+        3,
+        "the second connection sees the 2 tokens the first left: no retry"
+    );
+}
