@@ -11,6 +11,7 @@ pub mod demo;
 pub mod experiments;
 pub mod html;
 pub mod logs;
+pub mod metrics;
 pub mod net;
 pub mod netns;
 pub mod nginx;

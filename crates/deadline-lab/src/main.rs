@@ -68,6 +68,10 @@ enum Command {
     Serve {
         #[command(subcommand)]
         system: System,
+        /// Serve the metrics of every layer at `http://ADDR/metrics`
+        /// (Prometheus text); the second line names the address.
+        #[arg(long, global = true, value_name = "ADDR")]
+        metrics_listen: Option<String>,
     },
     /// Runs one experiment.
     Experiment {
@@ -278,6 +282,9 @@ enum Bench {
         /// Keep callgrind's output files in this directory, for callgrind_annotate.
         #[arg(long)]
         keep: Option<std::path::PathBuf>,
+        /// Our layers report to a metrics handle (the cost of turning it on).
+        #[arg(long)]
+        metrics: bool,
     },
     /// The overload setup at 2x capacity with a downstream failing 10 % of
     /// calls: no retries, naive retries, ours.
@@ -398,7 +405,14 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let metrics = match &command {
+        Command::Serve {
+            metrics_listen: Some(_),
+            ..
+        } => Some(tonic_deadline::observe::Metrics::new()),
+        _ => None,
+    };
+    runtime.block_on(deadline_lab::metrics::maybe_with(metrics, async move {
         match command {
             Command::BenchChild(_) => anyhow::bail!("bench-child runs before the runtime starts"),
             Command::Demo { report } => deadline_lab::demo::run(&report).await,
@@ -410,7 +424,10 @@ fn main() -> anyhow::Result<()> {
                 json,
                 quiet,
             } => capture(listen, upstream, (delay_ms, reply_delay_ms), json, quiet).await,
-            Command::Serve { system } => {
+            Command::Serve {
+                system,
+                metrics_listen,
+            } => {
                 let addr = match system {
                     System::Chain {
                         listen,
@@ -513,6 +530,12 @@ fn main() -> anyhow::Result<()> {
                     }
                 };
                 println!("{addr}");
+                if let (Some(listen), Some(metrics)) =
+                    (metrics_listen, deadline_lab::metrics::current())
+                {
+                    let at = deadline_lab::metrics::serve(&listen, metrics).await?;
+                    println!("metrics: http://{at}/metrics");
+                }
                 tokio::signal::ctrl_c().await?;
                 Ok(())
             }
@@ -568,6 +591,7 @@ fn main() -> anyhow::Result<()> {
                         cases,
                         jobs,
                         keep,
+                        metrics,
                     } => {
                         let options = bench::instructions::Options {
                             requests,
@@ -581,6 +605,7 @@ fn main() -> anyhow::Result<()> {
                             jobs,
                             keep,
                             exe: None,
+                            metrics,
                         };
                         // Runs valgrind child processes; no request is involved.
                         #[allow(clippy::disallowed_methods)]
@@ -624,5 +649,5 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             }
         }
-    })
+    }))
 }

@@ -28,7 +28,7 @@ pub async fn serve(
             let _ = stream.set_nodelay(true);
         })
     });
-    match layer {
+    match layer.map(crate::metrics::server_layer) {
         Some(layer) => {
             let server = Server::builder().layer(layer).add_routes(routes);
             tonic_deadline::detach(server.serve_with_incoming(incoming));
@@ -129,6 +129,10 @@ impl Transit {
     }
 
     fn layer(self, channel: &ReadyChannel) -> ClientDeadlineLayer {
+        crate::metrics::client_layer(self.plain_layer(channel))
+    }
+
+    fn plain_layer(self, channel: &ReadyChannel) -> ClientDeadlineLayer {
         match (self, channel.round_trip()) {
             (Transit::Allowance(allowance), _) => {
                 ClientDeadlineLayer::new().transit_allowance(allowance)

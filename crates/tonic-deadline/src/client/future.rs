@@ -12,6 +12,7 @@ use super::abandon::Abandon;
 use super::body::ClientBody;
 use super::transport::lost_connection_status;
 use crate::BoxError;
+use crate::observe::{ClientCall, status_code};
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 
@@ -60,6 +61,8 @@ pin_project! {
         cancelled: Option<WaitForCancellationFutureOwned>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
+        // Reported once, with the first status seen (metrics on only).
+        record: Option<Box<ClientCall>>,
     }
 }
 
@@ -68,6 +71,7 @@ impl Race {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
+        record: Option<Box<ClientCall>>,
     ) -> Self {
         Self {
             deadline,
@@ -76,6 +80,24 @@ impl Race {
             cancelled: None,
             scope,
             abandon,
+            record,
+        }
+    }
+
+    /// Ends the call's record with `code` (the first status seen wins).
+    pub(crate) fn settle(self: Pin<&mut Self>, code: tonic::Code) {
+        if let Some(record) = self.project().record.take() {
+            record.settle(code);
+        }
+    }
+
+    /// Ends the call's record with the status of `headers`, if they carry
+    /// one (a trailers-only answer, or trailers).
+    pub(crate) fn settle_from(self: Pin<&mut Self>, headers: &HeaderMap) {
+        if self.record.is_some()
+            && let Some(code) = status_code(headers)
+        {
+            self.settle(code);
         }
     }
 
@@ -90,6 +112,7 @@ impl Race {
             cancelled: None,
             scope: this.scope.take(),
             abandon: this.abandon.take(),
+            record: this.record.take(),
         }
     }
 
@@ -194,6 +217,12 @@ impl Race {
     }
 }
 
+/// The code of an error a call ends with.
+pub(crate) fn error_code(err: &BoxError) -> tonic::Code {
+    err.downcast_ref::<tonic::Status>()
+        .map_or(tonic::Code::Unknown, tonic::Status::code)
+}
+
 /// Why a call's scope was cancelled, for its status.
 fn cancel_cause(scope: Option<&Scope>) -> Cause {
     scope.and_then(Scope::cause).unwrap_or(Cause::Cancelled)
@@ -213,11 +242,12 @@ impl<F> ResponseFuture<F> {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Abandon,
+        record: Option<Box<ClientCall>>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
-                race: Race::new(deadline, scope, Some(abandon)),
+                race: Race::new(deadline, scope, Some(abandon), record),
             },
         }
     }
@@ -240,20 +270,27 @@ where
             }
             StateProj::Running { inner, mut race } => {
                 if let Poll::Ready(status) = race.as_mut().poll_lost(cx) {
+                    race.as_mut().settle(status.code());
                     race.abandon();
                     return Poll::Ready(Err(Box::new(status)));
                 }
                 match inner.poll(cx) {
                     Poll::Pending => {
                         if let Poll::Ready(status) = race.as_mut().arm(cx) {
+                            race.as_mut().settle(status.code());
                             race.abandon();
                             return Poll::Ready(Err(Box::new(status)));
                         }
                         Poll::Pending
                     }
-                    Poll::Ready(Err(err)) => Poll::Ready(Err(race.map_error(err.into(), false))),
+                    Poll::Ready(Err(err)) => {
+                        let err = race.map_error(err.into(), false);
+                        race.settle(error_code(&err));
+                        Poll::Ready(Err(err))
+                    }
                     Poll::Ready(Ok(mut response)) => {
                         race.correct_late_cancel(response.headers_mut());
+                        race.as_mut().settle_from(response.headers());
                         let race = race.for_body();
                         Poll::Ready(Ok(response.map(|body| ClientBody::new(body, race))))
                     }

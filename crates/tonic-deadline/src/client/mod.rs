@@ -72,6 +72,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::BoxError;
+use crate::observe::{ClientCall, Stage};
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 use crate::timeout_header::{self, GRPC_TIMEOUT};
@@ -196,7 +197,7 @@ where
                 .as_ref()
                 .and_then(Scope::cause)
                 .unwrap_or(Cause::DeadlineExceeded);
-            return ResponseFuture::failed(status_for(cause));
+            return self.refused(cause);
         }
         let requested = match timeout_header::from_headers(request.headers()) {
             Ok(requested) => requested,
@@ -206,7 +207,7 @@ where
         };
         if let Some(scope) = &scope {
             if let Some(cause) = scope.cause() {
-                return ResponseFuture::failed(status_for(cause));
+                return self.refused(cause);
             }
             if let Some(forwarded) = scope.forwarded() {
                 let headers = request.headers_mut();
@@ -230,14 +231,16 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let mut granted = None;
         match deadline {
             Some(deadline) => {
                 let on_arrival = deadline
                     .saturating_duration_since(now)
                     .saturating_sub(self.config.transit());
                 if on_arrival.is_zero() {
-                    return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
+                    return self.refused(Cause::DeadlineExceeded);
                 }
+                granted = Some(on_arrival);
                 let mut wire = [0; timeout_header::ENCODED_MAX];
                 let len = timeout_header::encode_into(on_arrival, &mut wire);
                 // Digits and a unit letter are always a valid header value.
@@ -249,10 +252,27 @@ where
                 request.headers_mut().remove(GRPC_TIMEOUT);
             }
         }
+        let record = self.config.metrics.as_ref().map(|metrics| {
+            let method = metrics.method(request.uri().path());
+            Box::new(ClientCall::start(metrics, method, now, granted))
+        });
         let (abandon, abandoned) = abandon::pair();
         let request = request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned)));
         let inner = self.inner.call(request);
-        ResponseFuture::running(inner, deadline, scope, abandon)
+        ResponseFuture::running(inner, deadline, scope, abandon, record)
+    }
+}
+
+impl<S> ClientDeadline<S> {
+    /// Fails a call locally, sending nothing, because its scope ended;
+    /// counted as refused if it had expired.
+    fn refused<F>(&self, cause: Cause) -> ResponseFuture<F> {
+        if cause == Cause::DeadlineExceeded
+            && let Some(metrics) = &self.config.metrics
+        {
+            metrics.refused(Stage::Client);
+        }
+        ResponseFuture::failed(status_for(cause))
     }
 }
 

@@ -58,6 +58,7 @@ use http::HeaderMap;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::observe::Metrics;
 use crate::status::Ended;
 
 pub(crate) use current::CURRENT;
@@ -65,7 +66,7 @@ pub use current::current_or_background;
 pub use join_set::JoinSet;
 #[cfg(feature = "sqlite")]
 pub(crate) use task::note_if_outlived;
-pub use task::{detach, outlived_count, spawn};
+pub use task::{detach, spawn};
 
 /// Why a scope ended.
 ///
@@ -144,6 +145,9 @@ struct Inner {
     parent: Option<Scope>,
     /// Incoming metadata allowed to travel to outbound calls.
     forwarded: Option<Arc<HeaderMap>>,
+    /// Where work that outlives this scope is counted (roots made by a
+    /// server layer given metrics; children ask their root).
+    metrics: Option<Metrics>,
 }
 
 impl Scope {
@@ -165,14 +169,15 @@ impl Scope {
     /// # }
     /// ```
     pub fn root(deadline: Option<Instant>) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, None)
+        Scope::node(deadline, OnceLock::new(), None, None, None)
     }
 
     pub(crate) fn root_with_metadata(
         deadline: Option<Instant>,
         forwarded: Option<Arc<HeaderMap>>,
+        metrics: Option<Metrics>,
     ) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, forwarded)
+        Scope::node(deadline, OnceLock::new(), None, forwarded, metrics)
     }
 
     fn node(
@@ -180,6 +185,7 @@ impl Scope {
         token: OnceLock<CancellationToken>,
         parent: Option<Scope>,
         forwarded: Option<Arc<HeaderMap>>,
+        metrics: Option<Metrics>,
     ) -> Scope {
         Scope {
             inner: Arc::new(Inner {
@@ -188,6 +194,7 @@ impl Scope {
                 ended: OnceLock::new(),
                 parent,
                 forwarded,
+                metrics,
             }),
         }
     }
@@ -306,8 +313,8 @@ impl Scope {
         // The time only tells a deadline that passed first from a cancel:
         // a node with no deadline and no children (no token) needs none,
         // and skips the clock. A child made from here on sees the end at once.
-        let at = (self.inner.deadline.is_some() || self.inner.token.get().is_some())
-            .then(Instant::now);
+        let at =
+            (self.inner.deadline.is_some() || self.inner.token.get().is_some()).then(Instant::now);
         let _ = self.inner.ended.set((cause, at));
         // Pairs with the fence in `token`: either it sees `ended`, or this
         // sees its token (see there).
@@ -415,6 +422,7 @@ impl Scope {
             OnceLock::from(self.token().child_token()),
             Some(self.clone()),
             self.inner.forwarded.clone(),
+            None,
         )
     }
 
@@ -533,8 +541,9 @@ impl Scope {
     /// Threads cannot be stopped from outside, so `work` receives the scope
     /// and should call [`check`](Scope::check) between steps. Work that is
     /// still running after the scope ended is counted by
-    /// [`outlived_count`] and logged with how long it
-    /// outlived its scope.
+    /// in the [`Metrics`](crate::observe::Metrics) of the server layer that
+    /// made the request's scope (`tonic_deadline_outlived_total`), and
+    /// logged with how long it outlived its scope.
     ///
     /// # Errors
     ///
@@ -569,6 +578,17 @@ impl Scope {
     /// Incoming metadata the server layer was told to forward.
     pub(crate) fn forwarded(&self) -> Option<&HeaderMap> {
         self.inner.forwarded.as_deref()
+    }
+
+    /// The metrics of this scope's root, if its server layer has any.
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        let mut node = self;
+        loop {
+            if let Some(metrics) = &node.inner.metrics {
+                return Some(metrics);
+            }
+            node = node.inner.parent.as_ref()?;
+        }
     }
 }
 

@@ -7,33 +7,67 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::timer::LazyTimer;
+use crate::observe::ServerCall;
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 
 /// Ends the request's scope when dropped: with the cause given to
 /// [`finish`](EndGuard::finish), or [`Cause::Abandoned`] if it is dropped
 /// unfinished (the client reset the stream or the connection closed).
+///
+/// With a [`ServerCall`] (a layer given metrics), the call is reported as
+/// its scope ends, with the cause and the status the answer carried.
 #[derive(Debug)]
 pub(crate) struct EndGuard {
     scope: Scope,
     done: bool,
+    report: Option<Box<ServerCall>>,
 }
 
 impl EndGuard {
-    pub(crate) fn new(scope: Scope) -> Self {
-        Self { scope, done: false }
+    pub(crate) fn new(scope: Scope, report: Option<Box<ServerCall>>) -> Self {
+        Self {
+            scope,
+            done: false,
+            report,
+        }
+    }
+
+    /// Notes the `grpc-status` of response headers or trailers.
+    pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
+        if let Some(report) = &mut self.report {
+            report.saw_status(headers);
+        }
+    }
+
+    /// Notes a failure that carries no status (the handler's error).
+    pub(crate) fn failed(&mut self) {
+        if let Some(report) = &mut self.report {
+            report.failed();
+        }
     }
 
     pub(crate) fn finish(mut self, cause: Cause) {
         self.done = true;
+        if cause != Cause::Completed {
+            // An expected end, not a fault: named, at DEBUG.
+            tracing::debug!(%cause, "request scope ended before its answer was complete");
+        }
         self.scope.end(cause);
+        if let Some(report) = self.report.take() {
+            report.ended(cause);
+        }
     }
 }
 
 impl Drop for EndGuard {
     fn drop(&mut self) {
         if !self.done {
+            tracing::debug!(cause = %Cause::Abandoned, "request scope ended before its answer was complete");
             self.scope.end(Cause::Abandoned);
+            if let Some(report) = self.report.take() {
+                report.ended(Cause::Abandoned);
+            }
         }
     }
 }
@@ -145,8 +179,19 @@ where
             return Poll::Pending;
         }
         match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => finish(this.guard, this.timer),
-            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => finish(this.guard, this.timer),
+            Poll::Ready(None) => finish(this.guard, this.timer),
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(guard) = this.guard.as_mut() {
+                    guard.failed();
+                }
+                finish(this.guard, this.timer)
+            }
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                if let (Some(guard), Some(trailers)) = (this.guard.as_mut(), frame.trailers_ref()) {
+                    guard.saw_status(trailers);
+                }
+                finish(this.guard, this.timer)
+            }
             // hyper sends a frame after which the body reports its end as the
             // last one and never polls again: the answer is complete.
             Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => finish(this.guard, this.timer),
