@@ -84,7 +84,17 @@ impl ClientDeadlineLayer {
         self
     }
 
-    /// Counts what the layer sees into `metrics`.
+    /// Reports every outbound call into `metrics`: gRPC's attempt and call
+    /// metrics, the budget written into its `grpc-timeout` (or that it had
+    /// none), calls refused locally as already expired, and calls that
+    /// found no scope. Without it the layer records nothing.
+    ///
+    /// ```
+    /// use tonic_deadline::{ClientDeadlineLayer, observe::Metrics};
+    /// let metrics = Metrics::new();
+    /// let layer = ClientDeadlineLayer::new().metrics(&metrics);
+    /// # let _ = layer;
+    /// ```
     pub fn metrics(mut self, metrics: &Metrics) -> Self {
         self.metrics = Some(metrics.clone());
         self

@@ -14,7 +14,7 @@
 //! request's budget went — how much it brought, how long it queued, how
 //! much each outbound call was granted, how its scope ended, what was
 //! refused as already expired, and what ran on after its scope had ended.
-//! The crate's README lists them all.
+//! The project's README lists them all, with their labels and units.
 //!
 //! ```
 //! use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer, observe::Metrics};
