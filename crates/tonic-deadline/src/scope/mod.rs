@@ -305,8 +305,8 @@ impl Scope {
         // The time only tells a deadline that passed first from a cancel:
         // a node with no deadline and no children (no token) needs none,
         // and skips the clock. A child made from here on sees the end at once.
-        let at = (self.inner.deadline.is_some() || self.inner.token.get().is_some())
-            .then(Instant::now);
+        let at =
+            (self.inner.deadline.is_some() || self.inner.token.get().is_some()).then(Instant::now);
         let _ = self.inner.ended.set((cause, at));
         // Pairs with the fence in `token`: either it sees `ended`, or this
         // sees its token (see there).
