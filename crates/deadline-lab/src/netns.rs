@@ -161,8 +161,26 @@ impl Network {
         })
     }
 
+    /// Runs `ip args…` to its end without yielding: an interrupted run
+    /// (Ctrl-C drops the experiment at an await) can then never leave a
+    /// namespace made but not yet recorded for removal. Each call takes
+    /// milliseconds.
+    #[allow(clippy::unused_async)]
     async fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(&self.ip, args).await
+        let out = Command::new(&self.ip)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", self.ip.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "`{} {}` failed ({}): {}",
+            self.ip.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Adds a host for `role`: a new namespace with loopback up.
@@ -299,23 +317,20 @@ impl Network {
             .ok_or_else(|| anyhow::anyhow!("iproute2's `tc` is not installed"))?;
         let delay = format!("{}us", link.one_way.as_micros());
         for (ns, dev) in [(&link.a.ns, &link.a_if), (&link.b.ns, &link.b_if)] {
-            run(
-                &self.ip,
-                &[
-                    "netns",
-                    "exec",
-                    ns,
-                    &tc.to_string_lossy(),
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    "root",
-                    "netem",
-                    "delay",
-                    &delay,
-                ],
-            )
+            self.ip(&[
+                "netns",
+                "exec",
+                ns,
+                &tc.to_string_lossy(),
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "netem",
+                "delay",
+                &delay,
+            ])
             .await?;
         }
         Ok(())

@@ -450,7 +450,7 @@ pub fn outcome(p: &Proxy) -> Outcome {
         rows,
         notes: vec![
             "nginx passes grpc-timeout on as any other header and keeps its own clock: its grpc_read_timeout (60 s by default) cuts a call with INTERNAL however long the deadline".into(),
-            "a client's RST_STREAM reaches B through nginx: nginx ends its upstream request, and B's scope ends as CallerCancelled (with or without upstream keepalive)".into(),
+            "a client's RST_STREAM reaches B through nginx: nginx ends its upstream request, and B's scope ends as Abandoned (with or without upstream keepalive)".into(),
         ],
     }
 }
