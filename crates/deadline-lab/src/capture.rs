@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -32,7 +33,7 @@ use std::time::Duration;
 
 use probe::frames::{CONTINUATION, DATA, END_HEADERS, FrameParser, HEADERS, PADDED, PRIORITY};
 pub use probe::frames::{Frame, error_code_name};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -126,27 +127,72 @@ impl Record {
         line
     }
 
-    /// The record as one JSON object.
-    pub fn json(&self) -> Value {
-        let headers: serde_json::Map<String, Value> = self
-            .headers
-            .iter()
-            .map(|(n, v)| (n.clone(), Value::String(v.clone())))
-            .collect();
-        json!({
-            "at_ms": (self.at.as_secs_f64() * 1_000_000.0).round() / 1000.0,
-            "connection": self.connection,
-            "direction": self.direction.arrow(),
-            "chunk": self.chunk,
-            "type": self.frame.kind_name(),
-            "stream": self.frame.stream,
-            "flags": self.frame.flag_names(),
-            "len": self.len,
-            "headers": headers,
-            "error_code": self.error_code.map(error_code_name),
-            "problem": self.problem,
-        })
+    /// The record as one line of `capture --json`.
+    pub fn json(&self) -> RecordLine {
+        RecordLine {
+            at_ms: (self.at.as_secs_f64() * 1_000_000.0).round() / 1000.0,
+            connection: self.connection,
+            direction: self.direction.arrow().to_owned(),
+            chunk: self.chunk,
+            kind: self.frame.kind_name().to_owned(),
+            stream: self.frame.stream,
+            flags: self
+                .frame
+                .flag_names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            len: self.len,
+            headers: self.headers.iter().cloned().collect(),
+            error_code: self.error_code.map(|c| error_code_name(c).to_owned()),
+            problem: self.problem.clone(),
+        }
     }
+}
+
+/// One decoded frame as `capture --json` prints it, one object a line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordLine {
+    /// Time since the proxy started, in ms.
+    pub at_ms: f64,
+    /// Which connection through the proxy.
+    pub connection: u32,
+    /// `c→s` or `s→c`.
+    pub direction: String,
+    /// Which read of this direction carried the frame's end.
+    pub chunk: u32,
+    /// The frame type's name (`HEADERS`, `RST_STREAM`, …).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The stream id.
+    pub stream: u32,
+    /// The names of the flags set.
+    pub flags: Vec<String>,
+    /// The payload length.
+    pub len: u32,
+    /// The decoded header list, on the frame that ends a header block (a
+    /// repeated name keeps its last value).
+    pub headers: BTreeMap<String, String>,
+    /// The error code's name, for RST_STREAM and GOAWAY.
+    pub error_code: Option<String>,
+    /// What could not be decoded, if anything.
+    pub problem: Option<String>,
+}
+
+impl RecordLine {
+    /// Whether this is a HEADERS frame going `direction`.
+    pub fn is_headers(&self, direction: Direction) -> bool {
+        self.kind == "HEADERS" && self.direction == direction.arrow()
+    }
+}
+
+/// The first line of `capture --json`: where the proxy listens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listening {
+    /// The address clients connect to.
+    pub listen: String,
+    /// Where it forwards.
+    pub upstream: String,
 }
 
 impl fmt::Display for Record {

@@ -1,5 +1,6 @@
 //! The demo's report: one self-contained HTML file (inline CSS, inline SVG
-//! charts, no external resources) built from the experiments' JSON.
+//! charts, no external resources) built from the experiments' results, each
+//! read back from its JSON into the experiment's own result type.
 //!
 //! Every chart is an `<svg class="chart">`. A few lines of inline script
 //! stamp each chart, once laid out, with its rendered size
@@ -12,9 +13,18 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::bench::soak::Soak;
+use crate::experiments::chain::Chain;
+use crate::experiments::drift::Drift;
+use crate::experiments::expired::Expired;
 use crate::experiments::faults::Faults;
+use crate::experiments::handler::Handler;
 use crate::experiments::hosts::Hosts;
+use crate::experiments::im::{self, Im};
+use crate::experiments::jobs::JobsRun;
+use crate::experiments::propagation::Propagation;
 use crate::experiments::proxy::Proxy;
+use crate::experiments::shop::Shop;
 use crate::report::Outcome;
 
 /// One finished step of the demo.
@@ -77,10 +87,6 @@ impl Bar {
         self.note = note.into();
         self
     }
-}
-
-fn num(v: &Value) -> Option<f64> {
-    v.as_f64()
 }
 
 fn fmt_ms(v: f64) -> String {
@@ -260,33 +266,26 @@ fn find<'a>(steps: &'a [Step], name: &str) -> Option<&'a Value> {
     steps.iter().find(|s| s.name == name).and_then(Step::json)
 }
 
-fn chain_chart(json: &Value) -> Option<String> {
+fn chain_chart(chain: &Chain) -> String {
     const SEED: [f64; 3] = [999.9, 899.2, 798.6];
-    let hops = json["hops"].as_array()?;
-    let bars: Vec<Bar> = hops
+    let bars: Vec<Bar> = chain
+        .hops
         .iter()
         .zip(SEED)
         .map(|(h, seed)| {
-            Bar::new(
-                h["service"].as_str().unwrap_or("?"),
-                num(&h["remaining_ms"]).unwrap_or(0.0),
-                Some(seed),
-            )
-            .note(format!(
-                "grpc-timeout {}",
-                h["header"].as_str().unwrap_or("")
-            ))
+            Bar::new(&h.service, h.remaining_ms, Some(seed))
+                .note(format!("grpc-timeout {}", h.header))
         })
         .collect();
-    Some(hbars(
+    hbars(
         "chain",
         "Chain A → B → C: remaining budget on entry (1 s client budget, 100 ms per hop)",
         "ms",
         &bars,
-    ))
+    )
 }
 
-fn im_bars(case: &Value) -> Vec<Bar> {
+fn im_bars(case: &im::Case) -> Vec<Bar> {
     let seed = |service: &str| match service {
         "gateway" => Some(800.0),
         "logic" => Some(500.0),
@@ -294,24 +293,27 @@ fn im_bars(case: &Value) -> Vec<Bar> {
         _ => None,
     };
     let mut bars = Vec::new();
-    for hop in case["hops"].as_array().into_iter().flatten() {
-        let service = hop["service"].as_str().unwrap_or("?");
-        if let Some(entry) = num(&hop["entry_ms"]) {
-            let work = hop["work"]["outcome"]
-                .as_str()
-                .map(|o| format!("own work: {o}"))
+    for hop in &case.hops {
+        if let Some(entry) = hop.entry_ms {
+            let work = hop
+                .work
+                .as_ref()
+                .map(|w| format!("own work: {}", w.outcome))
                 .unwrap_or_default();
-            bars.push(Bar::new(format!("{service} on entry"), entry, seed(service)).note(work));
+            bars.push(
+                Bar::new(
+                    format!("{} on entry", hop.service),
+                    entry,
+                    seed(&hop.service),
+                )
+                .note(work),
+            );
         }
-        for gave in hop["gave"].as_array().into_iter().flatten() {
-            if let Some(ms) = num(&gave["ms"]) {
+        for gave in &hop.gave {
+            if let Some(ms) = gave.ms {
                 bars.push(
-                    Bar::new(
-                        format!("  {service} → {}", gave["to"].as_str().unwrap_or("?")),
-                        ms,
-                        None,
-                    )
-                    .note(gave["outcome"].as_str().unwrap_or("").to_owned()),
+                    Bar::new(format!("  {} → {}", hop.service, gave.to), ms, None)
+                        .note(gave.outcome.clone()),
                 );
             }
         }
@@ -319,59 +321,63 @@ fn im_bars(case: &Value) -> Vec<Bar> {
     bars
 }
 
-fn drift_chart(json: &Value) -> Option<String> {
+fn drift_chart(drift: &Drift) -> String {
     const SEED: [(f64, f64); 3] = [(999.0, 999.0), (999.0, 798.0), (999.0, 598.0)];
-    let rows = json["rows"].as_array()?;
-    let groups: Vec<Group> = rows
+    let groups: Vec<Group> = drift
+        .rows
         .iter()
         .zip(SEED)
         .map(|(r, (ss, sc))| {
             (
-                format!("{} ms delay", r["delay_ms"]),
+                format!("{} ms delay", r.delay_ms),
                 vec![
-                    (num(&r["server_sees_ms"]).unwrap_or(0.0), Some(ss)),
-                    (num(&r["client_left_ms"]).unwrap_or(0.0), Some(sc)),
+                    (r.server_sees_ms.unwrap_or(0.0), Some(ss)),
+                    (r.client_left_ms, Some(sc)),
                 ],
             )
         })
         .collect();
-    Some(grouped(
+    grouped(
         "drift",
         "Relative timeouts: what the server sees vs what the client really has left (1 s budget)",
         "ms",
         &["server sees", "client really has"],
         &groups,
-    ))
+    )
 }
 
-fn completions_chart(propagation: Option<&Value>, handler: Option<&Value>) -> Option<String> {
+fn completions_chart(
+    propagation: Option<&Propagation>,
+    handler: Option<&Handler>,
+) -> Option<String> {
     let mut groups = Vec::new();
     if let Some(p) = propagation {
+        let count = |n: u64| n as f64;
         groups.push((
             "B, propagate".to_owned(),
-            vec![(num(&p["propagate"]["b_completed"])?, Some(0.0))],
+            vec![(count(p.propagate.b_completed), Some(0.0))],
         ));
         groups.push((
             "C, propagate".to_owned(),
-            vec![(num(&p["propagate"]["c_completed"])?, Some(0.0))],
+            vec![(count(p.propagate.c_completed), Some(0.0))],
         ));
         groups.push((
             "B, detached".to_owned(),
-            vec![(num(&p["detached"]["b_completed"])?, Some(1.0))],
+            vec![(count(p.detached.b_completed), Some(1.0))],
         ));
         groups.push((
             "C, detached".to_owned(),
-            vec![(num(&p["detached"]["c_completed"])?, Some(1.0))],
+            vec![(count(p.detached.c_completed), Some(1.0))],
         ));
     }
     if let Some(h) = handler {
         groups.push((
             "handler watches".to_owned(),
-            vec![(num(&h["watching"]["completed"])?, Some(0.0))],
+            vec![(f64::from(h.watching.completed), Some(0.0))],
         ));
         groups.push((
             "handler ignores".to_owned(),
-            vec![(num(&h["ignoring"]["completed"])?, Some(1.0))],
+            vec![(f64::from(h.ignoring.completed), Some(1.0))],
         ));
     }
     (!groups.is_empty()).then(|| {
@@ -543,14 +549,15 @@ fn proxy_section(p: &Proxy) -> String {
     plain_table(&["measured", "value"], &rows)
 }
 
-fn typed<T: serde::de::DeserializeOwned>(json: Option<&Value>) -> Option<T> {
-    json.and_then(|j| serde_json::from_value(j.clone()).ok())
+/// The result of step `name`, read back into its type; `None` when the
+/// step failed, did not run, or printed something else.
+fn typed<T: serde::de::DeserializeOwned>(steps: &[Step], name: &str) -> Option<T> {
+    find(steps, name).and_then(|j| serde_json::from_value(j.clone()).ok())
 }
 
-fn wire_block(title: &str, lines: &[Value]) -> String {
+fn wire_block(title: &str, lines: &[String]) -> String {
     let mut html = format!("<h3>{}</h3><pre class=\"wire\">", escape(title));
     for line in lines {
-        let line = line.as_str().unwrap_or_default();
         let class = if line.contains("RST_STREAM") {
             "rst"
         } else if line.contains("grpc-timeout=") {
@@ -600,23 +607,22 @@ window.addEventListener('load', function () {
 
 /// Resident memory through the soak, what it left behind, and the jobs
 /// that survived a killed worker.
-fn resources_section(body: &mut String, soak: Option<&Value>, jobs: Option<&Value>) {
+fn resources_section(body: &mut String, soak: Option<&Soak>, jobs: Option<&JobsRun>) {
     body.push_str("<h2>Nothing left behind</h2><section>");
     if let Some(soak) = soak {
-        let mb = |k: &str| num(&soak[k]).unwrap_or(0.0);
         let bars = vec![
-            Bar::new("start", mb("rss_start_mb"), None),
-            Bar::new("after warm-up", mb("rss_after_warmup_mb"), None),
-            Bar::new("end", mb("rss_end_mb"), None).note(format!(
+            Bar::new("start", soak.rss_start_mb, None),
+            Bar::new("after warm-up", soak.rss_after_warmup_mb, None),
+            Bar::new("end", soak.rss_end_mb, None).note(format!(
                 "{:+.1} MB after warm-up",
-                mb("rss_growth_after_warmup_mb")
+                soak.rss_growth_after_warmup_mb
             )),
         ];
         body.push_str(&hbars(
             "soak-rss",
             &format!(
                 "Soak, {} calls with 1-50 ms deadlines and client cancels: resident memory",
-                soak["calls"]
+                soak.calls
             ),
             "MB",
             &bars,
@@ -624,23 +630,20 @@ fn resources_section(body: &mut String, soak: Option<&Value>, jobs: Option<&Valu
         let _ = write!(
             body,
             "<p>Left after the last call: {} tasks, {} admission permits, {} database connections; {} unexpected statuses.</p>",
-            soak["tasks_leaked"],
-            soak["permits_held"],
-            soak["db_conns_held"],
-            soak["unexpected_status"]
+            soak.tasks_leaked, soak.permits_held, soak.db_conns_held, soak.unexpected_status
         );
     }
     if let Some(jobs) = jobs {
         let _ = write!(
             body,
             "<p>Jobs on PostgreSQL, {} worker processes, {} killed with SIGKILL mid-job: {} accepted, {} lost, {} non-idempotent run twice; the killed job was {} after {} ms.</p>",
-            jobs["workers"],
-            jobs["killed"],
-            jobs["accepted"],
-            jobs["lost"],
-            jobs["duplicated_non_idempotent"],
-            escape(jobs["killed_job"]["state"].as_str().unwrap_or("?")),
-            jobs["killed_job"]["recovered_after_ms"]
+            jobs.workers,
+            jobs.killed,
+            jobs.accepted,
+            jobs.lost,
+            jobs.duplicated_non_idempotent,
+            escape(&jobs.killed_job.state),
+            jobs.killed_job.recovered_after_ms
         );
     }
     body.push_str("</section>");
@@ -657,40 +660,40 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     );
 
     body.push_str("<h2>Budget per hop</h2><section>");
-    if let Some(chart) = find(steps, "chain").and_then(chain_chart) {
-        body.push_str(&chart);
+    if let Some(chain) = typed::<Chain>(steps, "chain") {
+        body.push_str(&chain_chart(&chain));
     }
-    if let Some(im) = find(steps, "im") {
+    if let Some(im) = typed::<Im>(steps, "im") {
         body.push_str(&hbars(
             "im-normal",
             "IM chain, normal request: budget on entry and handed on (client 800 ms)",
             "ms",
-            &im_bars(&im["normal"]),
+            &im_bars(&im.normal),
         ));
         body.push_str(&hbars(
             "im-stall",
             "IM chain, route stalls: route's 200 ms cap ends it; logic answers early",
             "ms",
-            &im_bars(&im["route_stall"]),
+            &im_bars(&im.route_stall),
         ));
     }
-    if let Some(shop) = find(steps, "shop") {
+    if let Some(shop) = typed::<Shop>(steps, "shop") {
         let bars = vec![
             Bar::new(
                 "inventory (propagated)",
-                num(&shop["inventory_budget_ms"]).unwrap_or(0.0),
+                shop.inventory_budget_ms.unwrap_or(0.0),
                 Some(900.0),
             ),
             Bar::new(
                 "pricing (propagated)",
-                num(&shop["pricing_budget_ms"]).unwrap_or(0.0),
-                num(&shop["expected_pricing_ms"]),
+                shop.pricing_budget_ms.unwrap_or(0.0),
+                Some(shop.expected_pricing_ms as f64),
             )
             .note("≈ 250 − 50 reserve"),
             Bar::new(
                 "cache (capped)",
-                num(&shop["cache_budget_ms"]).unwrap_or(0.0),
-                num(&shop["cache_cap_ms"]),
+                shop.cache_budget_ms.unwrap_or(0.0),
+                Some(shop.cache_cap_ms as f64),
             ),
         ];
         body.push_str(&hbars(
@@ -703,26 +706,29 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     body.push_str("</section>");
 
     body.push_str("<h2>Beyond tonic: HTTP edge → gRPC → SQL, and → reqwest</h2><section>");
-    if let Some(chart) = find(steps, "edge").and_then(edge_charts) {
-        body.push_str(&chart);
+    if let Some(edge) = typed(steps, "edge") {
+        body.push_str(&edge_charts(&edge));
     }
     body.push_str("</section>");
 
     body.push_str("<h2>Transit time is not deducted</h2><section>");
-    if let Some(chart) = find(steps, "drift").and_then(drift_chart) {
-        body.push_str(&chart);
+    let drift = typed::<Drift>(steps, "drift");
+    if let Some(drift) = &drift {
+        body.push_str(&drift_chart(drift));
     }
     body.push_str("</section>");
 
     body.push_str("<h2>0 vs 1: work after the client gave up</h2><section>");
-    if let Some(chart) = completions_chart(find(steps, "propagation"), find(steps, "handler")) {
+    let handler = typed::<Handler>(steps, "handler");
+    let propagation = typed::<Propagation>(steps, "propagation");
+    if let Some(chart) = completions_chart(propagation.as_ref(), handler.as_ref()) {
         body.push_str(&chart);
     }
     body.push_str("</section>");
 
-    let hosts = typed::<Hosts>(find(steps, "hosts"));
-    let proxy = typed::<Proxy>(find(steps, "proxy"));
-    let faults = typed::<Faults>(find(steps, "faults"));
+    let hosts = typed::<Hosts>(steps, "hosts");
+    let proxy = typed::<Proxy>(steps, "proxy");
+    let faults = typed::<Faults>(steps, "faults");
     if hosts.is_some() || proxy.is_some() || faults.is_some() {
         body.push_str("<h2>Across hosts, proxies and faults</h2><section>");
         if let Some(hosts) = &hosts {
@@ -740,9 +746,9 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         body.push_str("</section>");
     }
 
-    let retry = typed(find(steps, "retry"));
-    let hedge = typed(find(steps, "hedge"));
-    let storm = typed(find(steps, "bench retry-storm"));
+    let retry = typed(steps, "retry");
+    let hedge = typed(steps, "hedge");
+    let storm = typed(steps, "bench retry-storm");
     if retry.is_some() || hedge.is_some() || storm.is_some() {
         body.push_str(&resilience::section(
             retry.as_ref(),
@@ -752,35 +758,33 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     }
 
     body.push_str("<h2>On the wire</h2><section><p class=\"muted\">Frames decoded by the capture proxy (HPACK-decoded headers; RST_STREAM with its error code).</p>");
-    if let Some(h) = find(steps, "handler")
-        && let Some(lines) = h["watching"]["wire"].as_array()
-    {
+    if let Some(h) = &handler {
         body.push_str(&wire_block(
             "handler, 150 ms budget: the server's DEADLINE_EXCEEDED and the client's RST_STREAM",
-            lines,
+            &h.watching.wire,
         ));
     }
-    if let Some(d) = find(steps, "drift") {
-        for row in d["rows"].as_array().into_iter().flatten() {
-            if let Some(lines) = row["wire"].as_array() {
-                body.push_str(&wire_block(
-                    &format!("drift, {} ms injected delay", row["delay_ms"]),
-                    lines,
-                ));
-            }
-        }
+    for row in drift.iter().flat_map(|d| &d.rows) {
+        body.push_str(&wire_block(
+            &format!("drift, {} ms injected delay", row.delay_ms),
+            &row.wire,
+        ));
     }
-    if let Some(e) = find(steps, "expired") {
+    if let Some(e) = typed::<Expired>(steps, "expired") {
         let _ = write!(
             body,
             "<h3>expired call</h3><p>{} frames on the wire for a call whose deadline had passed (status {}).</p>",
-            e["frames"],
-            escape(e["status"].as_str().unwrap_or("?"))
+            e.frames,
+            escape(&e.status)
         );
     }
     body.push_str("</section>");
 
-    resources_section(&mut body, find(steps, "bench soak"), find(steps, "jobs"));
+    resources_section(
+        &mut body,
+        typed::<Soak>(steps, "bench soak").as_ref(),
+        typed::<JobsRun>(steps, "jobs").as_ref(),
+    );
 
     body.push_str("<h2>Every table</h2>");
     for step in steps {
@@ -808,8 +812,7 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
 }
 
 /// The edge experiment: budget on entry and when each layer stopped.
-fn edge_charts(json: &Value) -> Option<String> {
-    let edge: crate::experiments::edge::Edge = serde_json::from_value(json.clone()).ok()?;
+fn edge_charts(edge: &crate::experiments::edge::Edge) -> String {
     let entry: Vec<Bar> = edge
         .rows
         .iter()
@@ -858,7 +861,7 @@ fn edge_charts(json: &Value) -> Option<String> {
         },
         fmt_ms(edge.plain_sqlx.next_query_waited_ms)
     );
-    Some(out)
+    out
 }
 
 #[cfg(test)]
@@ -917,7 +920,8 @@ mod tests {
             },
         };
         let json = serde_json::to_value(&edge).expect("serialises");
-        let html = edge_charts(&json).expect("a typed result renders");
+        let back = serde_json::from_value(json).expect("the JSON reads back as the result type");
+        let html = edge_charts(&back);
         assert_eq!(
             html.matches("class=\"bar\"").count(),
             8,
