@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::bench::overload::Overload;
 use crate::bench::soak::Soak;
 use crate::experiments::chain::Chain;
 use crate::experiments::drift::Drift;
@@ -240,6 +241,176 @@ pub fn grouped(name: &str, title: &str, unit: &str, series: &[&str], groups: &[G
         ty = H - 12.0,
     );
     svg
+}
+
+/// One line of a line chart: its name and one value per x position.
+pub type Series = (String, Vec<f64>);
+
+/// A line chart over categorical x positions (evenly spaced, labelled
+/// `xs`), one line with a point per value for each series; `goals` are
+/// (x index, value) pairs drawn as dark ticks, like the seed's figures.
+pub fn lines(
+    name: &str,
+    title: &str,
+    y_unit: &str,
+    xs: &[String],
+    series: &[Series],
+    goals: &[(usize, f64)],
+) -> String {
+    const W: f64 = 760.0;
+    const H: f64 = 320.0;
+    const LEFT: f64 = 50.0;
+    const RIGHT: f64 = 200.0;
+    const TOP: f64 = 34.0;
+    const BOTTOM: f64 = 44.0;
+    let plot_w = W - LEFT - RIGHT;
+    let plot_h = H - TOP - BOTTOM;
+    let max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .chain(goals.iter().map(|(_, g)| *g))
+        .fold(1.0_f64, f64::max);
+    let x = |i: usize| {
+        if xs.len() < 2 {
+            LEFT + plot_w / 2.0
+        } else {
+            LEFT + 20.0 + (plot_w - 40.0) * i as f64 / (xs.len() - 1) as f64
+        }
+    };
+    let y = |v: f64| TOP + plot_h - v.max(0.0) / max * plot_h;
+    let base = TOP + plot_h;
+    let mut svg = format!(
+        r#"<svg class="chart" data-chart="{name}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{t}"><text class="title" x="0" y="18">{t}</text>"#,
+        t = escape(title)
+    );
+    for step in 0..=4 {
+        let v = max * f64::from(step) / 4.0;
+        let _ = write!(
+            svg,
+            r#"<line class="grid" x1="{LEFT}" x2="{x2}" y1="{gy:.1}" y2="{gy:.1}"/><text class="label" x="{lx}" y="{ty:.1}" text-anchor="end">{v:.2}</text>"#,
+            x2 = LEFT + plot_w,
+            gy = y(v),
+            lx = LEFT - 6.0,
+            ty = y(v) + 4.0,
+        );
+    }
+    let _ = write!(
+        svg,
+        r#"<line class="axis" x1="{LEFT}" x2="{x2}" y1="{base}" y2="{base}"/>"#,
+        x2 = LEFT + plot_w
+    );
+    for (i, label) in xs.iter().enumerate() {
+        let _ = write!(
+            svg,
+            r#"<text class="label" x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            x(i),
+            base + 18.0,
+            escape(label)
+        );
+    }
+    for &(i, goal) in goals {
+        let _ = write!(
+            svg,
+            r#"<line class="seed" x1="{x1:.1}" x2="{x2:.1}" y1="{gy:.1}" y2="{gy:.1}"><title>goal at {l}: {goal} {y_unit}</title></line>"#,
+            x1 = x(i) - 12.0,
+            x2 = x(i) + 12.0,
+            gy = y(goal),
+            l = escape(xs.get(i).map_or("", String::as_str)),
+        );
+    }
+    for (s, (label, values)) in series.iter().enumerate() {
+        let points: Vec<String> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{:.1},{:.1}", x(i), y(*v)))
+            .collect();
+        let _ = write!(
+            svg,
+            r#"<polyline class="line s{s}" points="{}"><title>{}</title></polyline>"#,
+            points.join(" "),
+            escape(label)
+        );
+        for (i, v) in values.iter().enumerate() {
+            let _ = write!(
+                svg,
+                r#"<circle class="point s{s}" cx="{:.1}" cy="{:.1}" r="4"><title>{} at {}: {v:.3} {y_unit}</title></circle>"#,
+                x(i),
+                y(*v),
+                escape(label),
+                escape(xs.get(i).map_or("", String::as_str)),
+            );
+        }
+        let ly = TOP + 10.0 + 22.0 * s as f64;
+        let _ = write!(
+            svg,
+            r#"<line class="line s{s}" x1="{lx}" x2="{lx2}" y1="{ly}" y2="{ly}"/><text class="legend" x="{tx}" y="{ty}">{}</text>"#,
+            escape(label),
+            lx = W - RIGHT + 16.0,
+            lx2 = W - RIGHT + 40.0,
+            tx = W - RIGHT + 46.0,
+            ty = ly + 4.0,
+        );
+    }
+    if !goals.is_empty() {
+        let ly = TOP + 10.0 + 22.0 * series.len() as f64;
+        let _ = write!(
+            svg,
+            r#"<line class="seed" x1="{lx}" x2="{lx2}" y1="{ly}" y2="{ly}"/><text class="legend" x="{tx}" y="{ty}">goal for ours</text>"#,
+            lx = W - RIGHT + 16.0,
+            lx2 = W - RIGHT + 40.0,
+            tx = W - RIGHT + 46.0,
+            ty = ly + 4.0,
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// `bench overload`: goodput over offered load, one line per variant, with
+/// the goals (0.90 at 2×, 0.80 at 4×) as ticks.
+fn overload_plot(o: &Overload) -> String {
+    let xs: Vec<String> = o
+        .rows
+        .iter()
+        .map(|r| format!("{}× ({:.0} req/s)", r.offered_x, r.offered_rps))
+        .collect();
+    let series: Vec<Series> = Overload::VARIANTS
+        .iter()
+        .enumerate()
+        .map(|(v, name)| {
+            (
+                (*name).to_owned(),
+                o.rows.iter().map(|r| r.goodputs()[v]).collect(),
+            )
+        })
+        .collect();
+    let goals: Vec<(usize, f64)> = o
+        .rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match r.offered_x {
+            2 => Some((i, 0.90)),
+            4 => Some((i, 0.80)),
+            _ => None,
+        })
+        .collect();
+    let mut html = lines(
+        "overload",
+        &format!(
+            "Goodput (OK before the {} ms deadline ÷ capacity) over offered load; capacity {:.0} req/s",
+            o.deadline_ms, o.capacity_rps
+        ),
+        "of capacity",
+        &xs,
+        &series,
+        &goals,
+    );
+    let _ = write!(
+        html,
+        r#"<p class="note">a pool of {} connections × {} ms queries; {} s open-loop windows per variant and load</p>"#,
+        o.connections, o.query_ms, o.window_s
+    );
+    html
 }
 
 fn table(outcome: &Outcome) -> String {
@@ -584,22 +755,27 @@ svg.chart{display:block;max-width:100%;height:auto;margin:10px 0}
 svg .title{font-weight:600;font-size:14px;fill:#1d2330}svg .label,svg .value,svg .legend{font-size:12px;fill:#3a4250}
 svg .bar{fill:#2a9d8f}svg .bar.s1{fill:#e76f51}svg .bar.s2{fill:#8ab17d}svg .seed{stroke:#1d2330;stroke-width:3}svg .axis{stroke:#999}
 svg .k-ours{fill:#2a9d8f}svg .k-seed{fill:#1d2330}
+svg .grid{stroke:#e4e7ec}svg .line{fill:none;stroke-width:2.5}svg .line.s0{stroke:#6b7280}svg .line.s1{stroke:#e76f51}svg .line.s2{stroke:#8ab17d}svg .line.s3{stroke:#2a9d8f}
+svg .point.s0{fill:#6b7280}svg .point.s1{fill:#e76f51}svg .point.s2{fill:#8ab17d}svg .point.s3{fill:#2a9d8f}
 pre.wire{background:#111827;color:#d1d5db;padding:10px;border-radius:6px;overflow-x:auto;font-size:12px}
 pre.wire .rst{color:#f87171}pre.wire .timeout{color:#fbbf24}pre.wire .status{color:#34d399}
 .failed{color:#b91c1c}.muted{color:#667}
 "#;
 
-/// Stamps every chart with its laid-out size and bar count once rendered.
+/// Stamps every chart with its laid-out size and its bar and point counts
+/// once rendered; a chart counts as rendered with at least one of either.
 const SCRIPT: &str = r#"
 window.addEventListener('load', function () {
   var charts = document.querySelectorAll('svg.chart'), ok = 0;
   charts.forEach(function (svg) {
     var box = svg.getBoundingClientRect(), bbox = svg.getBBox();
     var bars = svg.querySelectorAll('rect.bar').length;
+    var points = svg.querySelectorAll('circle.point').length;
     svg.setAttribute('data-rendered', Math.round(box.width) + 'x' + Math.round(box.height));
     svg.setAttribute('data-content', Math.round(bbox.width) + 'x' + Math.round(bbox.height));
     svg.setAttribute('data-bars', bars);
-    if (box.width > 0 && box.height > 0 && bbox.width > 0 && bars > 0) ok++;
+    svg.setAttribute('data-points', points);
+    if (box.width > 0 && box.height > 0 && bbox.width > 0 && bars + points > 0) ok++;
   });
   document.body.setAttribute('data-charts-rendered', ok + '/' + charts.length);
 });
@@ -725,6 +901,12 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         body.push_str(&chart);
     }
     body.push_str("</section>");
+
+    if let Some(overload) = typed::<Overload>(steps, "bench overload") {
+        body.push_str("<h2>Goodput under overload</h2><section>");
+        body.push_str(&overload_plot(&overload));
+        body.push_str("</section>");
+    }
 
     let hosts = typed::<Hosts>(steps, "hosts");
     let proxy = typed::<Proxy>(steps, "proxy");
@@ -999,6 +1181,74 @@ mod tests {
         assert!(
             html.contains("<td>downstream killed</td><td>UNAVAILABLE</td>"),
             "the faults table must list each case and its status"
+        );
+    }
+
+    #[test]
+    fn overload_plot_draws_one_line_per_variant_over_every_offered_load() {
+        use crate::bench::overload::{Calls, Level};
+        let calls = Calls {
+            sent: 100,
+            good: 90,
+            late: 0,
+            failed: 10,
+        };
+        let level = |x: u32, plain: f64| Level {
+            offered_x: x,
+            offered_rps: 400.0 * f64::from(x),
+            plain_goodput: plain,
+            plain_calls: calls,
+            ours_goodput: 0.95,
+            ours_calls: calls,
+            ours_fifo_goodput: 0.5,
+            ours_fifo_calls: calls,
+            ours_lifo_goodput: 0.9,
+            ours_lifo_calls: calls,
+        };
+        let overload = Overload {
+            capacity_rps: 400.0,
+            capacity_plain_rps: 390.0,
+            capacity_ours_rps: 400.0,
+            connections: 4,
+            query_ms: 10,
+            deadline_ms: 100,
+            window_s: 3.0,
+            rows: vec![level(1, 0.99), level(2, 0.05), level(4, 0.01)],
+        };
+        let step = Step {
+            name: "bench overload".into(),
+            outcome: Ok(crate::bench::overload::outcome(&overload)),
+            seconds: 0.0,
+        };
+        let html = render(&[step], 1.0);
+        assert!(
+            html.contains("data-chart=\"overload\""),
+            "the report must plot bench overload"
+        );
+        assert_eq!(
+            html.matches("<polyline class=\"line").count(),
+            4,
+            "one line per variant"
+        );
+        assert_eq!(
+            html.matches("<circle class=\"point").count(),
+            4 * 3,
+            "a point per variant and offered load"
+        );
+        for label in [
+            "plain tonic",
+            "ours FIFO",
+            "ours LIFO",
+            "ours (adaptive LIFO)",
+            "1× (400 req/s)",
+            "4× (1600 req/s)",
+        ] {
+            assert!(html.contains(&escape(label)), "the plot must name {label}");
+        }
+        assert_eq!(
+            html.matches("<title>goal at").count(),
+            2,
+            "the goals at 2× and 4× are drawn"
         );
     }
 

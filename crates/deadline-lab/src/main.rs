@@ -286,7 +286,7 @@ enum Bench {
         #[arg(long, default_value_t = 2.0)]
         window_s: f64,
     },
-    /// Goodput at 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
+    /// Goodput at 1x, 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
     Overload {
         /// Seconds of open-loop load per server and level.
         #[arg(long, default_value_t = 3.0)]
