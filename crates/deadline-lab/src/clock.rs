@@ -54,8 +54,10 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_millis(250);
         let gap = diff_ms(monotonic_ns(later), monotonic_ns(now));
+        // Each conversion reads two clocks one after the other; a busy
+        // machine can preempt the thread between them, so allow 1 ms.
         assert!(
-            (gap - 250.0).abs() < 0.01,
+            (gap - 250.0).abs() < 1.0,
             "two instants 250 ms apart must read 250 ms apart: {gap}"
         );
         assert!(

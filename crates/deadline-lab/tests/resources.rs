@@ -21,7 +21,9 @@ fn lab<T: serde::de::DeserializeOwned>(args: &[&str]) -> T {
 }
 
 /// In its own process, so that resident memory and the task count are the
-/// soak's alone.
+/// soak's alone. Eight calls in flight, not the default 32: a debug build
+/// with 32 queued behind C's permits answers none of its 1–50 ms deadlines
+/// in time, and the soak must see answers as well as expiries.
 #[test]
 fn soak_leaks_no_task_permit_or_connection_and_memory_stays_flat() {
     let soak: Soak = lab(&[
@@ -31,6 +33,8 @@ fn soak_leaks_no_task_permit_or_connection_and_memory_stays_flat() {
         "20000",
         "--max-seconds",
         "300",
+        "--concurrency",
+        "8",
         "--json",
     ]);
     assert_eq!(soak.calls, 20_000, "every call must be made: {soak:?}");
@@ -106,6 +110,12 @@ fn jobs_experiment_loses_nothing_when_a_worker_is_killed_mid_job() {
         run.killed_job.recovered_after_ms >= run.lease_ms * 0.5,
         "the job must not be recovered before its lease could expire: {run:?}"
     );
+    for (worker, place) in &run.placement {
+        assert!(
+            place.starts_with("namespace "),
+            "worker {worker} must run in a network namespace of its own (the suite runs as root): {place}"
+        );
+    }
     assert!(
         run.starts_by_worker.len() == 2,
         "both workers must have taken jobs from the shared table: {:?}",

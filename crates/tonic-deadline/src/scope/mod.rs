@@ -62,7 +62,6 @@ use crate::observe::Metrics;
 use crate::status::Ended;
 
 pub(crate) use current::CURRENT;
-pub use current::current_or_background;
 pub use join_set::JoinSet;
 #[cfg(feature = "sqlite")]
 pub(crate) use task::note_if_outlived;
@@ -217,7 +216,7 @@ impl Scope {
 
     /// The current scope of this task, or [`Scope::background`] outside any.
     pub fn current() -> Scope {
-        current_or_background()
+        current::try_current().unwrap_or_else(Scope::background)
     }
 
     /// The absolute deadline, if any.
