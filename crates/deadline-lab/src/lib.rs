@@ -14,6 +14,7 @@ pub mod logs;
 pub mod net;
 pub mod netns;
 pub mod nginx;
+pub mod otlp;
 pub mod pb;
 pub mod process;
 pub mod report;

@@ -91,6 +91,7 @@ impl Logic for LogicSvc {
                 self.route.clone().get_route(RouteReq {
                     uid: request.uid,
                     work_ms: request.route_ms,
+                    blocks: request.route_blocks,
                 }),
             )
             .await?;
@@ -122,7 +123,18 @@ impl Route for RouteSvc {
     async fn get_route(&self, request: Request<RouteReq>) -> Result<Response<RouteResp>, Status> {
         let tracer = Tracer::enter("route", &request, &self.journal);
         let request = request.into_inner();
-        work(&tracer, millis(request.work_ms), None).await?;
+        if request.blocks {
+            // A lookup stuck in a blocking call that never checks its scope:
+            // the answer goes at the deadline, the thread runs on.
+            let stall = millis(request.work_ms);
+            let result = Scope::current()
+                .spawn_blocking(move |_ignored| std::thread::sleep(stall))
+                .await;
+            tracer.work_ended(result);
+            result.map_err(Status::from)?;
+        } else {
+            work(&tracer, millis(request.work_ms), None).await?;
+        }
         Ok(Response::new(RouteResp {
             conn_id: format!("conn-{}", request.uid),
             trace: tracer.finish([]),

@@ -69,7 +69,7 @@ where
             // Let go of the stream now rather than when the caller drops the
             // body: the server must learn the call is over.
             this.inner.set(None);
-            this.race.as_mut().abandon();
+            this.race.as_mut().lost(&status);
             return Poll::Ready(Some(Err(Box::new(status))));
         }
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
@@ -80,7 +80,7 @@ where
                 if let Poll::Ready(status) = this.race.as_mut().arm(cx) {
                     *this.done = true;
                     this.inner.set(None);
-                    this.race.as_mut().abandon();
+                    this.race.as_mut().lost(&status);
                     return Poll::Ready(Some(Err(Box::new(status))));
                 }
                 Poll::Pending

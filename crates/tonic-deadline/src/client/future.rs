@@ -6,12 +6,14 @@ use http::{HeaderMap, HeaderValue, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
+use tracing::Span;
 
 use super::abandon::Abandon;
 
 use super::body::ClientBody;
 use super::transport::lost_connection_status;
 use crate::BoxError;
+use crate::observe::spans;
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 
@@ -60,6 +62,9 @@ pin_project! {
         cancelled: Option<WaitForCancellationFutureOwned>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
+        // The call's span (disabled unless a subscriber wants it): records
+        // the outcome and closes when the call is over.
+        span: spans::Ending,
     }
 }
 
@@ -68,6 +73,7 @@ impl Race {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
+        span: Span,
     ) -> Self {
         Self {
             deadline,
@@ -76,6 +82,7 @@ impl Race {
             cancelled: None,
             scope,
             abandon,
+            span: spans::Ending::new(span),
         }
     }
 
@@ -90,7 +97,14 @@ impl Race {
             cancelled: None,
             scope: this.scope.take(),
             abandon: this.abandon.take(),
+            span: std::mem::replace(this.span, spans::Ending::none()),
         }
+    }
+
+    /// The call lost its race with `status`: record it and give up the call.
+    pub(crate) fn lost(self: Pin<&mut Self>, status: &tonic::Status) {
+        spans::client_ended(&self.span, status.code(), None, false);
+        self.abandon();
     }
 
     /// Gives the call up now: the request body ends with a stream reset, so
@@ -169,6 +183,9 @@ impl Race {
 
     /// Our deadline passed, so a `CANCELLED` the server sent is really ours
     /// expiring (gRPC spec, "Client Cancellation"): report it as such.
+    ///
+    /// Headers that carry the call's status (trailers, or a trailers-only
+    /// answer) also end the call's span.
     pub(crate) fn correct_late_cancel(&self, headers: &mut HeaderMap) {
         if headers.get("grpc-status").is_some_and(|v| v == "1") && self.is_past_deadline() {
             headers.insert("grpc-status", HeaderValue::from_static("4"));
@@ -177,6 +194,11 @@ impl Race {
                 HeaderValue::from_static("deadline exceeded"),
             );
         }
+        if !self.span.is_disabled()
+            && let Some(code) = spans::code_of(headers)
+        {
+            spans::client_ended(&self.span, code, self.scope.as_ref(), true);
+        }
     }
 
     /// Maps an error of the inner call: any failure after our deadline is the
@@ -184,13 +206,20 @@ impl Race {
     /// when it broke off a response message (`mid_message`); the rest passes
     /// through for tonic to classify.
     pub(crate) fn map_error(&self, err: BoxError, mid_message: bool) -> BoxError {
-        if self.is_past_deadline() {
+        let err = if self.is_past_deadline() {
             Box::new(status_for(Cause::DeadlineExceeded))
         } else if let Some(status) = lost_connection_status(&*err, mid_message) {
             Box::new(status)
         } else {
             err
+        };
+        if !self.span.is_disabled() {
+            let code = err
+                .downcast_ref::<tonic::Status>()
+                .map_or(tonic::Code::Unknown, tonic::Status::code);
+            spans::client_ended(&self.span, code, None, false);
         }
+        err
     }
 }
 
@@ -213,11 +242,12 @@ impl<F> ResponseFuture<F> {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Abandon,
+        span: Span,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
-                race: Race::new(deadline, scope, Some(abandon)),
+                race: Race::new(deadline, scope, Some(abandon), span),
             },
         }
     }
@@ -240,13 +270,17 @@ where
             }
             StateProj::Running { inner, mut race } => {
                 if let Poll::Ready(status) = race.as_mut().poll_lost(cx) {
-                    race.abandon();
+                    race.lost(&status);
                     return Poll::Ready(Err(Box::new(status)));
                 }
-                match inner.poll(cx) {
+                let polled = {
+                    let _entered = race.span.enter();
+                    inner.poll(cx)
+                };
+                match polled {
                     Poll::Pending => {
                         if let Poll::Ready(status) = race.as_mut().arm(cx) {
-                            race.abandon();
+                            race.lost(&status);
                             return Poll::Ready(Err(Box::new(status)));
                         }
                         Poll::Pending

@@ -72,6 +72,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::BoxError;
+use crate::observe::spans;
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 use crate::timeout_header::{self, GRPC_TIMEOUT};
@@ -186,27 +187,32 @@ where
             Some(scope) => Some(scope.clone()),
             None => Scope::try_current(),
         };
+        let span = spans::client(request.uri().path());
+        let failed = |status: tonic::Status| {
+            spans::client_ended(&span, status.code(), None, false);
+            ResponseFuture::failed(status)
+        };
         if scope.is_none()
             && let Err(refused) = self.config.unscoped_call(request.uri().path())
         {
-            return ResponseFuture::failed(refused);
+            return failed(refused);
         }
         if std::mem::take(&mut self.ready_expired) {
             let cause = scope
                 .as_ref()
                 .and_then(Scope::cause)
                 .unwrap_or(Cause::DeadlineExceeded);
-            return ResponseFuture::failed(status_for(cause));
+            return failed(status_for(cause));
         }
         let requested = match timeout_header::from_headers(request.headers()) {
             Ok(requested) => requested,
             Err(malformed) => {
-                return ResponseFuture::failed(tonic::Status::internal(malformed.to_string()));
+                return failed(tonic::Status::internal(malformed.to_string()));
             }
         };
         if let Some(scope) = &scope {
             if let Some(cause) = scope.cause() {
-                return ResponseFuture::failed(status_for(cause));
+                return failed(status_for(cause));
             }
             if let Some(forwarded) = scope.forwarded() {
                 let headers = request.headers_mut();
@@ -230,14 +236,16 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let mut granted = None;
         match deadline {
             Some(deadline) => {
                 let on_arrival = deadline
                     .saturating_duration_since(now)
                     .saturating_sub(self.config.transit());
                 if on_arrival.is_zero() {
-                    return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
+                    return failed(status_for(Cause::DeadlineExceeded));
                 }
+                granted = Some(on_arrival);
                 let mut wire = [0; timeout_header::ENCODED_MAX];
                 let len = timeout_header::encode_into(on_arrival, &mut wire);
                 // Digits and a unit letter are always a valid header value.
@@ -249,10 +257,11 @@ where
                 request.headers_mut().remove(GRPC_TIMEOUT);
             }
         }
+        spans::client_sent(&span, scope.as_ref(), granted, request.headers_mut());
         let (abandon, abandoned) = abandon::pair();
         let request = request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned)));
-        let inner = self.inner.call(request);
-        ResponseFuture::running(inner, deadline, scope, abandon)
+        let inner = span.in_scope(|| self.inner.call(request));
+        ResponseFuture::running(inner, deadline, scope, abandon, span)
     }
 }
 

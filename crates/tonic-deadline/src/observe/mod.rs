@@ -13,6 +13,7 @@
 //! ```
 
 mod resilience;
+pub mod spans;
 
 pub(crate) use resilience::CallReport;
 pub use resilience::{COUNT_BOUNDS, DELAY_BOUNDS, Histogram};

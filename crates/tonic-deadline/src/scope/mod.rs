@@ -144,6 +144,18 @@ struct Inner {
     parent: Option<Scope>,
     /// Incoming metadata allowed to travel to outbound calls.
     forwarded: Option<Arc<HeaderMap>>,
+    /// How this node limited its parent's budget, for the call spans.
+    limit: Option<Limit>,
+}
+
+/// How a child scope cut its parent's budget: what a call span reports as
+/// the cap or reserve applied on the way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// [`Scope::with_cap`]: at most this long from when it was made.
+    Cap(Duration),
+    /// [`Scope::reserve`]: this much kept back for the hop itself.
+    Reserve(Duration),
 }
 
 impl Scope {
@@ -165,14 +177,14 @@ impl Scope {
     /// # }
     /// ```
     pub fn root(deadline: Option<Instant>) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, None)
+        Scope::node(deadline, OnceLock::new(), None, None, None)
     }
 
     pub(crate) fn root_with_metadata(
         deadline: Option<Instant>,
         forwarded: Option<Arc<HeaderMap>>,
     ) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, forwarded)
+        Scope::node(deadline, OnceLock::new(), None, forwarded, None)
     }
 
     fn node(
@@ -180,6 +192,7 @@ impl Scope {
         token: OnceLock<CancellationToken>,
         parent: Option<Scope>,
         forwarded: Option<Arc<HeaderMap>>,
+        limit: Option<Limit>,
     ) -> Scope {
         Scope {
             inner: Arc::new(Inner {
@@ -188,6 +201,7 @@ impl Scope {
                 ended: OnceLock::new(),
                 parent,
                 forwarded,
+                limit,
             }),
         }
     }
@@ -306,8 +320,8 @@ impl Scope {
         // The time only tells a deadline that passed first from a cancel:
         // a node with no deadline and no children (no token) needs none,
         // and skips the clock. A child made from here on sees the end at once.
-        let at = (self.inner.deadline.is_some() || self.inner.token.get().is_some())
-            .then(Instant::now);
+        let at =
+            (self.inner.deadline.is_some() || self.inner.token.get().is_some()).then(Instant::now);
         let _ = self.inner.ended.set((cause, at));
         // Pairs with the fence in `token`: either it sees `ended`, or this
         // sees its token (see there).
@@ -410,12 +424,46 @@ impl Scope {
     }
 
     fn child_with(&self, deadline: Option<Instant>) -> Scope {
+        self.child_limited(deadline, None)
+    }
+
+    fn child_limited(&self, deadline: Option<Instant>, limit: Option<Limit>) -> Scope {
         Scope::node(
             deadline,
             OnceLock::from(self.token().child_token()),
             Some(self.clone()),
             self.inner.forwarded.clone(),
+            limit,
         )
+    }
+
+    /// The nearest cap and the nearest reserve on the way from this scope
+    /// up to its root, each with whether it was what set this scope's
+    /// deadline (the tightest limit on the way).
+    pub(crate) fn limits(&self) -> Limits {
+        let mut found = Limits::default();
+        let mut node = Some(self);
+        while let Some(scope) = node {
+            let parent = scope.inner.parent.as_ref();
+            // A limit binds when it made the deadline earlier than the
+            // parent's, and that deadline is the one this scope still has.
+            let binds = scope.inner.deadline.is_some()
+                && scope.inner.deadline == self.inner.deadline
+                && parent.is_none_or(|p| {
+                    p.inner
+                        .deadline
+                        .is_none_or(|d| Some(d) > scope.inner.deadline)
+                });
+            match scope.inner.limit {
+                Some(Limit::Cap(cap)) if found.cap.is_none() => found.cap = Some((cap, binds)),
+                Some(Limit::Reserve(r)) if found.reserve.is_none() => {
+                    found.reserve = Some((r, binds));
+                }
+                _ => {}
+            }
+            node = parent;
+        }
+        found
     }
 
     /// A child with the same deadline that can be cancelled on its own.
@@ -445,7 +493,14 @@ impl Scope {
     /// The same rule as [`with_timeout`](Scope::with_timeout), named for its
     /// per-hop use (a cache lookup capped at 20 ms, logic → route 200 ms).
     pub fn with_cap(&self, cap: Duration) -> Scope {
-        self.with_timeout(cap)
+        let Some(capped) = Instant::now().checked_add(cap) else {
+            return self.child();
+        };
+        let deadline = match self.inner.deadline {
+            Some(parent) => parent.min(capped),
+            None => capped,
+        };
+        self.child_limited(Some(deadline), Some(Limit::Cap(cap)))
     }
 
     /// Keeps `reserve` of the budget for this hop's own completion and gives
@@ -475,7 +530,9 @@ impl Scope {
             return Ok(self.child());
         };
         match deadline.checked_sub(reserve) {
-            Some(child) if child > Instant::now() => Ok(self.child_with(Some(child))),
+            Some(child) if child > Instant::now() => {
+                Ok(self.child_limited(Some(child), Some(Limit::Reserve(reserve))))
+            }
             _ => Err(Ended::new(Cause::DeadlineExceeded)),
         }
     }
@@ -550,9 +607,13 @@ impl Scope {
     {
         let scope = self.child();
         let watched = scope.clone();
+        // Closes when the work returns, which may be after its parent's span
+        // closed at the deadline: the trace shows the lost cancellation.
+        let span = crate::observe::spans::blocking();
         #[allow(clippy::disallowed_methods)] // the scope goes with the work
         let handle = tokio::task::spawn_blocking(move || {
-            let out = work(&watched);
+            let out = span.in_scope(|| work(&watched));
+            crate::observe::spans::blocking_ended(&span, &watched);
             task::note_if_outlived(&watched, "blocking work");
             out
         });
@@ -570,6 +631,13 @@ impl Scope {
     pub(crate) fn forwarded(&self) -> Option<&HeaderMap> {
         self.inner.forwarded.as_deref()
     }
+}
+
+/// See [`Scope::limits`]: each limit found, and whether it bound.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Limits {
+    pub(crate) cap: Option<(Duration, bool)>,
+    pub(crate) reserve: Option<(Duration, bool)>,
 }
 
 impl fmt::Debug for Scope {

@@ -7,26 +7,46 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::timer::LazyTimer;
+use crate::observe::spans;
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 
 /// Ends the request's scope when dropped: with the cause given to
 /// [`finish`](EndGuard::finish), or [`Cause::Abandoned`] if it is dropped
 /// unfinished (the client reset the stream or the connection closed).
+///
+/// It also holds the request's span (disabled unless a subscriber wants
+/// it), which records the cause and closes with the scope.
 #[derive(Debug)]
 pub(crate) struct EndGuard {
     scope: Scope,
     done: bool,
+    span: spans::Ending,
 }
 
 impl EndGuard {
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // the plain-HTTP layer
     pub(crate) fn new(scope: Scope) -> Self {
-        Self { scope, done: false }
+        Self::with_span(scope, tracing::Span::none())
+    }
+
+    pub(crate) fn with_span(scope: Scope, span: tracing::Span) -> Self {
+        Self {
+            scope,
+            done: false,
+            span: spans::Ending::new(span),
+        }
+    }
+
+    /// The request's span, to enter while the handler runs.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     pub(crate) fn finish(mut self, cause: Cause) {
         self.done = true;
         self.scope.end(cause);
+        spans::server_ended(&self.span, &self.scope, cause);
     }
 }
 
@@ -34,6 +54,7 @@ impl Drop for EndGuard {
     fn drop(&mut self) {
         if !self.done {
             self.scope.end(Cause::Abandoned);
+            spans::server_ended(&self.span, &self.scope, Cause::Abandoned);
         }
     }
 }
@@ -126,6 +147,7 @@ where
             Poll::Pending
         } else {
             let scope = guard.scope.clone();
+            let _entered = guard.span.enter();
             CURRENT.sync_scope(scope, || inner.as_mut().poll_frame(cx))
         };
         if polled.is_pending() {
@@ -146,7 +168,12 @@ where
         }
         match &polled {
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => finish(this.guard, this.timer),
-            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => finish(this.guard, this.timer),
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    spans::server_answered(&guard.span, trailers);
+                }
+                finish(this.guard, this.timer);
+            }
             // hyper sends a frame after which the body reports its end as the
             // last one and never polls again: the answer is complete.
             Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => finish(this.guard, this.timer),

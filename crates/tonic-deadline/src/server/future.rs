@@ -56,12 +56,13 @@ impl<F> ResponseFuture<F> {
         inner: TaskLocalFuture<Scope, F>,
         scope: Scope,
         timer: Option<Instant>,
+        span: tracing::Span,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
                 timer: timer.map(LazyTimer::new),
-                guard: Some(EndGuard::new(scope)),
+                guard: Some(EndGuard::with_span(scope, span)),
             },
         }
     }
@@ -91,6 +92,7 @@ where
                 let polled = if expired {
                     Poll::Pending
                 } else {
+                    let _entered = guard.as_ref().map(|g| g.span().enter());
                     inner.poll(cx)
                 };
                 let Poll::Ready(result) = polled else {
@@ -111,6 +113,7 @@ where
                     .expect("ResponseFuture polled after completion");
                 Poll::Ready(match result {
                     Ok(response) => {
+                        crate::observe::spans::server_answered(guard.span(), response.headers());
                         Ok(response.map(|body| ServerBody::new(body, guard, timer.take())))
                     }
                     Err(err) => {

@@ -60,6 +60,7 @@ use http::{HeaderMap, HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::observe::spans;
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 use crate::timeout_header;
@@ -191,6 +192,8 @@ where
         };
         let budget = self.config.budget(requested);
         if budget == Some(Duration::ZERO) {
+            let span = spans::server(request.uri().path(), request.headers(), requested, budget);
+            spans::server_ended(&span, &Scope::root(None), Cause::DeadlineExceeded);
             tracing::debug!(path = %request.uri().path(), "refused as already expired");
             return ResponseFuture::answer(status_for(Cause::DeadlineExceeded));
         }
@@ -198,8 +201,10 @@ where
         let scope = Scope::root_with_metadata(deadline, self.config.forwarded(request.headers()));
         request.extensions_mut().insert(scope.clone());
         let timer = deadline.map(|d| d.checked_sub(TONIC_TIMER_LEAD).unwrap_or(d));
-        let inner = CURRENT.sync_scope(scope.clone(), || self.inner.call(request));
-        ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, timer)
+        let span = spans::server(request.uri().path(), request.headers(), requested, budget);
+        let inner =
+            span.in_scope(|| CURRENT.sync_scope(scope.clone(), || self.inner.call(request)));
+        ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, timer, span)
     }
 }
 
