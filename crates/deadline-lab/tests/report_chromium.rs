@@ -57,7 +57,11 @@ async fn report_charts_render_in_headless_chromium() {
         experiments::handler::run(),
     );
     let shop = experiments::shop::run().await;
+    let waterfall =
+        experiments::waterfall::run_exe(std::path::Path::new(env!("CARGO_BIN_EXE_deadline-lab")))
+            .await;
     for (name, outcome) in [
+        ("waterfall", waterfall),
         ("chain", chain),
         ("im", im),
         ("drift", drift),
@@ -114,6 +118,8 @@ async fn report_charts_render_in_headless_chromium() {
         "drift",
         "completions",
         "shop",
+        "waterfall-normal",
+        "waterfall-route-stalls",
     ] {
         assert!(
             dom.contains(&format!("data-chart=\"{chart}\"")),

@@ -237,10 +237,15 @@ async fn im_request_is_one_trace_across_four_processes_on_a_real_otlp_receiver()
     assert_eq!(stalled.code(), tonic::Code::DeadlineExceeded);
     let trace = next_trace(&receiver, &seen, 6).await;
     let route = server(&trace, "im-route");
-    assert_eq!(
-        route.text("cause"),
-        Some("deadline exceeded"),
-        "route's scope must end at its deadline"
+    // Route's timer and logic's reset (logic's own deadline, a transit
+    // earlier) arrive within a millisecond of each other: either ends it.
+    assert!(
+        matches!(
+            route.text("cause"),
+            Some("deadline exceeded" | "abandoned before the answer")
+        ),
+        "route's scope must end at its deadline: {:?}",
+        route.text("cause")
     );
     let work = trace
         .iter()

@@ -191,6 +191,7 @@ pub fn hops(spans: &[Received]) -> Vec<Hop> {
         let outcome = match span.text("outcome") {
             Some(outcome) => outcome.to_owned(),
             None if span.span.name == "blocking work" && outlived => "RAN ON".to_owned(),
+            None if kind(span) == "server" => "(none)".to_owned(),
             None => "OK".to_owned(),
         };
         out.push(Hop {
@@ -330,7 +331,15 @@ pub async fn run(receiver: Option<&Receiver>) -> anyhow::Result<Outcome> {
 ///
 /// When the child fails or prints something else than the result.
 pub async fn run_child() -> anyhow::Result<Outcome> {
-    let exe = crate::process::lab_exe()?;
+    run_exe(&crate::process::lab_exe()?).await
+}
+
+/// [`run_child`] with the `deadline-lab` binary at `exe`.
+///
+/// # Errors
+///
+/// As [`run_child`].
+pub async fn run_exe(exe: &std::path::Path) -> anyhow::Result<Outcome> {
     let out = tokio::process::Command::new(exe)
         .args(["experiment", "waterfall", "--json"])
         .output()

@@ -146,9 +146,10 @@ pub(crate) fn server_ended(span: &Span, scope: &Scope, cause: Cause) {
         return;
     }
     span.record("cause", tracing::field::display(cause));
-    if cause == Cause::DeadlineExceeded {
-        // The layer answers for the handler at its deadline.
-        span.record("outcome", code_name(tonic::Code::DeadlineExceeded));
+    if cause != Cause::Completed {
+        // The layer answered for the handler at its deadline, or nobody
+        // was left to answer: the status is the cause's.
+        span.record("outcome", code_name(cause.code()));
     }
     // The timer answers one tick before the deadline: an answer completed
     // after it was not stopped, and the caller had already given up.
