@@ -171,12 +171,13 @@ pub async fn start_role(
     journal: &Journal,
 ) -> anyhow::Result<Started> {
     let journal = journal.clone();
-    let layer = ServerDeadlineLayer::new();
+    // Every IM service opens a span per request: the system's traces.
+    let layer = ServerDeadlineLayer::new().trace_spans();
     let (role, routes, layer) = match role {
         "gateway" => (
             "gateway",
             Routes::new(GatewayServer::new(GatewaySvc {
-                logic: LogicClient::new(peers.channel("logic")?),
+                logic: LogicClient::new(peers.traced_channel("logic")?),
                 journal,
             })),
             layer,
@@ -184,8 +185,8 @@ pub async fn start_role(
         "logic" => (
             "logic",
             Routes::new(LogicServer::new(LogicSvc {
-                route: RouteClient::new(peers.channel("route")?),
-                push: PusherClient::new(peers.channel("push")?),
+                route: RouteClient::new(peers.traced_channel("route")?),
+                push: PusherClient::new(peers.traced_channel("push")?),
                 journal,
             })),
             layer.default_timeout(LOGIC_DEFAULT),
@@ -225,7 +226,7 @@ pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started
 ///
 /// When the connection cannot be made.
 pub async fn client(addr: SocketAddr) -> anyhow::Result<GatewayClient<Layered>> {
-    Ok(GatewayClient::new(crate::net::connect_layered(addr).await?))
+    Ok(GatewayClient::new(crate::net::connect_traced(addr).await?))
 }
 
 /// A client of logic at `addr` (to call it without a deadline).

@@ -187,7 +187,11 @@ where
             Some(scope) => Some(scope.clone()),
             None => Scope::try_current(),
         };
-        let span = spans::client(request.uri().path());
+        let span = if self.config.spans {
+            spans::client(request.uri().path())
+        } else {
+            tracing::Span::none()
+        };
         let failed = |status: tonic::Status| {
             spans::client_ended(&span, status.code(), None, false);
             ResponseFuture::failed(status)

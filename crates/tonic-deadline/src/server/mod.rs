@@ -104,6 +104,8 @@ pub(crate) struct Config {
     pub(crate) default_timeout: Option<Duration>,
     pub(crate) max_timeout: Option<Duration>,
     pub(crate) forward: Vec<HeaderName>,
+    /// Open a `grpc.server` span per request ([`ServerDeadlineLayer::trace_spans`]).
+    pub(crate) spans: bool,
 }
 
 impl Config {
@@ -192,8 +194,11 @@ where
         };
         let budget = self.config.budget(requested);
         if budget == Some(Duration::ZERO) {
-            let span = spans::server(request.uri().path(), request.headers(), requested, budget);
-            spans::server_ended(&span, &Scope::root(None), Cause::DeadlineExceeded);
+            if self.config.spans {
+                let span =
+                    spans::server(request.uri().path(), request.headers(), requested, budget);
+                spans::server_ended(&span, &Scope::root(None), Cause::DeadlineExceeded);
+            }
             tracing::debug!(path = %request.uri().path(), "refused as already expired");
             return ResponseFuture::answer(status_for(Cause::DeadlineExceeded));
         }
@@ -201,7 +206,11 @@ where
         let scope = Scope::root_with_metadata(deadline, self.config.forwarded(request.headers()));
         request.extensions_mut().insert(scope.clone());
         let timer = deadline.map(|d| d.checked_sub(TONIC_TIMER_LEAD).unwrap_or(d));
-        let span = spans::server(request.uri().path(), request.headers(), requested, budget);
+        let span = if self.config.spans {
+            spans::server(request.uri().path(), request.headers(), requested, budget)
+        } else {
+            tracing::Span::none()
+        };
         let inner =
             span.in_scope(|| CURRENT.sync_scope(scope.clone(), || self.inner.call(request)));
         ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, timer, span)
