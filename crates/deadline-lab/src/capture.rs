@@ -25,108 +25,19 @@
 //! # }
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use probe::frames::{CONTINUATION, DATA, END_HEADERS, FrameParser, HEADERS, PADDED, PRIORITY};
+pub use probe::frames::{Frame, error_code_name};
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
-
-/// The connection preface a client sends before its first frame.
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Frame types (RFC 9113 §6).
-const DATA: u8 = 0;
-const HEADERS: u8 = 1;
-const RST_STREAM: u8 = 3;
-const SETTINGS: u8 = 4;
-const PUSH_PROMISE: u8 = 5;
-const PING: u8 = 6;
-const GOAWAY: u8 = 7;
-const CONTINUATION: u8 = 9;
-
-/// Flags.
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
-
-/// One frame header seen on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame {
-    /// The frame type (0 DATA, 1 HEADERS, 3 RST_STREAM, 4 SETTINGS, …).
-    pub kind: u8,
-    /// The frame flags.
-    pub flags: u8,
-    /// The stream id; 0 for connection frames.
-    pub stream: u32,
-}
-
-impl Frame {
-    /// The frame type's name.
-    pub fn kind_name(&self) -> &'static str {
-        match self.kind {
-            0 => "DATA",
-            1 => "HEADERS",
-            2 => "PRIORITY",
-            3 => "RST_STREAM",
-            4 => "SETTINGS",
-            5 => "PUSH_PROMISE",
-            6 => "PING",
-            7 => "GOAWAY",
-            8 => "WINDOW_UPDATE",
-            9 => "CONTINUATION",
-            _ => "UNKNOWN",
-        }
-    }
-
-    /// The names of the flags set, for this frame type.
-    pub fn flag_names(&self) -> Vec<&'static str> {
-        let known: &[(u8, &str)] = match self.kind {
-            DATA => &[(END_STREAM, "END_STREAM"), (PADDED, "PADDED")],
-            HEADERS => &[
-                (END_STREAM, "END_STREAM"),
-                (END_HEADERS, "END_HEADERS"),
-                (PADDED, "PADDED"),
-                (PRIORITY, "PRIORITY"),
-            ],
-            SETTINGS | PING => &[(ACK, "ACK")],
-            PUSH_PROMISE | CONTINUATION => &[(END_HEADERS, "END_HEADERS")],
-            _ => &[],
-        };
-        known
-            .iter()
-            .filter(|(bit, _)| self.flags & bit != 0)
-            .map(|(_, name)| *name)
-            .collect()
-    }
-}
-
-/// The name of an HTTP/2 error code (RST_STREAM, GOAWAY).
-pub fn error_code_name(code: u32) -> &'static str {
-    match code {
-        0 => "NO_ERROR",
-        1 => "PROTOCOL_ERROR",
-        2 => "INTERNAL_ERROR",
-        3 => "FLOW_CONTROL_ERROR",
-        4 => "SETTINGS_TIMEOUT",
-        5 => "STREAM_CLOSED",
-        6 => "FRAME_SIZE_ERROR",
-        7 => "REFUSED_STREAM",
-        8 => "CANCEL",
-        9 => "COMPRESSION_ERROR",
-        10 => "CONNECT_ERROR",
-        11 => "ENHANCE_YOUR_CALM",
-        12 => "INADEQUATE_SECURITY",
-        13 => "HTTP_1_1_REQUIRED",
-        _ => "UNKNOWN_ERROR",
-    }
-}
 
 /// Which way a frame went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,27 +127,72 @@ impl Record {
         line
     }
 
-    /// The record as one JSON object.
-    pub fn json(&self) -> Value {
-        let headers: serde_json::Map<String, Value> = self
-            .headers
-            .iter()
-            .map(|(n, v)| (n.clone(), Value::String(v.clone())))
-            .collect();
-        json!({
-            "at_ms": (self.at.as_secs_f64() * 1_000_000.0).round() / 1000.0,
-            "connection": self.connection,
-            "direction": self.direction.arrow(),
-            "chunk": self.chunk,
-            "type": self.frame.kind_name(),
-            "stream": self.frame.stream,
-            "flags": self.frame.flag_names(),
-            "len": self.len,
-            "headers": headers,
-            "error_code": self.error_code.map(error_code_name),
-            "problem": self.problem,
-        })
+    /// The record as one line of `capture --json`.
+    pub fn json(&self) -> RecordLine {
+        RecordLine {
+            at_ms: (self.at.as_secs_f64() * 1_000_000.0).round() / 1000.0,
+            connection: self.connection,
+            direction: self.direction.arrow().to_owned(),
+            chunk: self.chunk,
+            kind: self.frame.kind_name().to_owned(),
+            stream: self.frame.stream,
+            flags: self
+                .frame
+                .flag_names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            len: self.len,
+            headers: self.headers.iter().cloned().collect(),
+            error_code: self.error_code.map(|c| error_code_name(c).to_owned()),
+            problem: self.problem.clone(),
+        }
     }
+}
+
+/// One decoded frame as `capture --json` prints it, one object a line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordLine {
+    /// Time since the proxy started, in ms.
+    pub at_ms: f64,
+    /// Which connection through the proxy.
+    pub connection: u32,
+    /// `c→s` or `s→c`.
+    pub direction: String,
+    /// Which read of this direction carried the frame's end.
+    pub chunk: u32,
+    /// The frame type's name (`HEADERS`, `RST_STREAM`, …).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The stream id.
+    pub stream: u32,
+    /// The names of the flags set.
+    pub flags: Vec<String>,
+    /// The payload length.
+    pub len: u32,
+    /// The decoded header list, on the frame that ends a header block (a
+    /// repeated name keeps its last value).
+    pub headers: BTreeMap<String, String>,
+    /// The error code's name, for RST_STREAM and GOAWAY.
+    pub error_code: Option<String>,
+    /// What could not be decoded, if anything.
+    pub problem: Option<String>,
+}
+
+impl RecordLine {
+    /// Whether this is a HEADERS frame going `direction`.
+    pub fn is_headers(&self, direction: Direction) -> bool {
+        self.kind == "HEADERS" && self.direction == direction.arrow()
+    }
+}
+
+/// The first line of `capture --json`: where the proxy listens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listening {
+    /// The address clients connect to.
+    pub listen: String,
+    /// Where it forwards.
+    pub upstream: String,
 }
 
 impl fmt::Display for Record {
@@ -436,7 +392,7 @@ struct Cutter {
 impl Cutter {
     fn new(after: u64, cut_at: Arc<Mutex<Option<Instant>>>) -> Self {
         Self {
-            parser: FrameParser::new(0),
+            parser: FrameParser::server_to_client(),
             after,
             seen: 0,
             payload: 0,
@@ -579,15 +535,15 @@ struct Decoder {
 
 impl Decoder {
     fn new(direction: Direction, connection: u32, sink: Sink) -> Self {
-        let preface = match direction {
-            Direction::ClientToServer => PREFACE.len(),
-            Direction::ServerToClient => 0,
+        let parser = match direction {
+            Direction::ClientToServer => FrameParser::client_to_server(),
+            Direction::ServerToClient => FrameParser::server_to_client(),
         };
         Self {
             direction,
             connection,
             sink,
-            parser: FrameParser::new(preface),
+            parser,
             hpack: loona_hpack::Decoder::new(),
             block: Vec::new(),
             broken: false,
@@ -600,13 +556,14 @@ impl Decoder {
             return;
         }
         for parsed in self.parser.feed(bytes) {
-            let record = self.decode(parsed.frame, &parsed.payload);
+            let record = self.decode(&parsed);
             self.sink.push(record);
         }
         self.chunks += 1;
     }
 
-    fn decode(&mut self, frame: Frame, payload: &[u8]) -> Record {
+    fn decode(&mut self, parsed: &probe::frames::Parsed) -> Record {
+        let (frame, payload) = (parsed.frame, parsed.payload.as_slice());
         let mut record = Record {
             at: self.sink.started.elapsed(),
             connection: self.connection,
@@ -615,37 +572,27 @@ impl Decoder {
             frame,
             len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
             headers: Vec::new(),
-            error_code: None,
+            error_code: parsed.error_code(),
             problem: None,
         };
-        let code = |at: usize| {
-            payload
-                .get(at..at + 4)
-                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        };
-        match frame.kind {
-            RST_STREAM => record.error_code = code(0),
-            GOAWAY => record.error_code = code(4),
-            HEADERS | CONTINUATION => {
-                let fragment = if frame.kind == HEADERS {
-                    self.block.clear();
-                    header_fragment(frame.flags, payload)
-                } else {
-                    Some(payload)
-                };
-                match fragment {
-                    Some(fragment) => self.block.extend_from_slice(fragment),
-                    None => record.problem = Some("malformed padding".into()),
-                }
-                if frame.flags & END_HEADERS != 0 {
-                    let block = std::mem::take(&mut self.block);
-                    match self.decode_block(&block) {
-                        Ok(headers) => record.headers = headers,
-                        Err(problem) => record.problem = Some(problem),
-                    }
+        if let HEADERS | CONTINUATION = frame.kind {
+            let fragment = if frame.kind == HEADERS {
+                self.block.clear();
+                header_fragment(frame.flags, payload)
+            } else {
+                Some(payload)
+            };
+            match fragment {
+                Some(fragment) => self.block.extend_from_slice(fragment),
+                None => record.problem = Some("malformed padding".into()),
+            }
+            if frame.flags & END_HEADERS != 0 {
+                let block = std::mem::take(&mut self.block);
+                match self.decode_block(&block) {
+                    Ok(headers) => record.headers = headers,
+                    Err(problem) => record.problem = Some(problem),
                 }
             }
-            _ => {}
         }
         record
     }
@@ -688,93 +635,11 @@ fn header_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
     payload.get(start..end)
 }
 
-/// One frame split off a byte stream.
-#[derive(Debug)]
-struct Parsed {
-    frame: Frame,
-    payload: Vec<u8>,
-    /// Where its header starts, in bytes after the preface.
-    start: u64,
-}
-
-/// Splits a byte stream into frames, whatever the chunking.
-#[derive(Debug)]
-struct FrameParser {
-    preface_left: usize,
-    pending: Vec<u8>,
-    /// Bytes after the preface that were split off before `pending`.
-    consumed: u64,
-}
-
-impl FrameParser {
-    fn new(preface: usize) -> Self {
-        Self {
-            preface_left: preface,
-            pending: Vec::new(),
-            consumed: 0,
-        }
-    }
-
-    fn feed(&mut self, mut bytes: &[u8]) -> Vec<Parsed> {
-        let take = self.preface_left.min(bytes.len());
-        self.preface_left -= take;
-        bytes = &bytes[take..];
-        self.pending.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut at = 0;
-        while let Some(h) = self.pending.get(at..at + 9) {
-            let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-            let Some(payload) = self.pending.get(at + 9..at + 9 + len) else {
-                break;
-            };
-            let frame = Frame {
-                kind: h[3],
-                flags: h[4],
-                stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
-            };
-            out.push(Parsed {
-                frame,
-                payload: payload.to_vec(),
-                start: self.consumed + at as u64,
-            });
-            at += 9 + len;
-        }
-        self.pending.drain(..at);
-        self.consumed += at as u64;
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse_all(wire: &[u8], chunk: usize) -> Vec<(Frame, Vec<u8>)> {
-        let mut parser = FrameParser::new(PREFACE.len());
-        wire.chunks(chunk)
-            .flat_map(|c| parser.feed(c))
-            .map(|p| (p.frame, p.payload))
-            .collect()
-    }
-
-    #[test]
-    fn parser_finds_frames_across_any_chunking() {
-        let mut wire = PREFACE.to_vec();
-        wire.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS
-        wire.extend([0, 0, 3, 1, 4, 0, 0, 0, 1, 0xaa, 0xbb, 0xcc]); // HEADERS on stream 1
-        wire.extend([0, 0, 4, 3, 0, 0, 0, 0, 1, 0, 0, 0, 8]); // RST_STREAM CANCEL
-        for chunk in 1..wire.len() {
-            let frames = parse_all(&wire, chunk);
-            let kinds: Vec<_> = frames.iter().map(|(f, _)| f.kind_name()).collect();
-            assert_eq!(
-                kinds,
-                ["SETTINGS", "HEADERS", "RST_STREAM"],
-                "chunk size {chunk}"
-            );
-            assert_eq!(frames[1].0.stream, 1, "the stream id must be read");
-            assert_eq!(frames[1].1, [0xaa, 0xbb, 0xcc], "the payload must be kept");
-        }
-    }
+    use probe::frames::{END_STREAM, PREFACE, RST_STREAM};
 
     fn sink() -> Sink {
         Sink {

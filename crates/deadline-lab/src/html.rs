@@ -1,5 +1,6 @@
 //! The demo's report: one self-contained HTML file (inline CSS, inline SVG
-//! charts, no external resources) built from the experiments' JSON.
+//! charts, no external resources) built from the experiments' results, each
+//! read back from its JSON into the experiment's own result type.
 //!
 //! Every chart is an `<svg class="chart">`. A few lines of inline script
 //! stamp each chart, once laid out, with its rendered size
@@ -13,9 +14,19 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::bench::overload::Overload;
+use crate::bench::soak::Soak;
+use crate::experiments::chain::Chain;
+use crate::experiments::drift::Drift;
+use crate::experiments::expired::Expired;
 use crate::experiments::faults::Faults;
+use crate::experiments::handler::Handler;
 use crate::experiments::hosts::Hosts;
+use crate::experiments::im::{self, Im};
+use crate::experiments::jobs::JobsRun;
+use crate::experiments::propagation::Propagation;
 use crate::experiments::proxy::Proxy;
+use crate::experiments::shop::Shop;
 use crate::report::Outcome;
 
 /// One finished step of the demo.
@@ -78,10 +89,6 @@ impl Bar {
         self.note = note.into();
         self
     }
-}
-
-fn num(v: &Value) -> Option<f64> {
-    v.as_f64()
 }
 
 fn fmt_ms(v: f64) -> String {
@@ -237,6 +244,176 @@ pub fn grouped(name: &str, title: &str, unit: &str, series: &[&str], groups: &[G
     svg
 }
 
+/// One line of a line chart: its name and one value per x position.
+pub type Series = (String, Vec<f64>);
+
+/// A line chart over categorical x positions (evenly spaced, labelled
+/// `xs`), one line with a point per value for each series; `goals` are
+/// (x index, value) pairs drawn as dark ticks, like the seed's figures.
+pub fn lines(
+    name: &str,
+    title: &str,
+    y_unit: &str,
+    xs: &[String],
+    series: &[Series],
+    goals: &[(usize, f64)],
+) -> String {
+    const W: f64 = 760.0;
+    const H: f64 = 320.0;
+    const LEFT: f64 = 50.0;
+    const RIGHT: f64 = 200.0;
+    const TOP: f64 = 34.0;
+    const BOTTOM: f64 = 44.0;
+    let plot_w = W - LEFT - RIGHT;
+    let plot_h = H - TOP - BOTTOM;
+    let max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .chain(goals.iter().map(|(_, g)| *g))
+        .fold(1.0_f64, f64::max);
+    let x = |i: usize| {
+        if xs.len() < 2 {
+            LEFT + plot_w / 2.0
+        } else {
+            LEFT + 20.0 + (plot_w - 40.0) * i as f64 / (xs.len() - 1) as f64
+        }
+    };
+    let y = |v: f64| TOP + plot_h - v.max(0.0) / max * plot_h;
+    let base = TOP + plot_h;
+    let mut svg = format!(
+        r#"<svg class="chart" data-chart="{name}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{t}"><text class="title" x="0" y="18">{t}</text>"#,
+        t = escape(title)
+    );
+    for step in 0..=4 {
+        let v = max * f64::from(step) / 4.0;
+        let _ = write!(
+            svg,
+            r#"<line class="grid" x1="{LEFT}" x2="{x2}" y1="{gy:.1}" y2="{gy:.1}"/><text class="label" x="{lx}" y="{ty:.1}" text-anchor="end">{v:.2}</text>"#,
+            x2 = LEFT + plot_w,
+            gy = y(v),
+            lx = LEFT - 6.0,
+            ty = y(v) + 4.0,
+        );
+    }
+    let _ = write!(
+        svg,
+        r#"<line class="axis" x1="{LEFT}" x2="{x2}" y1="{base}" y2="{base}"/>"#,
+        x2 = LEFT + plot_w
+    );
+    for (i, label) in xs.iter().enumerate() {
+        let _ = write!(
+            svg,
+            r#"<text class="label" x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            x(i),
+            base + 18.0,
+            escape(label)
+        );
+    }
+    for &(i, goal) in goals {
+        let _ = write!(
+            svg,
+            r#"<line class="seed" x1="{x1:.1}" x2="{x2:.1}" y1="{gy:.1}" y2="{gy:.1}"><title>goal at {l}: {goal} {y_unit}</title></line>"#,
+            x1 = x(i) - 12.0,
+            x2 = x(i) + 12.0,
+            gy = y(goal),
+            l = escape(xs.get(i).map_or("", String::as_str)),
+        );
+    }
+    for (s, (label, values)) in series.iter().enumerate() {
+        let points: Vec<String> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{:.1},{:.1}", x(i), y(*v)))
+            .collect();
+        let _ = write!(
+            svg,
+            r#"<polyline class="line s{s}" points="{}"><title>{}</title></polyline>"#,
+            points.join(" "),
+            escape(label)
+        );
+        for (i, v) in values.iter().enumerate() {
+            let _ = write!(
+                svg,
+                r#"<circle class="point s{s}" cx="{:.1}" cy="{:.1}" r="4"><title>{} at {}: {v:.3} {y_unit}</title></circle>"#,
+                x(i),
+                y(*v),
+                escape(label),
+                escape(xs.get(i).map_or("", String::as_str)),
+            );
+        }
+        let ly = TOP + 10.0 + 22.0 * s as f64;
+        let _ = write!(
+            svg,
+            r#"<line class="line s{s}" x1="{lx}" x2="{lx2}" y1="{ly}" y2="{ly}"/><text class="legend" x="{tx}" y="{ty}">{}</text>"#,
+            escape(label),
+            lx = W - RIGHT + 16.0,
+            lx2 = W - RIGHT + 40.0,
+            tx = W - RIGHT + 46.0,
+            ty = ly + 4.0,
+        );
+    }
+    if !goals.is_empty() {
+        let ly = TOP + 10.0 + 22.0 * series.len() as f64;
+        let _ = write!(
+            svg,
+            r#"<line class="seed" x1="{lx}" x2="{lx2}" y1="{ly}" y2="{ly}"/><text class="legend" x="{tx}" y="{ty}">goal for ours</text>"#,
+            lx = W - RIGHT + 16.0,
+            lx2 = W - RIGHT + 40.0,
+            tx = W - RIGHT + 46.0,
+            ty = ly + 4.0,
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// `bench overload`: goodput over offered load, one line per variant, with
+/// the goals (0.90 at 2×, 0.80 at 4×) as ticks.
+fn overload_plot(o: &Overload) -> String {
+    let xs: Vec<String> = o
+        .rows
+        .iter()
+        .map(|r| format!("{}× ({:.0} req/s)", r.offered_x, r.offered_rps))
+        .collect();
+    let series: Vec<Series> = Overload::VARIANTS
+        .iter()
+        .enumerate()
+        .map(|(v, name)| {
+            (
+                (*name).to_owned(),
+                o.rows.iter().map(|r| r.goodputs()[v]).collect(),
+            )
+        })
+        .collect();
+    let goals: Vec<(usize, f64)> = o
+        .rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match r.offered_x {
+            2 => Some((i, 0.90)),
+            4 => Some((i, 0.80)),
+            _ => None,
+        })
+        .collect();
+    let mut html = lines(
+        "overload",
+        &format!(
+            "Goodput (OK before the {} ms deadline ÷ capacity) over offered load; capacity {:.0} req/s",
+            o.deadline_ms, o.capacity_rps
+        ),
+        "of capacity",
+        &xs,
+        &series,
+        &goals,
+    );
+    let _ = write!(
+        html,
+        r#"<p class="note">a pool of {} connections × {} ms queries; {} s open-loop windows per variant and load</p>"#,
+        o.connections, o.query_ms, o.window_s
+    );
+    html
+}
+
 fn table(outcome: &Outcome) -> String {
     let mut html = String::from("<table><thead><tr>");
     for c in &outcome.columns {
@@ -261,33 +438,26 @@ fn find<'a>(steps: &'a [Step], name: &str) -> Option<&'a Value> {
     steps.iter().find(|s| s.name == name).and_then(Step::json)
 }
 
-fn chain_chart(json: &Value) -> Option<String> {
+fn chain_chart(chain: &Chain) -> String {
     const SEED: [f64; 3] = [999.9, 899.2, 798.6];
-    let hops = json["hops"].as_array()?;
-    let bars: Vec<Bar> = hops
+    let bars: Vec<Bar> = chain
+        .hops
         .iter()
         .zip(SEED)
         .map(|(h, seed)| {
-            Bar::new(
-                h["service"].as_str().unwrap_or("?"),
-                num(&h["remaining_ms"]).unwrap_or(0.0),
-                Some(seed),
-            )
-            .note(format!(
-                "grpc-timeout {}",
-                h["header"].as_str().unwrap_or("")
-            ))
+            Bar::new(&h.service, h.remaining_ms, Some(seed))
+                .note(format!("grpc-timeout {}", h.header))
         })
         .collect();
-    Some(hbars(
+    hbars(
         "chain",
         "Chain A → B → C: remaining budget on entry (1 s client budget, 100 ms per hop)",
         "ms",
         &bars,
-    ))
+    )
 }
 
-fn im_bars(case: &Value) -> Vec<Bar> {
+fn im_bars(case: &im::Case) -> Vec<Bar> {
     let seed = |service: &str| match service {
         "gateway" => Some(800.0),
         "logic" => Some(500.0),
@@ -295,24 +465,27 @@ fn im_bars(case: &Value) -> Vec<Bar> {
         _ => None,
     };
     let mut bars = Vec::new();
-    for hop in case["hops"].as_array().into_iter().flatten() {
-        let service = hop["service"].as_str().unwrap_or("?");
-        if let Some(entry) = num(&hop["entry_ms"]) {
-            let work = hop["work"]["outcome"]
-                .as_str()
-                .map(|o| format!("own work: {o}"))
+    for hop in &case.hops {
+        if let Some(entry) = hop.entry_ms {
+            let work = hop
+                .work
+                .as_ref()
+                .map(|w| format!("own work: {}", w.outcome))
                 .unwrap_or_default();
-            bars.push(Bar::new(format!("{service} on entry"), entry, seed(service)).note(work));
+            bars.push(
+                Bar::new(
+                    format!("{} on entry", hop.service),
+                    entry,
+                    seed(&hop.service),
+                )
+                .note(work),
+            );
         }
-        for gave in hop["gave"].as_array().into_iter().flatten() {
-            if let Some(ms) = num(&gave["ms"]) {
+        for gave in &hop.gave {
+            if let Some(ms) = gave.ms {
                 bars.push(
-                    Bar::new(
-                        format!("  {service} → {}", gave["to"].as_str().unwrap_or("?")),
-                        ms,
-                        None,
-                    )
-                    .note(gave["outcome"].as_str().unwrap_or("").to_owned()),
+                    Bar::new(format!("  {} → {}", hop.service, gave.to), ms, None)
+                        .note(gave.outcome.clone()),
                 );
             }
         }
@@ -320,59 +493,63 @@ fn im_bars(case: &Value) -> Vec<Bar> {
     bars
 }
 
-fn drift_chart(json: &Value) -> Option<String> {
+fn drift_chart(drift: &Drift) -> String {
     const SEED: [(f64, f64); 3] = [(999.0, 999.0), (999.0, 798.0), (999.0, 598.0)];
-    let rows = json["rows"].as_array()?;
-    let groups: Vec<Group> = rows
+    let groups: Vec<Group> = drift
+        .rows
         .iter()
         .zip(SEED)
         .map(|(r, (ss, sc))| {
             (
-                format!("{} ms delay", r["delay_ms"]),
+                format!("{} ms delay", r.delay_ms),
                 vec![
-                    (num(&r["server_sees_ms"]).unwrap_or(0.0), Some(ss)),
-                    (num(&r["client_left_ms"]).unwrap_or(0.0), Some(sc)),
+                    (r.server_sees_ms.unwrap_or(0.0), Some(ss)),
+                    (r.client_left_ms, Some(sc)),
                 ],
             )
         })
         .collect();
-    Some(grouped(
+    grouped(
         "drift",
         "Relative timeouts: what the server sees vs what the client really has left (1 s budget)",
         "ms",
         &["server sees", "client really has"],
         &groups,
-    ))
+    )
 }
 
-fn completions_chart(propagation: Option<&Value>, handler: Option<&Value>) -> Option<String> {
+fn completions_chart(
+    propagation: Option<&Propagation>,
+    handler: Option<&Handler>,
+) -> Option<String> {
     let mut groups = Vec::new();
     if let Some(p) = propagation {
+        let count = |n: u64| n as f64;
         groups.push((
             "B, propagate".to_owned(),
-            vec![(num(&p["propagate"]["b_completed"])?, Some(0.0))],
+            vec![(count(p.propagate.b_completed), Some(0.0))],
         ));
         groups.push((
             "C, propagate".to_owned(),
-            vec![(num(&p["propagate"]["c_completed"])?, Some(0.0))],
+            vec![(count(p.propagate.c_completed), Some(0.0))],
         ));
         groups.push((
             "B, detached".to_owned(),
-            vec![(num(&p["detached"]["b_completed"])?, Some(1.0))],
+            vec![(count(p.detached.b_completed), Some(1.0))],
         ));
         groups.push((
             "C, detached".to_owned(),
-            vec![(num(&p["detached"]["c_completed"])?, Some(1.0))],
+            vec![(count(p.detached.c_completed), Some(1.0))],
         ));
     }
     if let Some(h) = handler {
         groups.push((
             "handler watches".to_owned(),
-            vec![(num(&h["watching"]["completed"])?, Some(0.0))],
+            vec![(f64::from(h.watching.completed), Some(0.0))],
         ));
         groups.push((
             "handler ignores".to_owned(),
-            vec![(num(&h["ignoring"]["completed"])?, Some(1.0))],
+            vec![(f64::from(h.ignoring.completed), Some(1.0))],
         ));
     }
     (!groups.is_empty()).then(|| {
@@ -544,14 +721,15 @@ fn proxy_section(p: &Proxy) -> String {
     plain_table(&["measured", "value"], &rows)
 }
 
-fn typed<T: serde::de::DeserializeOwned>(json: Option<&Value>) -> Option<T> {
-    json.and_then(|j| serde_json::from_value(j.clone()).ok())
+/// The result of step `name`, read back into its type; `None` when the
+/// step failed, did not run, or printed something else.
+fn typed<T: serde::de::DeserializeOwned>(steps: &[Step], name: &str) -> Option<T> {
+    find(steps, name).and_then(|j| serde_json::from_value(j.clone()).ok())
 }
 
-fn wire_block(title: &str, lines: &[Value]) -> String {
+fn wire_block(title: &str, lines: &[String]) -> String {
     let mut html = format!("<h3>{}</h3><pre class=\"wire\">", escape(title));
     for line in lines {
-        let line = line.as_str().unwrap_or_default();
         let class = if line.contains("RST_STREAM") {
             "rst"
         } else if line.contains("grpc-timeout=") {
@@ -578,22 +756,27 @@ svg.chart{display:block;max-width:100%;height:auto;margin:10px 0}
 svg .title{font-weight:600;font-size:14px;fill:#1d2330}svg .label,svg .value,svg .legend{font-size:12px;fill:#3a4250}
 svg .bar{fill:#2a9d8f}svg .bar.s1{fill:#e76f51}svg .bar.s2{fill:#8ab17d}svg .seed{stroke:#1d2330;stroke-width:3}svg .axis{stroke:#999}
 svg .k-ours{fill:#2a9d8f}svg .k-seed{fill:#1d2330}
+svg .grid{stroke:#e4e7ec}svg .line{fill:none;stroke-width:2.5}svg .line.s0{stroke:#6b7280}svg .line.s1{stroke:#e76f51}svg .line.s2{stroke:#8ab17d}svg .line.s3{stroke:#2a9d8f}
+svg .point.s0{fill:#6b7280}svg .point.s1{fill:#e76f51}svg .point.s2{fill:#8ab17d}svg .point.s3{fill:#2a9d8f}
 pre.wire{background:#111827;color:#d1d5db;padding:10px;border-radius:6px;overflow-x:auto;font-size:12px}
 pre.wire .rst{color:#f87171}pre.wire .timeout{color:#fbbf24}pre.wire .status{color:#34d399}
 .failed{color:#b91c1c}.muted{color:#667}
 "#;
 
-/// Stamps every chart with its laid-out size and bar count once rendered.
+/// Stamps every chart with its laid-out size and its bar and point counts
+/// once rendered; a chart counts as rendered with at least one of either.
 const SCRIPT: &str = r#"
 window.addEventListener('load', function () {
   var charts = document.querySelectorAll('svg.chart'), ok = 0;
   charts.forEach(function (svg) {
     var box = svg.getBoundingClientRect(), bbox = svg.getBBox();
     var bars = svg.querySelectorAll('rect.bar').length;
+    var points = svg.querySelectorAll('circle.point').length;
     svg.setAttribute('data-rendered', Math.round(box.width) + 'x' + Math.round(box.height));
     svg.setAttribute('data-content', Math.round(bbox.width) + 'x' + Math.round(bbox.height));
     svg.setAttribute('data-bars', bars);
-    if (box.width > 0 && box.height > 0 && bbox.width > 0 && bars > 0) ok++;
+    svg.setAttribute('data-points', points);
+    if (box.width > 0 && box.height > 0 && bbox.width > 0 && bars + points > 0) ok++;
   });
   document.body.setAttribute('data-charts-rendered', ok + '/' + charts.length);
 });
@@ -601,23 +784,22 @@ window.addEventListener('load', function () {
 
 /// Resident memory through the soak, what it left behind, and the jobs
 /// that survived a killed worker.
-fn resources_section(body: &mut String, soak: Option<&Value>, jobs: Option<&Value>) {
+fn resources_section(body: &mut String, soak: Option<&Soak>, jobs: Option<&JobsRun>) {
     body.push_str("<h2>Nothing left behind</h2><section>");
     if let Some(soak) = soak {
-        let mb = |k: &str| num(&soak[k]).unwrap_or(0.0);
         let bars = vec![
-            Bar::new("start", mb("rss_start_mb"), None),
-            Bar::new("after warm-up", mb("rss_after_warmup_mb"), None),
-            Bar::new("end", mb("rss_end_mb"), None).note(format!(
+            Bar::new("start", soak.rss_start_mb, None),
+            Bar::new("after warm-up", soak.rss_after_warmup_mb, None),
+            Bar::new("end", soak.rss_end_mb, None).note(format!(
                 "{:+.1} MB after warm-up",
-                mb("rss_growth_after_warmup_mb")
+                soak.rss_growth_after_warmup_mb
             )),
         ];
         body.push_str(&hbars(
             "soak-rss",
             &format!(
                 "Soak, {} calls with 1-50 ms deadlines and client cancels: resident memory",
-                soak["calls"]
+                soak.calls
             ),
             "MB",
             &bars,
@@ -625,23 +807,20 @@ fn resources_section(body: &mut String, soak: Option<&Value>, jobs: Option<&Valu
         let _ = write!(
             body,
             "<p>Left after the last call: {} tasks, {} admission permits, {} database connections; {} unexpected statuses.</p>",
-            soak["tasks_leaked"],
-            soak["permits_held"],
-            soak["db_conns_held"],
-            soak["unexpected_status"]
+            soak.tasks_leaked, soak.permits_held, soak.db_conns_held, soak.unexpected_status
         );
     }
     if let Some(jobs) = jobs {
         let _ = write!(
             body,
             "<p>Jobs on PostgreSQL, {} worker processes, {} killed with SIGKILL mid-job: {} accepted, {} lost, {} non-idempotent run twice; the killed job was {} after {} ms.</p>",
-            jobs["workers"],
-            jobs["killed"],
-            jobs["accepted"],
-            jobs["lost"],
-            jobs["duplicated_non_idempotent"],
-            escape(jobs["killed_job"]["state"].as_str().unwrap_or("?")),
-            jobs["killed_job"]["recovered_after_ms"]
+            jobs.workers,
+            jobs.killed,
+            jobs.accepted,
+            jobs.lost,
+            jobs.duplicated_non_idempotent,
+            escape(&jobs.killed_job.state),
+            jobs.killed_job.recovered_after_ms
         );
     }
     body.push_str("</section>");
@@ -658,40 +837,40 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     );
 
     body.push_str("<h2>Budget per hop</h2><section>");
-    if let Some(chart) = find(steps, "chain").and_then(chain_chart) {
-        body.push_str(&chart);
+    if let Some(chain) = typed::<Chain>(steps, "chain") {
+        body.push_str(&chain_chart(&chain));
     }
-    if let Some(im) = find(steps, "im") {
+    if let Some(im) = typed::<Im>(steps, "im") {
         body.push_str(&hbars(
             "im-normal",
             "IM chain, normal request: budget on entry and handed on (client 800 ms)",
             "ms",
-            &im_bars(&im["normal"]),
+            &im_bars(&im.normal),
         ));
         body.push_str(&hbars(
             "im-stall",
             "IM chain, route stalls: route's 200 ms cap ends it; logic answers early",
             "ms",
-            &im_bars(&im["route_stall"]),
+            &im_bars(&im.route_stall),
         ));
     }
-    if let Some(shop) = find(steps, "shop") {
+    if let Some(shop) = typed::<Shop>(steps, "shop") {
         let bars = vec![
             Bar::new(
                 "inventory (propagated)",
-                num(&shop["inventory_budget_ms"]).unwrap_or(0.0),
+                shop.inventory_budget_ms.unwrap_or(0.0),
                 Some(900.0),
             ),
             Bar::new(
                 "pricing (propagated)",
-                num(&shop["pricing_budget_ms"]).unwrap_or(0.0),
-                num(&shop["expected_pricing_ms"]),
+                shop.pricing_budget_ms.unwrap_or(0.0),
+                Some(shop.expected_pricing_ms as f64),
             )
             .note("≈ 250 − 50 reserve"),
             Bar::new(
                 "cache (capped)",
-                num(&shop["cache_budget_ms"]).unwrap_or(0.0),
-                num(&shop["cache_cap_ms"]),
+                shop.cache_budget_ms.unwrap_or(0.0),
+                Some(shop.cache_cap_ms as f64),
             ),
         ];
         body.push_str(&hbars(
@@ -704,26 +883,35 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     body.push_str("</section>");
 
     body.push_str("<h2>Beyond tonic: HTTP edge → gRPC → SQL, and → reqwest</h2><section>");
-    if let Some(chart) = find(steps, "edge").and_then(edge_charts) {
-        body.push_str(&chart);
+    if let Some(edge) = typed(steps, "edge") {
+        body.push_str(&edge_charts(&edge));
     }
     body.push_str("</section>");
 
     body.push_str("<h2>Transit time is not deducted</h2><section>");
-    if let Some(chart) = find(steps, "drift").and_then(drift_chart) {
-        body.push_str(&chart);
+    let drift = typed::<Drift>(steps, "drift");
+    if let Some(drift) = &drift {
+        body.push_str(&drift_chart(drift));
     }
     body.push_str("</section>");
 
     body.push_str("<h2>0 vs 1: work after the client gave up</h2><section>");
-    if let Some(chart) = completions_chart(find(steps, "propagation"), find(steps, "handler")) {
+    let handler = typed::<Handler>(steps, "handler");
+    let propagation = typed::<Propagation>(steps, "propagation");
+    if let Some(chart) = completions_chart(propagation.as_ref(), handler.as_ref()) {
         body.push_str(&chart);
     }
     body.push_str("</section>");
 
-    let hosts = typed::<Hosts>(find(steps, "hosts"));
-    let proxy = typed::<Proxy>(find(steps, "proxy"));
-    let faults = typed::<Faults>(find(steps, "faults"));
+    if let Some(overload) = typed::<Overload>(steps, "bench overload") {
+        body.push_str("<h2>Goodput under overload</h2><section>");
+        body.push_str(&overload_plot(&overload));
+        body.push_str("</section>");
+    }
+
+    let hosts = typed::<Hosts>(steps, "hosts");
+    let proxy = typed::<Proxy>(steps, "proxy");
+    let faults = typed::<Faults>(steps, "faults");
     if hosts.is_some() || proxy.is_some() || faults.is_some() {
         body.push_str("<h2>Across hosts, proxies and faults</h2><section>");
         if let Some(hosts) = &hosts {
@@ -741,9 +929,9 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         body.push_str("</section>");
     }
 
-    let retry = typed(find(steps, "retry"));
-    let hedge = typed(find(steps, "hedge"));
-    let storm = typed(find(steps, "bench retry-storm"));
+    let retry = typed(steps, "retry");
+    let hedge = typed(steps, "hedge");
+    let storm = typed(steps, "bench retry-storm");
     if retry.is_some() || hedge.is_some() || storm.is_some() {
         body.push_str(&resilience::section(
             retry.as_ref(),
@@ -752,40 +940,38 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         ));
     }
 
-    if let Some(w) = typed::<crate::experiments::waterfall::Waterfall>(find(steps, "waterfall")) {
+    if let Some(w) = typed::<crate::experiments::waterfall::Waterfall>(steps, "waterfall") {
         body.push_str(&waterfall::section(&w));
     }
 
     body.push_str("<h2>On the wire</h2><section><p class=\"muted\">Frames decoded by the capture proxy (HPACK-decoded headers; RST_STREAM with its error code).</p>");
-    if let Some(h) = find(steps, "handler")
-        && let Some(lines) = h["watching"]["wire"].as_array()
-    {
+    if let Some(h) = &handler {
         body.push_str(&wire_block(
             "handler, 150 ms budget: the server's DEADLINE_EXCEEDED and the client's RST_STREAM",
-            lines,
+            &h.watching.wire,
         ));
     }
-    if let Some(d) = find(steps, "drift") {
-        for row in d["rows"].as_array().into_iter().flatten() {
-            if let Some(lines) = row["wire"].as_array() {
-                body.push_str(&wire_block(
-                    &format!("drift, {} ms injected delay", row["delay_ms"]),
-                    lines,
-                ));
-            }
-        }
+    for row in drift.iter().flat_map(|d| &d.rows) {
+        body.push_str(&wire_block(
+            &format!("drift, {} ms injected delay", row.delay_ms),
+            &row.wire,
+        ));
     }
-    if let Some(e) = find(steps, "expired") {
+    if let Some(e) = typed::<Expired>(steps, "expired") {
         let _ = write!(
             body,
             "<h3>expired call</h3><p>{} frames on the wire for a call whose deadline had passed (status {}).</p>",
-            e["frames"],
-            escape(e["status"].as_str().unwrap_or("?"))
+            e.frames,
+            escape(&e.status)
         );
     }
     body.push_str("</section>");
 
-    resources_section(&mut body, find(steps, "bench soak"), find(steps, "jobs"));
+    resources_section(
+        &mut body,
+        typed::<Soak>(steps, "bench soak").as_ref(),
+        typed::<JobsRun>(steps, "jobs").as_ref(),
+    );
 
     body.push_str("<h2>Every table</h2>");
     for step in steps {
@@ -814,8 +1000,7 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
 }
 
 /// The edge experiment: budget on entry and when each layer stopped.
-fn edge_charts(json: &Value) -> Option<String> {
-    let edge: crate::experiments::edge::Edge = serde_json::from_value(json.clone()).ok()?;
+fn edge_charts(edge: &crate::experiments::edge::Edge) -> String {
     let entry: Vec<Bar> = edge
         .rows
         .iter()
@@ -864,7 +1049,7 @@ fn edge_charts(json: &Value) -> Option<String> {
         },
         fmt_ms(edge.plain_sqlx.next_query_waited_ms)
     );
-    Some(out)
+    out
 }
 
 #[cfg(test)]
@@ -923,7 +1108,8 @@ mod tests {
             },
         };
         let json = serde_json::to_value(&edge).expect("serialises");
-        let html = edge_charts(&json).expect("a typed result renders");
+        let back = serde_json::from_value(json).expect("the JSON reads back as the result type");
+        let html = edge_charts(&back);
         assert_eq!(
             html.matches("class=\"bar\"").count(),
             8,
@@ -1001,6 +1187,74 @@ mod tests {
         assert!(
             html.contains("<td>downstream killed</td><td>UNAVAILABLE</td>"),
             "the faults table must list each case and its status"
+        );
+    }
+
+    #[test]
+    fn overload_plot_draws_one_line_per_variant_over_every_offered_load() {
+        use crate::bench::overload::{Calls, Level};
+        let calls = Calls {
+            sent: 100,
+            good: 90,
+            late: 0,
+            failed: 10,
+        };
+        let level = |x: u32, plain: f64| Level {
+            offered_x: x,
+            offered_rps: 400.0 * f64::from(x),
+            plain_goodput: plain,
+            plain_calls: calls,
+            ours_goodput: 0.95,
+            ours_calls: calls,
+            ours_fifo_goodput: 0.5,
+            ours_fifo_calls: calls,
+            ours_lifo_goodput: 0.9,
+            ours_lifo_calls: calls,
+        };
+        let overload = Overload {
+            capacity_rps: 400.0,
+            capacity_plain_rps: 390.0,
+            capacity_ours_rps: 400.0,
+            connections: 4,
+            query_ms: 10,
+            deadline_ms: 100,
+            window_s: 3.0,
+            rows: vec![level(1, 0.99), level(2, 0.05), level(4, 0.01)],
+        };
+        let step = Step {
+            name: "bench overload".into(),
+            outcome: Ok(crate::bench::overload::outcome(&overload)),
+            seconds: 0.0,
+        };
+        let html = render(&[step], 1.0);
+        assert!(
+            html.contains("data-chart=\"overload\""),
+            "the report must plot bench overload"
+        );
+        assert_eq!(
+            html.matches("<polyline class=\"line").count(),
+            4,
+            "one line per variant"
+        );
+        assert_eq!(
+            html.matches("<circle class=\"point").count(),
+            4 * 3,
+            "a point per variant and offered load"
+        );
+        for label in [
+            "plain tonic",
+            "ours FIFO",
+            "ours LIFO",
+            "ours (adaptive LIFO)",
+            "1× (400 req/s)",
+            "4× (1600 req/s)",
+        ] {
+            assert!(html.contains(&escape(label)), "the plot must name {label}");
+        }
+        assert_eq!(
+            html.matches("<title>goal at").count(),
+            2,
+            "the goals at 2× and 4× are drawn"
         );
     }
 

@@ -295,7 +295,7 @@ enum Bench {
         #[arg(long, default_value_t = 2.0)]
         window_s: f64,
     },
-    /// Goodput at 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
+    /// Goodput at 1x, 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
     Overload {
         /// Seconds of open-loop load per server and level.
         #[arg(long, default_value_t = 3.0)]
@@ -351,11 +351,11 @@ async fn capture(
     json: bool,
     quiet: bool,
 ) -> anyhow::Result<()> {
-    use deadline_lab::capture::{Capture, Options, Record};
+    use deadline_lab::capture::{Capture, Listening, Options, Record};
     use std::io::Write;
     let observer = std::sync::Arc::new(move |record: &Record| {
         let line = if json {
-            record.json().to_string()
+            deadline_lab::report::to_json(&record.json()).to_string()
         } else {
             record.line()
         };
@@ -376,10 +376,11 @@ async fn capture(
     )
     .await?;
     if json {
-        println!(
-            "{}",
-            serde_json::json!({ "listen": capture.addr().to_string(), "upstream": upstream.to_string() })
-        );
+        let listening = Listening {
+            listen: capture.addr().to_string(),
+            upstream: upstream.to_string(),
+        };
+        println!("{}", deadline_lab::report::to_json(&listening));
     } else {
         println!("{}", capture.addr());
     }

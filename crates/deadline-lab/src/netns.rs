@@ -97,6 +97,21 @@ pub struct Network {
     links: Vec<Link>,
     processes: Vec<Spawned>,
     delay: Option<Delay>,
+    uplinks: u8,
+    uplink_subnet: u8,
+    uplink_prefix: String,
+}
+
+/// A veth pair between a host and the namespace the lab itself runs in
+/// (where a database server it uses listens).
+#[derive(Debug, Clone)]
+pub struct Uplink {
+    /// The host.
+    pub host: Host,
+    /// The address of the lab's end: what the host dials.
+    pub lab_addr: Ipv4Addr,
+    /// The address of the host's end.
+    pub host_addr: Ipv4Addr,
 }
 
 /// Why the lab cannot make hosts here, in one sentence a user can act on.
@@ -140,11 +155,32 @@ impl Network {
             links: Vec::new(),
             processes: Vec::new(),
             delay: None,
+            uplinks: 0,
+            uplink_subnet: u8::try_from((std::process::id() + 37 * n) % 256)?,
+            uplink_prefix: format!("dl{}-{n}u", std::process::id()),
         })
     }
 
+    /// Runs `ip args…` to its end without yielding: an interrupted run
+    /// (Ctrl-C drops the experiment at an await) can then never leave a
+    /// namespace made but not yet recorded for removal. Each call takes
+    /// milliseconds.
+    #[allow(clippy::unused_async)]
     async fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(&self.ip, args).await
+        let out = Command::new(&self.ip)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", self.ip.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "`{} {}` failed ({}): {}",
+            self.ip.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Adds a host for `role`: a new namespace with loopback up.
@@ -210,6 +246,56 @@ impl Network {
         Ok(link)
     }
 
+    /// Joins `host` to the namespace the lab runs in with a veth pair (no
+    /// added latency): a point-to-point /30 from 198.19.0.0/16, numbered by
+    /// the lab's pid so two lab processes rarely share one. The pair goes
+    /// with the host's namespace.
+    ///
+    /// # Errors
+    ///
+    /// When the pair or an address cannot be set up.
+    pub async fn uplink(&mut self, host: &Host) -> anyhow::Result<Uplink> {
+        let i = self.uplinks;
+        anyhow::ensure!(i < 63, "a lab network has at most 63 uplinks");
+        self.uplinks += 1;
+        let subnet = self.uplink_subnet;
+        let uplink = Uplink {
+            host: host.clone(),
+            lab_addr: Ipv4Addr::new(198, 19, subnet, 4 * i + 1),
+            host_addr: Ipv4Addr::new(198, 19, subnet, 4 * i + 2),
+        };
+        // The lab's end lives in a namespace shared with everything else on
+        // the machine: its name carries the pid and the network's number.
+        let mut lab_if = format!("{}{i}", self.uplink_prefix);
+        lab_if.truncate(15);
+        self.ip(&[
+            "link", "add", &lab_if, "type", "veth", "peer", "name", "uplink", "netns", &host.ns,
+        ])
+        .await?;
+        self.ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", uplink.lab_addr),
+            "dev",
+            &lab_if,
+        ])
+        .await?;
+        self.ip(&["link", "set", &lab_if, "up"]).await?;
+        self.ip(&[
+            "-n",
+            &host.ns,
+            "addr",
+            "add",
+            &format!("{}/30", uplink.host_addr),
+            "dev",
+            "uplink",
+        ])
+        .await?;
+        self.ip(&["-n", &host.ns, "link", "set", "uplink", "up"])
+            .await?;
+        Ok(uplink)
+    }
+
     /// How links get their latency (known once a link exists).
     pub fn delay(&self) -> Option<&Delay> {
         self.delay.as_ref()
@@ -231,23 +317,20 @@ impl Network {
             .ok_or_else(|| anyhow::anyhow!("iproute2's `tc` is not installed"))?;
         let delay = format!("{}us", link.one_way.as_micros());
         for (ns, dev) in [(&link.a.ns, &link.a_if), (&link.b.ns, &link.b_if)] {
-            run(
-                &self.ip,
-                &[
-                    "netns",
-                    "exec",
-                    ns,
-                    &tc.to_string_lossy(),
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    "root",
-                    "netem",
-                    "delay",
-                    &delay,
-                ],
-            )
+            self.ip(&[
+                "netns",
+                "exec",
+                ns,
+                &tc.to_string_lossy(),
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "netem",
+                "delay",
+                &delay,
+            ])
             .await?;
         }
         Ok(())

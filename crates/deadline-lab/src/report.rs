@@ -2,6 +2,13 @@
 
 use serde_json::Value;
 
+/// A typed result as the JSON printed with `--json` (and read back by the
+/// report and the tests into the same type). A result that cannot be
+/// serialised (a map with non-string keys) is reported as `{"error": …}`.
+pub fn to_json<T: serde::Serialize>(result: &T) -> Value {
+    serde_json::to_value(result).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+}
+
 /// The result of one experiment or benchmark.
 #[derive(Debug)]
 pub struct Outcome {

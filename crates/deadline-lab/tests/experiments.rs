@@ -4,11 +4,15 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use deadline_lab::capture::{Direction, Listening, RecordLine};
+use deadline_lab::experiments::im::{self, Case, Hop};
 use deadline_lab::{bench, experiments};
-use serde_json::Value;
+use serde::de::DeserializeOwned;
 use tonic_deadline::timeout_header::decode;
 
-fn lab(args: &[&str]) -> Value {
+/// Runs `deadline-lab ARGS` (which must print one JSON line) and reads the
+/// line as the experiment's result type.
+fn lab<T: DeserializeOwned>(args: &[&str]) -> T {
     let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
         .args(args)
         .output()
@@ -24,13 +28,18 @@ fn lab(args: &[&str]) -> Value {
         1,
         "--json must print exactly one line: {stdout}"
     );
-    serde_json::from_str(&stdout).expect("--json must print one JSON object")
+    serde_json::from_str(&stdout).expect("--json must print the experiment's result type")
+}
+
+/// An in-process outcome's JSON as the experiment's result type.
+fn typed<T: DeserializeOwned>(json: serde_json::Value) -> T {
+    serde_json::from_value(json).expect("the JSON must be the experiment's result type")
 }
 
 #[test]
 fn wire_experiment_reports_headers_as_received() {
-    let json = lab(&["experiment", "wire", "--json"]);
-    let rows = json["rows"].as_array().expect("rows must be a list");
+    let wire: experiments::wire::Wire = lab(&["experiment", "wire", "--json"]);
+    let rows = &wire.rows;
     let budgets = [
         ("50ms", Duration::from_millis(50)),
         ("1s", Duration::from_secs(1)),
@@ -40,9 +49,10 @@ fn wire_experiment_reports_headers_as_received() {
         ("100h", Duration::from_secs(360_000)),
     ];
     for (row, (label, budget)) in rows.iter().zip(budgets) {
-        assert_eq!(row["timeout"], label);
-        let header = row["header"]
-            .as_str()
+        assert_eq!(row.timeout, label);
+        let header = row
+            .header
+            .as_deref()
             .expect("a deadline must put a header on the wire");
         let seen = decode(header.as_bytes()).expect("the header must be valid");
         assert!(
@@ -55,20 +65,22 @@ fn wire_experiment_reports_headers_as_received() {
         );
     }
     assert_eq!(
-        rows[1]["header"].as_str().map(|h| h.ends_with('u')),
+        rows[1].header.as_deref().map(|h| h.ends_with('u')),
         Some(true),
         "1 s is written in microseconds"
     );
     assert_eq!(
-        rows[4]["header"], "7200000m",
+        rows[4].header.as_deref(),
+        Some("7200000m"),
         "2 h is written in milliseconds"
     );
-    assert_eq!(rows[5]["header"], "360000S", "100 h is written in seconds");
-    assert_eq!(rows[6]["timeout"], "none");
-    assert!(
-        rows[6]["header"].is_null(),
-        "no deadline must mean no header"
+    assert_eq!(
+        rows[5].header.as_deref(),
+        Some("360000S"),
+        "100 h is written in seconds"
     );
+    assert_eq!(rows[6].timeout, "none");
+    assert_eq!(rows[6].header, None, "no deadline must mean no header");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,14 +88,9 @@ async fn chain_experiment_budget_shrinks_by_each_hop() {
     let outcome = experiments::chain::run(Duration::from_millis(100))
         .await
         .expect("the chain must run");
-    let json = outcome.json;
-    assert_eq!(json["status"], "OK");
-    let hops: Vec<f64> = json["hops"]
-        .as_array()
-        .expect("hops")
-        .iter()
-        .map(|h| h["remaining_ms"].as_f64().expect("remaining_ms"))
-        .collect();
+    let chain: experiments::chain::Chain = typed(outcome.json);
+    assert_eq!(chain.status, "OK");
+    let hops: Vec<f64> = chain.hops.iter().map(|h| h.remaining_ms).collect();
     assert_eq!(hops.len(), 3, "A, B and C must report");
     assert!(
         hops[0] <= 1000.0 && hops[0] > 950.0,
@@ -103,45 +110,40 @@ async fn chain_experiment_budget_shrinks_by_each_hop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn propagation_experiment_stops_downstream_unless_detached() {
-    let json = experiments::propagation::run()
-        .await
-        .expect("both chains must run")
-        .json;
-    assert_eq!(json["propagate"]["client_status"], "DEADLINE_EXCEEDED");
+    let p: experiments::propagation::Propagation = typed(
+        experiments::propagation::run()
+            .await
+            .expect("both chains must run")
+            .json,
+    );
+    assert_eq!(p.propagate.client_status, "DEADLINE_EXCEEDED");
     assert_eq!(
-        json["propagate"]["b_completed"], 0,
+        p.propagate.b_completed, 0,
         "B must stop when the client gives up"
     );
     assert_eq!(
-        json["propagate"]["c_completed"], 0,
+        p.propagate.c_completed, 0,
         "C must stop when the client gives up"
     );
-    assert_eq!(json["detached"]["client_status"], "DEADLINE_EXCEEDED");
-    assert_eq!(
-        json["detached"]["b_completed"], 1,
-        "a detached call runs to the end"
-    );
-    assert_eq!(
-        json["detached"]["c_completed"], 1,
-        "a detached call runs to the end"
-    );
+    assert_eq!(p.detached.client_status, "DEADLINE_EXCEEDED");
+    assert_eq!(p.detached.b_completed, 1, "a detached call runs to the end");
+    assert_eq!(p.detached.c_completed, 1, "a detached call runs to the end");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_experiment_sends_zero_frames() {
-    let json = experiments::expired::run()
-        .await
-        .expect("the experiment must run")
-        .json;
-    assert_eq!(json["status"], "DEADLINE_EXCEEDED");
+    let e: experiments::expired::Expired = typed(
+        experiments::expired::run()
+            .await
+            .expect("the experiment must run")
+            .json,
+    );
+    assert_eq!(e.status, "DEADLINE_EXCEEDED");
     assert_eq!(
-        json["frames"], 0,
-        "an expired call must put nothing on the wire: {json}"
+        e.frames, 0,
+        "an expired call must put nothing on the wire: {e:?}"
     );
-    assert!(
-        json["elapsed_ms"].as_f64().expect("elapsed_ms") < 50.0,
-        "it fails locally, at once"
-    );
+    assert!(e.elapsed_ms < 50.0, "it fails locally, at once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,22 +154,28 @@ async fn benchmarks_report_both_variants() {
         rounds: 2,
         round: Duration::from_millis(100),
     };
-    let json = bench::overhead::run(load)
-        .await
-        .expect("the overhead bench must run")
-        .json;
-    assert!(json["plain_rps"].as_f64().expect("plain_rps") > 0.0);
-    assert!(json["layered_rps"].as_f64().expect("layered_rps") > 0.0);
-    assert_eq!(json["layered_failed"], 0, "no layered call may fail");
-    let json = bench::cancel::run_on_own_runtime(10, 1)
-        .await
-        .expect("the cancel bench must run")
-        .json;
-    for key in ["p50_us", "p99_us", "plain_p50_us", "plain_p99_us"] {
-        assert!(
-            json[key].as_f64().expect(key) > 0.0,
-            "{key} must be measured"
-        );
+    let overhead: bench::overhead::Overhead = typed(
+        bench::overhead::run(load)
+            .await
+            .expect("the overhead bench must run")
+            .json,
+    );
+    assert!(overhead.plain_rps > 0.0, "{overhead:?}");
+    assert!(overhead.layered_rps > 0.0, "{overhead:?}");
+    assert_eq!(overhead.layered_failed, 0, "no layered call may fail");
+    let cancel: bench::cancel::Cancel = typed(
+        bench::cancel::run_on_own_runtime(10, 1)
+            .await
+            .expect("the cancel bench must run")
+            .json,
+    );
+    for (name, figure) in [
+        ("p50_us", cancel.p50_us),
+        ("p99_us", cancel.p99_us),
+        ("plain_p50_us", cancel.plain_p50_us),
+        ("plain_p99_us", cancel.plain_p99_us),
+    ] {
+        assert!(figure > 0.0, "{name} must be measured: {cancel:?}");
     }
 }
 
@@ -209,42 +217,41 @@ async fn serve_chain_prints_its_address_first_and_answers() {
     );
 }
 
-fn num(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("{v} must be a number"))
-}
-
 #[test]
 fn handler_experiment_watching_stops_ignoring_is_a_detected_zombie() {
-    let json = lab(&["experiment", "handler", "--json"]);
-    let watching = &json["watching"];
-    let ignoring = &json["ignoring"];
+    let handler: experiments::handler::Handler = lab(&["experiment", "handler", "--json"]);
+    let (watching, ignoring) = (&handler.watching, &handler.ignoring);
     for v in [watching, ignoring] {
-        assert_eq!(v["client_status"], "DEADLINE_EXCEEDED", "{json}");
-        let client_ms = num(&v["client_ms"]);
+        assert_eq!(v.client_status, "DEADLINE_EXCEEDED", "{handler:?}");
         assert!(
-            (145.0..400.0).contains(&client_ms),
-            "the client gives up at its 150 ms deadline: {json}"
+            (145.0..400.0).contains(&v.client_ms),
+            "the client gives up at its 150 ms deadline: {handler:?}"
         );
     }
-    assert_eq!(watching["completed"], 0, "watching work must stop: {json}");
-    let noticed = num(&watching["server_noticed_ms"]);
+    assert_eq!(
+        watching.completed, 0,
+        "watching work must stop: {handler:?}"
+    );
+    let noticed = watching
+        .server_noticed_ms
+        .expect("the watching server must notice the end of its scope");
     assert!(
         (140.0..400.0).contains(&noticed),
-        "the server notices at the deadline, not after its 1 s of work: {json}"
+        "the server notices at the deadline, not after its 1 s of work: {handler:?}"
     );
     assert_eq!(
-        ignoring["completed"], 1,
-        "ignoring work runs to the end: {json}"
+        ignoring.completed, 1,
+        "ignoring work runs to the end: {handler:?}"
     );
     assert!(
-        num(&ignoring["zombie_ms"]) > 500.0,
-        "it outlives its scope by most of the second: {json}"
+        ignoring.zombie_ms.is_some_and(|z| z > 500.0),
+        "it outlives its scope by most of the second: {handler:?}"
     );
     assert!(
-        num(&ignoring["outlived_detected"]) >= 1.0,
-        "the library must detect the work that outlived its scope: {json}"
+        ignoring.outlived_detected.is_some_and(|n| n >= 1),
+        "the library must detect the work that outlived its scope: {handler:?}"
     );
-    let wire = watching["wire"].to_string();
+    let wire = watching.wire.join("\n");
     assert!(
         wire.contains("grpc-timeout=")
             && (wire.contains("grpc-status=4") || wire.contains("RST_STREAM")),
@@ -255,131 +262,129 @@ fn handler_experiment_watching_stops_ignoring_is_a_detected_zombie() {
 
 #[test]
 fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
-    let json = lab(&["experiment", "drift", "--json"]);
-    let rows = json["rows"].as_array().expect("rows");
-    let delays: Vec<f64> = rows.iter().map(|r| num(&r["delay_ms"])).collect();
-    assert_eq!(delays, [0.0, 100.0, 300.0]);
-    for row in rows {
-        let delay = num(&row["delay_ms"]);
-        let server = num(&row["server_sees_ms"]);
-        let client = num(&row["client_left_ms"]);
+    let drift: experiments::drift::Drift = lab(&["experiment", "drift", "--json"]);
+    let delays: Vec<u64> = drift.rows.iter().map(|r| r.delay_ms).collect();
+    assert_eq!(delays, [0, 100, 300]);
+    let server_sees = |r: &experiments::drift::Row| {
+        r.server_sees_ms
+            .unwrap_or_else(|| panic!("the call must reach the server: {r:?}"))
+    };
+    for row in &drift.rows {
+        let delay = row.delay_ms as f64;
+        let (server, client) = (server_sees(row), row.client_left_ms);
         assert!(
             server > 950.0 && server <= 1000.0,
-            "the server sees about the full second whatever the delay: {row}"
+            "the server sees about the full second whatever the delay: {row:?}"
         );
         assert!(
             client <= 1000.0 - delay && client > 1000.0 - delay - 100.0,
-            "the client really has the delay less: {row}"
+            "the client really has the delay less: {row:?}"
         );
     }
-    let compensated = &json["compensated"];
-    let server = num(&compensated["server_sees_ms"]);
-    let client = num(&compensated["client_left_ms"]);
+    let compensated = &drift.compensated;
+    let (server, client) = (server_sees(compensated), compensated.client_left_ms);
     assert!(
         (server - client).abs() < 30.0,
-        "with the one-way delay as transit allowance, server and client must agree: {compensated}"
+        "with the one-way delay as transit allowance, server and client must agree: {compensated:?}"
     );
-    let rtt = &json["rtt_compensated"];
-    let (server, client) = (num(&rtt["server_sees_ms"]), num(&rtt["client_left_ms"]));
-    let measured = num(&rtt["measured_rtt_ms"]);
+    let rtt = &drift.rtt_compensated;
+    let (server, client) = (server_sees(rtt), rtt.client_left_ms);
+    let measured = rtt
+        .measured_rtt_ms
+        .expect("the round trip must be measured");
     assert!(
         (200.0..240.0).contains(&measured),
-        "the PING round trip of a link delayed 100 ms each way: {rtt}"
+        "the PING round trip of a link delayed 100 ms each way: {rtt:?}"
     );
     // The experiment's own figure is within 2 ms on an idle machine; the
     // bound here is generous for a loaded test run.
     assert!(
         (server - client).abs() < 10.0,
-        "with half the measured round trip deducted, server and client must agree: {rtt}"
+        "with half the measured round trip deducted, server and client must agree: {rtt:?}"
     );
 }
 
-fn hop<'a>(case: &'a Value, service: &str) -> &'a Value {
-    case["hops"]
-        .as_array()
-        .expect("hops")
-        .iter()
-        .find(|h| h["service"] == service)
-        .unwrap_or_else(|| panic!("{service} must report: {case}"))
+fn hop<'a>(hops: &'a [Hop], service: &str) -> &'a Hop {
+    im::find(hops, service).unwrap_or_else(|| panic!("{service} must report: {hops:?}"))
 }
 
-fn gave(case: &Value, service: &str, to: &str) -> f64 {
-    let g = hop(case, service)["gave"]
-        .as_array()
-        .expect("gave")
-        .iter()
-        .find(|g| g["to"] == to)
-        .unwrap_or_else(|| panic!("{service} must call {to}: {case}"))
-        .clone();
-    num(&g["ms"])
+fn entry(hops: &[Hop], service: &str) -> f64 {
+    hop(hops, service)
+        .entry_ms
+        .unwrap_or_else(|| panic!("{service} must have a deadline on entry: {hops:?}"))
+}
+
+fn gave(case: &Case, service: &str, to: &str) -> f64 {
+    hop(&case.hops, service)
+        .gave_to(to)
+        .and_then(|g| g.ms)
+        .unwrap_or_else(|| panic!("{service} must give {to} a budget: {case:?}"))
 }
 
 #[test]
 fn im_experiment_every_hop_hands_on_less_than_it_had() {
-    let json = lab(&["experiment", "im", "--json"]);
-    let normal = &json["normal"];
-    assert_eq!(normal["status"], "OK", "{normal}");
-    let gateway = num(&hop(normal, "gateway")["entry_ms"]);
-    assert!(gateway <= 800.0 && gateway > 700.0, "{normal}");
+    let result: im::Im = lab(&["experiment", "im", "--json"]);
+    let normal = &result.normal;
+    assert_eq!(normal.status, "OK", "{normal:?}");
+    let gateway = entry(&normal.hops, "gateway");
+    assert!(gateway <= 800.0 && gateway > 700.0, "{normal:?}");
     let to_logic = gave(normal, "gateway", "logic");
     assert!(
         to_logic <= 500.0 && to_logic > 450.0,
-        "gateway caps logic at 500 ms: {normal}"
+        "gateway caps logic at 500 ms: {normal:?}"
     );
-    let logic = num(&hop(normal, "logic")["entry_ms"]);
-    assert!(logic <= to_logic, "{normal}");
+    let logic = entry(&normal.hops, "logic");
+    assert!(logic <= to_logic, "{normal:?}");
     let to_route = gave(normal, "logic", "route");
     assert!(
         to_route <= 200.0 && to_route > 150.0,
-        "logic caps route at 200 ms: {normal}"
+        "logic caps route at 200 ms: {normal:?}"
     );
     let to_push = gave(normal, "logic", "push");
     assert!(
         to_push <= logic - 50.0 && to_push > logic - 150.0,
-        "logic keeps 50 ms for itself: {normal}"
+        "logic keeps 50 ms for itself: {normal:?}"
     );
-    let stall = &json["route_stall"];
-    assert_eq!(stall["status"], "DEADLINE_EXCEEDED", "{stall}");
+    let stall = &result.route_stall;
+    assert_eq!(stall.status, "DEADLINE_EXCEEDED", "{stall:?}");
     assert!(
-        num(&stall["client_ms"]) < 600.0,
-        "a stalled route fails the request at its 200 ms cap, long before 800 ms: {stall}"
+        stall.client_ms < 600.0,
+        "a stalled route fails the request at its 200 ms cap, long before 800 ms: {stall:?}"
     );
-    let none = &json["no_deadline"];
-    let logic_own = num(&hop(none, "logic")["entry_ms"]);
+    let none = &result.no_deadline;
+    let logic_own = entry(&none.hops, "logic");
     assert!(
         logic_own <= 500.0 && logic_own > 450.0,
-        "logic gives itself 500 ms when no deadline arrives: {none}"
+        "logic gives itself 500 ms when no deadline arrives: {none:?}"
     );
 }
 
 #[test]
 fn shop_experiment_pricing_gets_what_is_left_not_a_fresh_budget() {
-    let json = lab(&["experiment", "shop", "--json"]);
-    assert_eq!(json["propagated"]["status"], "OK", "{json}");
-    let inventory = num(&json["inventory_budget_ms"]);
-    assert!(inventory <= 900.0 && inventory > 800.0, "{json}");
-    let pricing = num(&json["pricing_budget_ms"]);
+    let shop: experiments::shop::Shop = lab(&["experiment", "shop", "--json"]);
+    assert_eq!(shop.propagated.status, "OK", "{shop:?}");
+    let figure = |v: Option<f64>, what: &str| {
+        v.unwrap_or_else(|| panic!("{what} must have a deadline on entry: {shop:?}"))
+    };
+    let inventory = figure(shop.inventory_budget_ms, "inventory");
+    assert!(inventory <= 900.0 && inventory > 800.0, "{shop:?}");
+    let pricing = figure(shop.pricing_budget_ms, "pricing");
     assert!(
         pricing <= 200.0 && pricing > 120.0,
-        "pricing gets 900 − 650 − 50 ms, about 200: {json}"
+        "pricing gets 900 − 650 − 50 ms, about 200: {shop:?}"
     );
-    let cache = num(&json["cache_budget_ms"]);
+    let cache = figure(shop.cache_budget_ms, "the cache");
     assert!(
         cache <= 20.0 && cache > 10.0,
-        "the cache is capped at 20 ms: {json}"
+        "the cache is capped at 20 ms: {shop:?}"
     );
-    let fixed_pricing = num(&hop(&json["fixed_timeouts"], "pricing")["entry_ms"]);
+    let fixed_pricing = entry(&shop.fixed_timeouts.hops, "pricing");
     assert!(
         fixed_pricing > 700.0,
-        "fixed timeouts give pricing a fresh 800 ms: {json}"
+        "fixed timeouts give pricing a fresh 800 ms: {shop:?}"
     );
-    let quotes: Vec<f64> = json["fan_out"]["pricing_entries_ms"]
-        .as_array()
-        .expect("quotes")
-        .iter()
-        .map(num)
-        .collect();
-    assert_eq!(quotes.len(), 3, "{json}");
+    let quotes = &shop.fan_out.pricing_entries_ms;
+    assert_eq!(quotes.len(), 3, "{shop:?}");
     let spread = quotes.iter().copied().fold(f64::MIN, f64::max)
         - quotes.iter().copied().fold(f64::MAX, f64::min);
     assert!(
@@ -390,22 +395,22 @@ fn shop_experiment_pricing_gets_what_is_left_not_a_fresh_budget() {
 
 #[test]
 fn orders_experiment_stalled_payment_is_cancelled_and_writes_nothing() {
-    let json = lab(&["experiment", "orders", "--json"]);
-    assert_eq!(json["client_status"], "DEADLINE_EXCEEDED", "{json}");
-    assert_eq!(json["payment_cancelled"], true, "{json}");
-    assert_eq!(json["order_written"], false, "{json}");
-    let late = &json["late_reply"];
-    assert_eq!(late["client_status"], "DEADLINE_EXCEEDED", "{json}");
-    assert_eq!(
-        late["order_written"], true,
-        "DEADLINE_EXCEEDED is outcome unknown: the order may exist: {json}"
+    let orders: experiments::orders::Orders = lab(&["experiment", "orders", "--json"]);
+    assert_eq!(orders.client_status, "DEADLINE_EXCEEDED", "{orders:?}");
+    assert!(orders.payment_cancelled, "{orders:?}");
+    assert!(!orders.order_written, "{orders:?}");
+    let late = &orders.late_reply;
+    assert_eq!(late.client_status, "DEADLINE_EXCEEDED", "{orders:?}");
+    assert!(
+        late.order_written,
+        "DEADLINE_EXCEEDED is outcome unknown: the order may exist: {orders:?}"
     );
-    assert_eq!(late["retry_status"], "OK", "{json}");
+    assert_eq!(late.retry_status, "OK", "{orders:?}");
     assert_eq!(
-        late["charges"], 1,
-        "an idempotent retry must not charge twice: {json}"
+        late.charges, 1,
+        "an idempotent retry must not charge twice: {orders:?}"
     );
-    assert!(json["outcome_unknown"].as_str().is_some());
+    assert!(!orders.outcome_unknown.is_empty());
 }
 
 /// A `deadline-lab` child process, killed when dropped.
@@ -512,15 +517,14 @@ async fn im_runs_as_separate_processes_through_the_capture_proxy() {
         let Ok(line) = capture.lines.recv_timeout(Duration::from_secs(5)) else {
             break;
         };
-        let frame: Value = serde_json::from_str(&line).expect("one JSON object per frame");
-        if frame["type"] == "HEADERS" && frame["direction"] == "c→s" {
-            request_timeout = frame["headers"]["grpc-timeout"].as_str().map(str::to_owned);
+        let frame: RecordLine = serde_json::from_str(&line).expect("one frame record a line");
+        if frame.is_headers(Direction::ClientToServer) {
+            request_timeout = frame.headers.get("grpc-timeout").cloned();
         }
-        if frame["type"] == "HEADERS"
-            && frame["direction"] == "s→c"
-            && let Some(status) = frame["headers"]["grpc-status"].as_str()
+        if frame.is_headers(Direction::ServerToClient)
+            && let Some(status) = frame.headers.get("grpc-status")
         {
-            reply_status = Some(status.to_owned());
+            reply_status = Some(status.clone());
             break;
         }
     }
@@ -650,11 +654,9 @@ async fn reflection_answers_in_v1alpha_too_for_older_tools() {
 /// A capture proxy process in front of `upstream`: the proxy and its address.
 fn capture_in_front_of(upstream: std::net::SocketAddr) -> (Lab, std::net::SocketAddr) {
     let capture = Lab::spawn(&["capture", "--upstream", &upstream.to_string(), "--json"]);
-    let hello: Value = serde_json::from_str(&capture.line()).expect("a JSON first line");
-    let entry = hello["listen"]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .expect("the proxy's address");
+    let hello: Listening =
+        serde_json::from_str(&capture.line()).expect("the first line must say where it listens");
+    let entry = hello.listen.parse().expect("the proxy's address");
     (capture, entry)
 }
 
@@ -664,10 +666,9 @@ fn first_wire_timeout(capture: &Lab) -> Duration {
         let Ok(line) = capture.lines.recv_timeout(Duration::from_secs(5)) else {
             break;
         };
-        let frame: Value = serde_json::from_str(&line).expect("one JSON object per frame");
-        if frame["type"] == "HEADERS"
-            && frame["direction"] == "c→s"
-            && let Some(header) = frame["headers"]["grpc-timeout"].as_str()
+        let frame: RecordLine = serde_json::from_str(&line).expect("one frame record a line");
+        if frame.is_headers(Direction::ClientToServer)
+            && let Some(header) = frame.headers.get("grpc-timeout")
         {
             return decode(header.as_bytes()).expect("a valid header");
         }
@@ -770,9 +771,7 @@ async fn orders_runs_as_separate_processes_through_the_capture_proxy() {
 
 #[test]
 fn seams_every_way_keeps_the_budget_or_reports_the_break() {
-    let json = lab(&["experiment", "seams", "--json"]);
-    let seams: deadline_lab::experiments::seams::Seams =
-        serde_json::from_value(json).expect("the JSON must be the experiment's result type");
+    let seams: deadline_lab::experiments::seams::Seams = lab(&["experiment", "seams", "--json"]);
     let row = |way: &str| {
         seams
             .rows

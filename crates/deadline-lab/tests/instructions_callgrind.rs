@@ -26,9 +26,10 @@ struct Bound {
 }
 
 // Today's figures (release build, N = 200, 4 connections x 16 streams) plus
-// a small margin. They are to be tightened to the goals once the cuts of
-// the layers land (SPEC K): server layer <= 1.02 with and without a header,
-// one hop with both layers <= 1.03, allocations <= plain tonic + 2.
+// a margin of about 0.005. The goals of SPEC K (server layer <= 1.02, one hop
+// <= 1.03, allocations <= plain tonic + 2) are not reached: what is left is
+// listed in the README's performance section. A change that costs more on the
+// request path fails here; one that cuts cost tightens the bound.
 const BOUNDS: [Bound; 4] = [
     Bound {
         case: Case::Server,
@@ -51,22 +52,22 @@ const BOUNDS: [Bound; 4] = [
         extra_allocs: CHAIN_ALLOCS,
     },
 ];
-/// `server layer, no header`: today 1.056; goal 1.02.
-const SERVER_RATIO: f64 = 1.062;
-/// `server layer, header`: today 1.075; goal 1.02.
-const SERVER_HEADER_RATIO: f64 = 1.081;
-/// `one hop, both layers`: today 1.100; goal 1.03.
-const ONE_HOP_RATIO: f64 = 1.106;
-/// `3-hop chain` (ours propagates the budget, plain tonic does not): today 1.139.
-const CHAIN_RATIO: f64 = 1.145;
-/// Extra allocations per request, server layer without a header: today 3.0; goal 2.
-const SERVER_ALLOCS: f64 = 3.5;
-/// Extra allocations per request, server layer with a header: today 5.0; goal 2.
-const SERVER_HEADER_ALLOCS: f64 = 5.5;
-/// Extra allocations per request, one hop: today 9.0; goal 2.
-const ONE_HOP_ALLOCS: f64 = 9.5;
-/// Extra allocations per request, 3-hop chain: today 29.2.
-const CHAIN_ALLOCS: f64 = 30.0;
+/// `server layer, no header`: today 1.0409; goal 1.02.
+const SERVER_RATIO: f64 = 1.046;
+/// `server layer, header`: today 1.0498; goal 1.02.
+const SERVER_HEADER_RATIO: f64 = 1.055;
+/// `one hop, both layers`: today 1.0708; goal 1.03.
+const ONE_HOP_RATIO: f64 = 1.076;
+/// `3-hop chain` (ours propagates the budget, plain tonic does not): today 1.1041.
+const CHAIN_RATIO: f64 = 1.110;
+/// Extra allocations per request, server layer without a header: today 2.0; goal 2.
+const SERVER_ALLOCS: f64 = 2.5;
+/// Extra allocations per request, server layer with a header: today 2.0; goal 2.
+const SERVER_HEADER_ALLOCS: f64 = 2.5;
+/// Extra allocations per request, one hop: today 5.0; goal 2.
+const ONE_HOP_ALLOCS: f64 = 5.5;
+/// Extra allocations per request, 3-hop chain: today 19.2.
+const CHAIN_ALLOCS: f64 = 19.7;
 
 fn release_lab() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());

@@ -67,7 +67,7 @@ fn a_client_reset_through_nginx_reaches_the_downstream_handler() {
         ),
     ] {
         assert_eq!(
-            cause, "CallerCancelled",
+            cause, "Abandoned",
             "B's scope must end because its caller went away: {p:?}"
         );
         assert!(
@@ -86,7 +86,7 @@ fn nginx_read_timeout_below_the_deadline_cuts_the_call_early() {
         "nginx answers at its own timeout, before the deadline: {r:?}"
     );
     assert_eq!(
-        r.downstream_cause, "CallerCancelled",
+        r.downstream_cause, "Abandoned",
         "and B learns its caller is gone: {r:?}"
     );
 }

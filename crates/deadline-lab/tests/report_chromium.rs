@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use deadline_lab::experiments;
 use deadline_lab::html::{self, Step};
+use deadline_lab::{bench, experiments};
 
 fn chromium() -> Option<PathBuf> {
     let candidates = ["chromium", "chromium-browser", "google-chrome"];
@@ -60,6 +60,13 @@ async fn report_charts_render_in_headless_chromium() {
     let waterfall =
         experiments::waterfall::run_exe(std::path::Path::new(env!("CARGO_BIN_EXE_deadline-lab")))
             .await;
+    // Short windows: the plot needs every variant at every load, not a
+    // precise figure.
+    let overload = bench::overload::run(bench::overload::Load {
+        window: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
     for (name, outcome) in [
         ("waterfall", waterfall),
         ("chain", chain),
@@ -68,6 +75,7 @@ async fn report_charts_render_in_headless_chromium() {
         ("propagation", propagation),
         ("handler", handler),
         ("shop", shop),
+        ("bench overload", overload),
     ] {
         steps.push(Step {
             name: name.to_owned(),
@@ -98,7 +106,7 @@ async fn report_charts_render_in_headless_chromium() {
     let dom = String::from_utf8_lossy(&out.stdout);
     let expected_charts = page.matches("<svg class=\"chart\"").count();
     assert!(
-        expected_charts >= 6,
+        expected_charts >= 7,
         "the report must draw every chart: {expected_charts}"
     );
     assert!(
@@ -120,12 +128,29 @@ async fn report_charts_render_in_headless_chromium() {
         "shop",
         "waterfall-normal",
         "waterfall-route-stalls",
+        "overload",
     ] {
         assert!(
             dom.contains(&format!("data-chart=\"{chart}\"")),
             "the {chart} chart must be in the rendered page"
         );
     }
+    // The overload plot: a line per variant with a point per offered load,
+    // laid out by the browser.
+    let levels = bench::overload::Load::default().levels.len();
+    let plot = dom
+        .split("<svg ")
+        .find(|svg| svg.contains("data-chart=\"overload\""))
+        .and_then(|svg| svg.split('>').next())
+        .expect("the overload plot must be in the rendered page");
+    assert!(
+        plot.contains(&format!("data-points=\"{}\"", 4 * levels)),
+        "the browser must lay out 4 variants × {levels} loads as points: <svg {plot}>"
+    );
+    assert!(
+        !plot.contains("data-content=\"0x0\""),
+        "the plot's content must have a size: <svg {plot}>"
+    );
 
     let shot = dir.join("report.png");
     let status = headless(&browser, &profile)

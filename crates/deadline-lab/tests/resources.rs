@@ -106,6 +106,12 @@ fn jobs_experiment_loses_nothing_when_a_worker_is_killed_mid_job() {
         run.killed_job.recovered_after_ms >= run.lease_ms * 0.5,
         "the job must not be recovered before its lease could expire: {run:?}"
     );
+    for (worker, place) in &run.placement {
+        assert!(
+            place.starts_with("namespace "),
+            "worker {worker} must run in a network namespace of its own (the suite runs as root): {place}"
+        );
+    }
     assert!(
         run.starts_by_worker.len() == 2,
         "both workers must have taken jobs from the shared table: {:?}",

@@ -3,7 +3,7 @@
 //! Every place that turns an ended scope into a status — the server's timer,
 //! the client's race, a handler's `scope.check()?` — goes through
 //! [`status_for`], so a deadline is `DEADLINE_EXCEEDED` everywhere and a
-//! cancel is `CANCELLED` everywhere. Messages are fixed texts; the
+//! cancel is `CANCELLED` everywhere. Messages are fixed texts; the
 //! details of which request and how much budget was left go to logs.
 
 use std::error::Error;

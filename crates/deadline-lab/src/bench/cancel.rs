@@ -6,7 +6,7 @@ use std::time::Duration;
 use probe::probe_client::ProbeClient;
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -139,6 +139,23 @@ async fn once(rig: &mut Rig, ours: bool) -> anyhow::Result<Duration> {
     Ok(noticed.saturating_duration_since(cancelled))
 }
 
+/// The benchmark's result: from the client's cancel until C notices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cancel {
+    /// Cancels per variant.
+    pub runs: usize,
+    /// Ours (C's scope ends), median, microseconds.
+    pub p50_us: f64,
+    /// Ours, 99th percentile.
+    pub p99_us: f64,
+    /// Plain tonic (C's handler dropped), median.
+    pub plain_p50_us: f64,
+    /// Plain tonic, 99th percentile.
+    pub plain_p99_us: f64,
+    /// The runtime's worker threads.
+    pub threads: usize,
+}
+
 /// Runs `runs` cancels through each chain, alternating.
 async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
     let mut ours_rig = rig(true).await?;
@@ -161,13 +178,13 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
         title: format!(
             "bench cancel: client cancel -> C notices, client -> A -> B -> C on loopback, {runs} runs each, {threads} runtime thread(s)"
         ),
-        json: json!({
-            "runs": runs,
-            "p50_us": p50.round(),
-            "p99_us": p99.round(),
-            "plain_p50_us": pp50.round(),
-            "plain_p99_us": pp99.round(),
-            "threads": threads,
+        json: crate::report::to_json(&Cancel {
+            runs,
+            p50_us: p50.round(),
+            p99_us: p99.round(),
+            plain_p50_us: pp50.round(),
+            plain_p99_us: pp99.round(),
+            threads,
         }),
         columns: vec!["variant", "p50 us", "p99 us", "grpc-go 1.33 (SPEC K)"],
         rows: vec![

@@ -4,5 +4,5 @@ pub mod cancel;
 pub mod instructions;
 pub mod overhead;
 pub mod overload;
-pub mod soak;
 pub mod retry_storm;
+pub mod soak;

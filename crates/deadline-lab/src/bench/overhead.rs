@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use probe::CallRequest;
 use probe::probe_client::ProbeClient;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic_deadline::ServerDeadlineLayer;
@@ -94,6 +94,27 @@ async fn round(clients: &[Client], streams: usize, length: Duration, tally: &mut
     tally.busy += started.elapsed();
 }
 
+/// The benchmark's result: plain tonic and tonic with both layers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Overhead {
+    /// Plain tonic, calls per second.
+    pub plain_rps: f64,
+    /// With both layers, calls per second.
+    pub layered_rps: f64,
+    /// `layered_rps / plain_rps`.
+    pub ratio: f64,
+    /// Plain tonic's median latency, microseconds.
+    pub plain_p50_us: f64,
+    /// With both layers, median latency.
+    pub layered_p50_us: f64,
+    /// Calls in flight (connections × streams).
+    pub concurrency: usize,
+    /// Plain calls that failed.
+    pub plain_failed: u64,
+    /// Layered calls that failed.
+    pub layered_failed: u64,
+}
+
 /// Runs the benchmark.
 pub async fn run(load: Load) -> anyhow::Result<Outcome> {
     let plain_addr = net::serve(
@@ -151,15 +172,15 @@ pub async fn run(load: Load) -> anyhow::Result<Outcome> {
             load.rounds,
             load.round.as_millis()
         ),
-        json: json!({
-            "plain_rps": plain_rps.round(),
-            "layered_rps": layered_rps.round(),
-            "ratio": (ratio * 1000.0).round() / 1000.0,
-            "plain_p50_us": plain_p50.round(),
-            "layered_p50_us": layered_p50.round(),
-            "concurrency": concurrency,
-            "plain_failed": p.failed,
-            "layered_failed": o.failed,
+        json: crate::report::to_json(&Overhead {
+            plain_rps: plain_rps.round(),
+            layered_rps: layered_rps.round(),
+            ratio: (ratio * 1000.0).round() / 1000.0,
+            plain_p50_us: plain_p50.round(),
+            layered_p50_us: layered_p50.round(),
+            concurrency,
+            plain_failed: p.failed,
+            layered_failed: o.failed,
         }),
         columns: vec!["variant", "req/s", "p50 us", "failed"],
         rows: vec![

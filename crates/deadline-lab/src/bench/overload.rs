@@ -1,6 +1,6 @@
 //! Goodput under overload: a service whose handler needs a
-//! pooled database connection for a ~10 ms query, driven open-loop at 2× and
-//! 4× its measured capacity with 100 ms client deadlines.
+//! pooled database connection for a ~10 ms query, driven open-loop at 1×, 2×
+//! and 4× its measured capacity with 100 ms client deadlines.
 //!
 //! The pool is simulated — `connections` slots, each held for `query` — so the
 //! figure measures queueing, not the machine's CPU. Both servers run in this
@@ -28,7 +28,7 @@ use std::time::Duration;
 use probe::probe_client::ProbeClient;
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_stream::Stream;
@@ -64,7 +64,7 @@ impl Default for Load {
             connections: 4,
             query: Duration::from_millis(10),
             deadline: Duration::from_millis(100),
-            levels: vec![2, 4],
+            levels: vec![1, 2, 4],
             window: Duration::from_secs(3),
             channels: 4,
         }
@@ -155,11 +155,10 @@ impl Probe for Service {
 
 /// One server under test and the clients that drive it.
 struct Target {
-    name: &'static str,
     clients: Vec<ProbeClient<Channel>>,
 }
 
-async fn start(name: &'static str, pool: Pool, load: &Load) -> anyhow::Result<Target> {
+async fn start(pool: Pool, load: &Load) -> anyhow::Result<Target> {
     let layer = matches!(pool, Pool::Ours(_)).then(ServerDeadlineLayer::new);
     let service = Service {
         pool,
@@ -170,7 +169,7 @@ async fn start(name: &'static str, pool: Pool, load: &Load) -> anyhow::Result<Ta
     for _ in 0..load.channels.max(1) {
         clients.push(ProbeClient::new(net::connect(addr).await?));
     }
-    Ok(Target { name, clients })
+    Ok(Target { clients })
 }
 
 /// Closed loop, `callers` at a time, for `length`: completed calls per second.
@@ -291,23 +290,103 @@ enum Answer {
     Failed,
 }
 
+/// What one variant's calls came to in one window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Calls {
+    /// Calls sent.
+    pub sent: u64,
+    /// Answered OK before the deadline.
+    pub good: u64,
+    /// Answered OK, after the deadline.
+    pub late: u64,
+    /// Failed or not answered within the deadline.
+    pub failed: u64,
+}
+
+/// One offered load: every variant's goodput (÷ capacity) and calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Level {
+    /// Offered load, as a multiple of capacity.
+    pub offered_x: u32,
+    /// Offered load, calls per second.
+    pub offered_rps: f64,
+    /// Plain tonic, a FIFO pool that knows no deadlines.
+    pub plain_goodput: f64,
+    /// Its calls.
+    pub plain_calls: Calls,
+    /// Ours with the default discipline (adaptive LIFO).
+    pub ours_goodput: f64,
+    /// Its calls.
+    pub ours_calls: Calls,
+    /// Ours, FIFO.
+    pub ours_fifo_goodput: f64,
+    /// Its calls.
+    pub ours_fifo_calls: Calls,
+    /// Ours, LIFO.
+    pub ours_lifo_goodput: f64,
+    /// Its calls.
+    pub ours_lifo_calls: Calls,
+}
+
+impl Level {
+    /// Every variant's goodput, in [`Overload::VARIANTS`] order.
+    pub fn goodputs(&self) -> [f64; 4] {
+        [
+            self.plain_goodput,
+            self.ours_fifo_goodput,
+            self.ours_lifo_goodput,
+            self.ours_goodput,
+        ]
+    }
+}
+
+/// The benchmark's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Overload {
+    /// The capacity goodput is divided by: the larger of the two below.
+    pub capacity_rps: f64,
+    /// Plain tonic's closed-loop throughput.
+    pub capacity_plain_rps: f64,
+    /// Ours, closed loop.
+    pub capacity_ours_rps: f64,
+    /// Connections in the simulated pool.
+    pub connections: usize,
+    /// How long one query holds a connection.
+    pub query_ms: u64,
+    /// The client's deadline.
+    pub deadline_ms: u64,
+    /// Seconds of open-loop load per variant and level.
+    pub window_s: f64,
+    /// One row per offered load.
+    pub rows: Vec<Level>,
+}
+
+impl Overload {
+    /// The variants' names, in [`Level::goodputs`] order.
+    pub const VARIANTS: [&'static str; 4] = [
+        "plain tonic",
+        "ours FIFO",
+        "ours LIFO",
+        "ours (adaptive LIFO)",
+    ];
+}
+
 /// Runs the benchmark.
-pub async fn run(load: Load) -> anyhow::Result<Outcome> {
+///
+/// # Errors
+///
+/// When a server cannot be started.
+pub async fn measure(load: Load) -> anyhow::Result<Overload> {
     let plain = start(
-        "plain",
         Pool::Plain(Arc::new(Semaphore::new(load.connections))),
         &load,
     )
     .await?;
-    let disciplines = [
-        ("ours", Discipline::default()),
-        ("ours_fifo", Discipline::Fifo),
-        ("ours_lifo", Discipline::Lifo),
-    ];
+    let disciplines = [Discipline::default(), Discipline::Fifo, Discipline::Lifo];
     let mut ours = Vec::new();
-    for (name, discipline) in disciplines {
+    for discipline in disciplines {
         let admission = Admission::new(load.connections).discipline(discipline);
-        ours.push(start(name, Pool::Ours(admission), &load).await?);
+        ours.push(start(Pool::Ours(admission), &load).await?);
     }
 
     // Capacity first: closed loop, enough callers to keep every connection
@@ -320,49 +399,83 @@ pub async fn run(load: Load) -> anyhow::Result<Outcome> {
     let capacity_ours = closed_loop(&ours[0], callers, Duration::from_millis(1500)).await;
     let capacity = capacity_plain.max(capacity_ours);
 
-    let mut rows_json = Vec::new();
     let mut rows = Vec::new();
     for &x in &load.levels {
         let rate = capacity * f64::from(x);
-        let mut row = serde_json::Map::new();
-        row.insert("offered_x".into(), json!(x));
-        row.insert("offered_rps".into(), json!(rate.round()));
-        let mut cells = vec![format!("{x}x"), format!("{rate:.0}")];
+        let mut measured = Vec::new();
         for target in std::iter::once(&plain).chain(&ours) {
             let w = open_loop(target, rate, load.window, load.deadline).await;
             let goodput = w.good as f64 / w.seconds / capacity;
-            let goodput = (goodput * 1000.0).round() / 1000.0;
-            row.insert(format!("{}_goodput", target.name), json!(goodput));
-            row.insert(
-                format!("{}_calls", target.name),
-                json!({"sent": w.sent, "good": w.good, "late": w.late, "failed": w.failed}),
-            );
-            cells.push(format!("{goodput:.3}"));
+            let calls = Calls {
+                sent: w.sent,
+                good: w.good,
+                late: w.late,
+                failed: w.failed,
+            };
+            measured.push(((goodput * 1000.0).round() / 1000.0, calls));
             // Let the plain server's abandoned queries drain before the next.
             tokio::time::sleep(load.deadline * 3).await;
         }
-        rows_json.push(serde_json::Value::Object(row));
-        rows.push(cells);
+        // In the order the targets were started: plain, ours, FIFO, LIFO.
+        let [plain, ours, fifo, lifo] = measured[..] else {
+            anyhow::bail!("four variants must have run");
+        };
+        rows.push(Level {
+            offered_x: x,
+            offered_rps: rate.round(),
+            plain_goodput: plain.0,
+            plain_calls: plain.1,
+            ours_goodput: ours.0,
+            ours_calls: ours.1,
+            ours_fifo_goodput: fifo.0,
+            ours_fifo_calls: fifo.1,
+            ours_lifo_goodput: lifo.0,
+            ours_lifo_calls: lifo.1,
+        });
     }
+    Ok(Overload {
+        capacity_rps: capacity.round(),
+        capacity_plain_rps: capacity_plain.round(),
+        capacity_ours_rps: capacity_ours.round(),
+        connections: load.connections,
+        query_ms: load.query.as_millis() as u64,
+        deadline_ms: load.deadline.as_millis() as u64,
+        window_s: load.window.as_secs_f64(),
+        rows,
+    })
+}
 
-    Ok(Outcome {
+/// Runs the benchmark and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run(load: Load) -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure(load).await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(o: &Overload) -> Outcome {
+    let rows = o
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                format!("{}x", r.offered_x),
+                format!("{:.0}", r.offered_rps),
+                format!("{:.3}", r.plain_goodput),
+                format!("{:.3}", r.ours_goodput),
+                format!("{:.3}", r.ours_fifo_goodput),
+                format!("{:.3}", r.ours_lifo_goodput),
+            ]
+        })
+        .collect();
+    Outcome {
         title: format!(
             "bench overload: pool of {} connections x {} ms queries, {} ms client deadlines, {} s open-loop windows",
-            load.connections,
-            load.query.as_millis(),
-            load.deadline.as_millis(),
-            load.window.as_secs_f64()
+            o.connections, o.query_ms, o.deadline_ms, o.window_s
         ),
-        json: json!({
-            "capacity_rps": capacity.round(),
-            "capacity_plain_rps": capacity_plain.round(),
-            "capacity_ours_rps": capacity_ours.round(),
-            "connections": load.connections,
-            "query_ms": load.query.as_millis() as u64,
-            "deadline_ms": load.deadline.as_millis() as u64,
-            "window_s": load.window.as_secs_f64(),
-            "rows": rows_json,
-        }),
+        json: crate::report::to_json(o),
         columns: vec![
             "offered",
             "req/s",
@@ -373,8 +486,11 @@ pub async fn run(load: Load) -> anyhow::Result<Outcome> {
         ],
         rows,
         notes: vec![
-            format!("capacity: {capacity:.0} req/s (closed loop; plain {capacity_plain:.0}, ours {capacity_ours:.0})"),
+            format!(
+                "capacity: {:.0} req/s (closed loop; plain {:.0}, ours {:.0})",
+                o.capacity_rps, o.capacity_plain_rps, o.capacity_ours_rps
+            ),
             "goodput = OK answers before the client's deadline per second / capacity (goal: ours >= 0.90 at 2x, >= 0.80 at 4x)".into(),
         ],
-    })
+    }
 }

@@ -28,7 +28,6 @@ use probe::probe_client::ProbeClient;
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio_stream::Stream;
 use tonic::service::Routes;
 use tonic::transport::Channel;
@@ -302,7 +301,7 @@ pub fn outcome(storm: &Storm) -> Outcome {
             storm.deadline_ms,
             storm.window_s
         ),
-        json: serde_json::to_value(storm).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+        json: crate::report::to_json(storm),
         columns: vec!["variant", "goodput", "amplification", "calls", "good", "attempts"],
         rows,
         notes: vec![

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use probe::CallRequest;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
 use crate::experiments::layered_client;
@@ -13,8 +13,36 @@ use crate::systems::chain::{self, Plan};
 /// The seed's figures (grpc-go) for a 1 s budget and 100 ms hops.
 const SEED_MS: [u32; 3] = [999, 898, 797];
 
-/// Runs the experiment with `hop` of work at each hop.
-pub async fn run(hop: Duration) -> anyhow::Result<Outcome> {
+/// What one hop had on entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hop {
+    /// `A`, `B` or `C`.
+    pub service: String,
+    /// The remaining budget on entry.
+    pub remaining_ms: f64,
+    /// The `grpc-timeout` it received.
+    pub header: String,
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Chain {
+    /// The client's budget.
+    pub budget_ms: u64,
+    /// Each hop's work.
+    pub hop_ms: u64,
+    /// A, B and C, in order (none when the call failed).
+    pub hops: Vec<Hop>,
+    /// What the client got.
+    pub status: String,
+}
+
+/// Runs the chain with `hop` of work at each hop.
+///
+/// # Errors
+///
+/// When the chain cannot be started or warmed.
+pub async fn measure(hop: Duration) -> anyhow::Result<Chain> {
     let plan = Plan {
         work: hop,
         ..Plan::default()
@@ -28,28 +56,52 @@ pub async fn run(hop: Duration) -> anyhow::Result<Outcome> {
         Ok(reply) => ("OK", reply.into_inner().hops),
         Err(status) => (code_name(status.code()), Vec::new()),
     };
-    let mut rows = Vec::new();
-    let mut json_hops = Vec::new();
-    for (i, hop) in hops.iter().enumerate() {
-        let remaining_ms = hop.remaining_us as f64 / 1000.0;
-        rows.push(vec![
-            hop.service.clone(),
-            format!("{remaining_ms:.1}"),
-            hop.header.clone(),
-            SEED_MS.get(i).map(u32::to_string).unwrap_or_default(),
-        ]);
-        json_hops.push(json!({
-            "service": hop.service,
-            "remaining_ms": (remaining_ms * 10.0).round() / 10.0,
-            "header": hop.header,
-        }));
-    }
-    Ok(Outcome {
+    Ok(Chain {
+        budget_ms: budget.as_millis() as u64,
+        hop_ms: hop.as_millis() as u64,
+        hops: hops
+            .iter()
+            .map(|h| Hop {
+                service: h.service.clone(),
+                remaining_ms: (h.remaining_us as f64 / 100.0).round() / 10.0,
+                header: h.header.clone(),
+            })
+            .collect(),
+        status: status.to_owned(),
+    })
+}
+
+/// Runs the experiment with `hop` of work at each hop and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run(hop: Duration) -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure(hop).await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(chain: &Chain) -> Outcome {
+    let rows = chain
+        .hops
+        .iter()
+        .enumerate()
+        .map(|(i, hop)| {
+            vec![
+                hop.service.clone(),
+                format!("{:.1}", hop.remaining_ms),
+                hop.header.clone(),
+                SEED_MS.get(i).map(u32::to_string).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    Outcome {
         title: format!(
-            "chain: remaining budget on entry, 1 s client budget, {} ms of work per hop",
-            hop.as_millis()
+            "chain: remaining budget on entry, {} s client budget, {} ms of work per hop",
+            chain.budget_ms as f64 / 1000.0,
+            chain.hop_ms
         ),
-        json: json!({ "budget_ms": budget.as_millis() as u64, "hop_ms": hop.as_millis() as u64, "hops": json_hops, "status": status }),
+        json: crate::report::to_json(chain),
         columns: vec![
             "service",
             "remaining ms",
@@ -57,6 +109,6 @@ pub async fn run(hop: Duration) -> anyhow::Result<Outcome> {
             "seed ms",
         ],
         rows,
-        notes: vec![format!("status: {status}")],
-    })
+        notes: vec![format!("status: {}", chain.status)],
+    }
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 use tonic_deadline::db::postgres::{PgPool, tokio_postgres};
@@ -28,7 +28,65 @@ const DEADLINE: Duration = Duration::from_millis(200);
 const SQLITE_5S: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 30000000) \
                          SELECT count(*) FROM c";
 
-async fn sqlite() -> anyhow::Result<Value> {
+/// The query on SQLite.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sqlite {
+    /// When the query was stopped, after it began.
+    pub query_stopped_ms: f64,
+    /// Why (the scope's cause).
+    pub cause: Option<String>,
+    /// Whether the same connection answered the next query.
+    pub conn_reusable: bool,
+    /// How long that next query took.
+    pub next_query_ms: f64,
+    /// Idle connections in the pool afterwards.
+    pub pool_idle_after: usize,
+    /// Connections in the pool.
+    pub pool_size: usize,
+}
+
+/// The query on PostgreSQL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Postgres {
+    /// When the call returned, after the query began.
+    pub query_stopped_ms: f64,
+    /// Why (the scope's cause).
+    pub cause: Option<String>,
+    /// Whether `pg_stat_activity` shows the statement no longer active.
+    pub server_side_stopped: bool,
+    /// Cancel requests the pool sent.
+    pub cancel_requests_sent: u64,
+    /// Idle connections in the pool afterwards.
+    pub pool_idle_after: usize,
+    /// Connections in the pool.
+    pub pool_size: usize,
+    /// The pool's limit.
+    pub pool_max_size: usize,
+}
+
+/// PostgreSQL's row: measured, or why not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PostgresRun {
+    /// The query ran on a server.
+    Ran(Postgres),
+    /// No server could be had.
+    Skipped {
+        /// Why.
+        skipped: String,
+    },
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DbCancel {
+    /// SQLite.
+    pub sqlite: Sqlite,
+    /// PostgreSQL.
+    pub postgres: PostgresRun,
+}
+
+async fn sqlite() -> anyhow::Result<Sqlite> {
     let pool = SqlitePool::open_in_memory(1)?;
     let scope = Scope::background().with_timeout(DEADLINE);
     let start = Instant::now();
@@ -46,14 +104,14 @@ async fn sqlite() -> anyhow::Result<Value> {
             |c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)),
         )
         .await;
-    Ok(json!({
-        "query_stopped_ms": ms(stopped_after),
-        "cause": cause.map(|c| c.to_string()),
-        "conn_reusable": matches!(reusable, Ok(1)),
-        "next_query_ms": ms(again.elapsed()),
-        "pool_idle_after": pool.stats().idle,
-        "pool_size": pool.stats().size,
-    }))
+    Ok(Sqlite {
+        query_stopped_ms: ms(stopped_after),
+        cause: cause.map(|c| c.to_string()),
+        conn_reusable: matches!(reusable, Ok(1)),
+        next_query_ms: ms(again.elapsed()),
+        pool_idle_after: pool.stats().idle,
+        pool_size: pool.stats().size,
+    })
 }
 
 /// A PostgreSQL server started for an experiment and stopped on drop.
@@ -174,9 +232,11 @@ pub async fn server() -> anyhow::Result<Option<(String, Option<Throwaway>)>> {
     })
 }
 
-async fn postgres() -> anyhow::Result<Value> {
+async fn postgres() -> anyhow::Result<PostgresRun> {
     let Some((url, _server)) = server().await? else {
-        return Ok(json!({"skipped": "no PostgreSQL server binaries (initdb, pg_ctl) installed"}));
+        return Ok(PostgresRun::Skipped {
+            skipped: "no PostgreSQL server binaries (initdb, pg_ctl) installed".into(),
+        });
     };
     let (monitor, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tonic_deadline::detach(connection);
@@ -201,60 +261,71 @@ async fn postgres() -> anyhow::Result<Value> {
         .get(0);
     drop(conn);
     let stats = pool.stats();
-    Ok(json!({
-        "query_stopped_ms": ms(stopped_after),
-        "cause": cause.map(|c| c.to_string()),
-        "server_side_stopped": active == 0 && cause.is_some(),
-        "cancel_requests_sent": stats.cancels_sent,
-        "pool_idle_after": stats.idle,
-        "pool_size": stats.size,
-        "pool_max_size": stats.max_size,
+    Ok(PostgresRun::Ran(Postgres {
+        query_stopped_ms: ms(stopped_after),
+        cause: cause.map(|c| c.to_string()),
+        server_side_stopped: active == 0 && cause.is_some(),
+        cancel_requests_sent: stats.cancels_sent,
+        pool_idle_after: stats.idle,
+        pool_size: stats.size,
+        pool_max_size: stats.max_size,
     }))
 }
 
-/// Runs the experiment.
+/// Runs the query on SQLite, then on PostgreSQL.
+///
+/// # Errors
+///
+/// When a pool cannot be opened or a server cannot be started.
+pub async fn measure() -> anyhow::Result<DbCancel> {
+    Ok(DbCancel {
+        sqlite: sqlite().await?,
+        postgres: postgres().await?,
+    })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
 pub async fn run() -> anyhow::Result<Outcome> {
-    let sqlite = sqlite().await?;
-    let postgres = postgres().await?;
-    let cell = |v: &Value, k: &str| v.get(k).map_or_else(|| "-".to_owned(), ToString::to_string);
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(db: &DbCancel) -> Outcome {
+    let sqlite = &db.sqlite;
     let mut rows = vec![vec![
         "sqlite".to_owned(),
-        cell(&sqlite, "query_stopped_ms"),
+        sqlite.query_stopped_ms.to_string(),
         "yes (interrupted)".to_owned(),
-        cell(&sqlite, "conn_reusable"),
-        format!(
-            "{}/{}",
-            cell(&sqlite, "pool_idle_after"),
-            cell(&sqlite, "pool_size")
-        ),
+        sqlite.conn_reusable.to_string(),
+        format!("{}/{}", sqlite.pool_idle_after, sqlite.pool_size),
     ]];
-    rows.push(match postgres.get("skipped") {
-        Some(reason) => vec![
+    rows.push(match &db.postgres {
+        PostgresRun::Skipped { skipped } => vec![
             "postgres".into(),
-            format!("skipped: {reason}"),
+            format!("skipped: {skipped}"),
             "-".into(),
             "-".into(),
             "-".into(),
         ],
-        None => vec![
+        PostgresRun::Ran(postgres) => vec![
             "postgres".to_owned(),
-            cell(&postgres, "query_stopped_ms"),
-            cell(&postgres, "server_side_stopped"),
+            postgres.query_stopped_ms.to_string(),
+            postgres.server_side_stopped.to_string(),
             "-".into(),
-            format!(
-                "{}/{}",
-                cell(&postgres, "pool_idle_after"),
-                cell(&postgres, "pool_size")
-            ),
+            format!("{}/{}", postgres.pool_idle_after, postgres.pool_size),
         ],
     });
-    Ok(Outcome {
+    Outcome {
         title: "experiment db-cancel: a 5 s query under a 200 ms deadline".into(),
-        json: json!({ "sqlite": sqlite, "postgres": postgres }),
+        json: crate::report::to_json(db),
         columns: vec!["database", "stopped after ms", "stopped on the server", "conn reusable", "pool idle/size"],
         rows,
         notes: vec![
             "postgres: checked in pg_stat_activity from a second connection after the call returned".into(),
         ],
-    })
+    }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tower::Layer;
 
 use futures_util::future::join_all;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
 use crate::capture::{Capture, Direction, Options};
@@ -41,7 +41,45 @@ enum Compensation {
     RoundTrip,
 }
 
-async fn row(delay_ms: u64, compensation: Compensation) -> anyhow::Result<Value> {
+/// One call through the delaying proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// The injected client → server delay.
+    pub delay_ms: u64,
+    /// The client's configured transit allowance (0: none).
+    pub transit_allowance_ms: u64,
+    /// What the client got.
+    pub status: String,
+    /// The budget the server saw on entry (`None`: the call failed).
+    pub server_sees_ms: Option<f64>,
+    /// What the client really had left when the handler ran.
+    pub client_left_ms: f64,
+    /// The `grpc-timeout` the server received.
+    pub header: Option<String>,
+    /// Client → server chunks of the call.
+    pub request_chunks: usize,
+    /// When the request reached the handler, after the call began.
+    pub arrived_late_ms: f64,
+    /// The round trip measured with PINGs, when measured.
+    pub measured_rtt_ms: Option<f64>,
+    /// The frames of the call, as the capture proxy decoded them.
+    pub wire: Vec<String>,
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Drift {
+    /// The client's budget.
+    pub budget_ms: u64,
+    /// One row per injected delay, uncompensated.
+    pub rows: Vec<Row>,
+    /// A known one-way delay deducted as the client's transit allowance.
+    pub compensated: Row,
+    /// Half the measured PING round trip deducted.
+    pub rtt_compensated: Row,
+}
+
+async fn row(delay_ms: u64, compensation: Compensation) -> anyhow::Result<Row> {
     let svc = WorkerSvc::new();
     let addr = worker::start("127.0.0.1:0", svc.clone()).await?;
     let delay = Duration::from_millis(delay_ms);
@@ -106,7 +144,7 @@ async fn row(delay_ms: u64, compensation: Compensation) -> anyhow::Result<Value>
         .ok_or_else(|| anyhow::anyhow!("the handler must have run"))?;
     let server_sees_ms = reply
         .as_ref()
-        .map_or(f64::NAN, |r| r.remaining_us as f64 / 1000.0);
+        .map(|r| (r.remaining_us as f64 / 100.0).round() / 10.0);
     let records = capture.records();
     let chunks = records
         .iter()
@@ -114,22 +152,27 @@ async fn row(delay_ms: u64, compensation: Compensation) -> anyhow::Result<Value>
         .map(|r| r.chunk)
         .collect::<std::collections::BTreeSet<_>>()
         .len();
-    Ok(json!({
-        "delay_ms": delay_ms,
-        "transit_allowance_ms": allowance_ms,
-        "status": status_name(&result),
-        "server_sees_ms": (server_sees_ms * 10.0).round() / 10.0,
-        "client_left_ms": ms(deadline.saturating_duration_since(entered)),
-        "header": reply.map(|r| r.header),
-        "request_chunks": chunks,
-        "arrived_late_ms": ms(entered.saturating_duration_since(started)),
-        "measured_rtt_ms": round_trip.and_then(|r| r.estimate()).map(ms),
-        "wire": wire_lines(&records),
-    }))
+    Ok(Row {
+        delay_ms,
+        transit_allowance_ms: allowance_ms,
+        status: status_name(&result).to_owned(),
+        server_sees_ms,
+        client_left_ms: ms(deadline.saturating_duration_since(entered)),
+        header: reply.map(|r| r.header),
+        request_chunks: chunks,
+        arrived_late_ms: ms(entered.saturating_duration_since(started)),
+        measured_rtt_ms: round_trip.and_then(|r| r.estimate()).map(ms),
+        wire: wire_lines(&records),
+    })
 }
 
-/// Runs the three delays at once (separate servers and proxies).
-pub async fn run() -> anyhow::Result<Outcome> {
+/// Runs the three delays at once (separate servers and proxies), and the
+/// two compensated rows.
+///
+/// # Errors
+///
+/// When a server or proxy cannot be started, or no PING comes back.
+pub async fn measure() -> anyhow::Result<Drift> {
     let (rows, compensated, rtt) = tokio::join!(
         join_all(ROWS.iter().map(|(d, _, _)| row(*d, Compensation::None))),
         // Opt-in compensation: the client deducts the known one-way delay.
@@ -140,55 +183,68 @@ pub async fn run() -> anyhow::Result<Outcome> {
         // Or half the round trip it measured, with no clock sync.
         row(COMPENSATED_DELAY_MS, Compensation::RoundTrip),
     );
-    let rows: Vec<Value> = rows.into_iter().collect::<anyhow::Result<_>>()?;
-    let compensated = compensated?;
-    let rtt = rtt?;
-    let rtt_compensated = json!({
-        "delay_ms": rtt["delay_ms"],
-        "server_sees_ms": rtt["server_sees_ms"],
-        "client_left_ms": rtt["client_left_ms"],
-        "measured_rtt_ms": rtt["measured_rtt_ms"],
-        "header": rtt["header"],
-    });
-    let mut table: Vec<Vec<String>> = rows
+    Ok(Drift {
+        budget_ms: BUDGET.as_millis() as u64,
+        rows: rows.into_iter().collect::<anyhow::Result<_>>()?,
+        compensated: compensated?,
+        rtt_compensated: rtt?,
+    })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(drift: &Drift) -> Outcome {
+    let cells = |r: &Row| {
+        [
+            r.header.clone().unwrap_or_else(|| "—".to_owned()),
+            r.server_sees_ms
+                .map_or_else(|| "—".to_owned(), |v| v.to_string()),
+            r.client_left_ms.to_string(),
+            r.request_chunks.to_string(),
+        ]
+    };
+    let mut table: Vec<Vec<String>> = drift
+        .rows
         .iter()
         .zip(ROWS)
         .map(|(r, (_, seed_server, seed_client))| {
-            vec![
-                r["delay_ms"].to_string(),
-                r["header"].as_str().unwrap_or("—").to_owned(),
-                r["server_sees_ms"].to_string(),
-                r["client_left_ms"].to_string(),
-                r["request_chunks"].to_string(),
-                format!("{seed_server} / {seed_client}"),
-            ]
+            let mut row = vec![r.delay_ms.to_string()];
+            row.extend(cells(r));
+            row.push(format!("{seed_server} / {seed_client}"));
+            row
         })
         .collect();
-    table.push(vec![
-        format!(
-            "{} (client allowance {} ms)",
-            compensated["delay_ms"], compensated["transit_allowance_ms"]
+    let (compensated, rtt) = (&drift.compensated, &drift.rtt_compensated);
+    let mut row = vec![format!(
+        "{} (client allowance {} ms)",
+        compensated.delay_ms, compensated.transit_allowance_ms
+    )];
+    row.extend(cells(compensated));
+    row.push("—".to_owned());
+    table.push(row);
+    let mut row = vec![format!(
+        "{} both ways (half the PING round trip, {} ms)",
+        rtt.delay_ms,
+        rtt.measured_rtt_ms
+            .map_or_else(|| "—".to_owned(), |v| v.to_string())
+    )];
+    row.extend(cells(rtt));
+    row.push("—".to_owned());
+    table.push(row);
+    Outcome {
+        title: format!(
+            "drift: {} s budget through the capture proxy, each client → server chunk delayed",
+            drift.budget_ms as f64 / 1000.0
         ),
-        compensated["header"].as_str().unwrap_or("—").to_owned(),
-        compensated["server_sees_ms"].to_string(),
-        compensated["client_left_ms"].to_string(),
-        compensated["request_chunks"].to_string(),
-        "—".to_owned(),
-    ]);
-    table.push(vec![
-        format!(
-            "{} both ways (half the PING round trip, {} ms)",
-            rtt["delay_ms"], rtt["measured_rtt_ms"]
-        ),
-        rtt["header"].as_str().unwrap_or("—").to_owned(),
-        rtt["server_sees_ms"].to_string(),
-        rtt["client_left_ms"].to_string(),
-        rtt["request_chunks"].to_string(),
-        "—".to_owned(),
-    ]);
-    Ok(Outcome {
-        title: "drift: 1 s budget through the capture proxy, each client → server chunk delayed".into(),
-        json: json!({ "budget_ms": BUDGET.as_millis() as u64, "rows": rows, "compensated": compensated, "rtt_compensated": rtt_compensated }),
+        json: crate::report::to_json(drift),
         columns: vec![
             "delay ms",
             "grpc-timeout received",
@@ -206,5 +262,5 @@ pub async fn run() -> anyhow::Result<Outcome> {
              the seed's proxy slept before each chunk in turn and its request queued behind another chunk, arriving ≈ 2 × delay late (its own note: 100 ms → ≈200 ms). \
              Same law either way: the server sees the full budget, the client has the budget less the transit time".into(),
         ],
-    })
+    }
 }

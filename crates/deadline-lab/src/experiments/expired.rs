@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use probe::CallRequest;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
@@ -14,8 +14,26 @@ use crate::net;
 use crate::report::{Outcome, code_name};
 use crate::systems::chain::{Hop, Plan};
 
-/// Runs the experiment.
-pub async fn run() -> anyhow::Result<Outcome> {
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Expired {
+    /// What the client got.
+    pub status: String,
+    /// How long the call took.
+    pub elapsed_ms: f64,
+    /// Frames the client sent for the call.
+    pub frames: usize,
+    /// Those frames by type.
+    pub frame_kinds: BTreeMap<String, u32>,
+}
+
+/// Makes the call over an open connection and counts its frames.
+///
+/// # Errors
+///
+/// When the server or the capture proxy cannot be started, or the clock is
+/// too young to hold a deadline 1 s in the past.
+pub async fn measure() -> anyhow::Result<Expired> {
     let server = Hop::new("server", Plan::default(), None);
     let addr = net::serve(
         "127.0.0.1:0",
@@ -42,23 +60,41 @@ pub async fn run() -> anyhow::Result<Outcome> {
     let new = &after[before.min(after.len())..];
     let mut kinds = BTreeMap::new();
     for frame in new {
-        *kinds.entry(frame.kind_name()).or_insert(0u32) += 1;
+        *kinds.entry(frame.kind_name().to_owned()).or_insert(0u32) += 1;
     }
     let status = match &result {
         Ok(_) => "OK",
         Err(status) => code_name(status.code()),
     };
-    let elapsed_ms = (elapsed.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0;
-    Ok(Outcome {
+    Ok(Expired {
+        status: status.to_owned(),
+        elapsed_ms: (elapsed.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
+        frames: new.len(),
+        frame_kinds: kinds,
+    })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(e: &Expired) -> Outcome {
+    Outcome {
         title: "expired: a call with a deadline 1 s in the past, over an open connection".into(),
-        json: json!({ "status": status, "elapsed_ms": elapsed_ms, "frames": new.len(), "frame_kinds": kinds }),
+        json: crate::report::to_json(e),
         columns: vec!["status", "elapsed ms", "frames on the wire", "seed"],
         rows: vec![vec![
-            status.to_owned(),
-            format!("{elapsed_ms:.3}"),
-            new.len().to_string(),
+            e.status.clone(),
+            format!("{:.3}", e.elapsed_ms),
+            e.frames.to_string(),
             "DEADLINE_EXCEEDED, 0.0 ms, 0 frames".to_owned(),
         ]],
         notes: vec!["frames are counted by a TCP proxy that parses every HTTP/2 frame header the client sends".into()],
-    })
+    }
 }

@@ -17,7 +17,6 @@ use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest};
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -355,7 +354,7 @@ pub fn outcome(faults: &Faults) -> Outcome {
         .collect();
     Outcome {
         title: "faults: client → upstream hop (this process) → downstream process; what the upstream answers and releases".into(),
-        json: serde_json::to_value(faults).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+        json: crate::report::to_json(faults),
         columns: vec![
             "case",
             "status",

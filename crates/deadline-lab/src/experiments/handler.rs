@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::{Scope, outlived_count};
 
@@ -29,13 +29,48 @@ pub const WORK: Duration = Duration::from_secs(1);
 /// How long after the call the server is looked at (the seed's 1.1 s, plus slack).
 const SETTLE: Duration = Duration::from_millis(1200);
 
-fn since(started: Instant, at: Option<Instant>) -> Value {
-    at.map_or(Value::Null, |at| {
-        json!(ms(at.saturating_duration_since(started)))
-    })
+/// One handler, watching its scope or ignoring it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Variant {
+    /// What the client got.
+    pub client_status: String,
+    /// When, after the call began.
+    pub client_ms: f64,
+    /// 1 if the handler's work ran to its end, else 0.
+    pub completed: u32,
+    /// When the request's scope ended, after the call began.
+    pub scope_ended_ms: Option<f64>,
+    /// The frames of the call, as the capture proxy decoded them.
+    pub wire: Vec<String>,
+    /// Watching: when the work noticed its scope had ended.
+    pub server_noticed_ms: Option<f64>,
+    /// Ignoring: how long the work outlived its scope.
+    pub zombie_ms: Option<f64>,
+    /// Ignoring: when the work finished, after the call began.
+    pub work_done_ms: Option<f64>,
+    /// Ignoring: how many tasks the library counted as outliving their
+    /// scope during the call (`outlived_count`).
+    pub outlived_detected: Option<u64>,
 }
 
-async fn variant(watch: bool) -> anyhow::Result<Value> {
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Handler {
+    /// The client's budget.
+    pub budget_ms: u64,
+    /// The handler's work.
+    pub work_ms: u64,
+    /// The handler that watches its scope.
+    pub watching: Variant,
+    /// The handler that blocks and never checks.
+    pub ignoring: Variant,
+}
+
+fn since(started: Instant, at: Option<Instant>) -> Option<f64> {
+    at.map(|at| ms(at.saturating_duration_since(started)))
+}
+
+async fn variant(watch: bool) -> anyhow::Result<Variant> {
     let svc = WorkerSvc::new();
     let addr = worker::start("127.0.0.1:0", svc.clone()).await?;
     let capture = Capture::start(addr).await?;
@@ -55,64 +90,85 @@ async fn variant(watch: bool) -> anyhow::Result<Value> {
     let client_ms = ms(started.elapsed());
     tokio::time::sleep_until(started + SETTLE).await;
     let times = svc.take();
-    let completed = u32::from(times.completed.is_some());
-    let mut out = json!({
-        "client_status": status_name(&result),
-        "client_ms": client_ms,
-        "completed": completed,
-        "scope_ended_ms": since(started, times.scope_ended),
-        "wire": wire_lines(&capture.records()),
-    });
+    let mut out = Variant {
+        client_status: status_name(&result).to_owned(),
+        client_ms,
+        completed: u32::from(times.completed.is_some()),
+        scope_ended_ms: since(started, times.scope_ended),
+        wire: wire_lines(&capture.records()),
+        server_noticed_ms: None,
+        zombie_ms: None,
+        work_done_ms: None,
+        outlived_detected: None,
+    };
     if watch {
-        out["server_noticed_ms"] = since(started, times.noticed);
+        out.server_noticed_ms = since(started, times.noticed);
     } else {
-        out["zombie_ms"] = match (times.scope_ended, times.completed) {
-            (Some(ended), Some(done)) => json!(ms(done.saturating_duration_since(ended))),
-            _ => Value::Null,
+        out.zombie_ms = match (times.scope_ended, times.completed) {
+            (Some(ended), Some(done)) => Some(ms(done.saturating_duration_since(ended))),
+            _ => None,
         };
-        out["work_done_ms"] = since(started, times.completed);
-        out["outlived_detected"] = json!(outlived_count() - outlived_before);
+        out.work_done_ms = since(started, times.completed);
+        out.outlived_detected = Some(outlived_count() - outlived_before);
     }
     Ok(out)
 }
 
 /// Runs both variants at once (separate servers).
-pub async fn run() -> anyhow::Result<Outcome> {
+///
+/// # Errors
+///
+/// When a server or the capture proxy cannot be started.
+pub async fn measure() -> anyhow::Result<Handler> {
     let (watching, ignoring) = tokio::join!(variant(true), variant(false));
-    let (watching, ignoring) = (watching?, ignoring?);
-    let cell = |v: &Value| match v {
-        Value::Null => "—".to_owned(),
-        v => v.to_string(),
-    };
+    Ok(Handler {
+        budget_ms: BUDGET.as_millis() as u64,
+        work_ms: WORK.as_millis() as u64,
+        watching: watching?,
+        ignoring: ignoring?,
+    })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(handler: &Handler) -> Outcome {
+    let (watching, ignoring) = (&handler.watching, &handler.ignoring);
+    let cell = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| v.to_string());
     let rows = vec![
         vec![
             "watching (work spawned in its scope)".to_owned(),
-            watching["client_status"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            cell(&watching["client_ms"]),
-            cell(&watching["server_noticed_ms"]),
-            cell(&watching["completed"]),
+            watching.client_status.clone(),
+            watching.client_ms.to_string(),
+            cell(watching.server_noticed_ms),
+            watching.completed.to_string(),
             "—".to_owned(),
             "151.1 / 151.1 / 0".to_owned(),
         ],
         vec![
             "ignoring (blocking, never checks)".to_owned(),
-            ignoring["client_status"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            cell(&ignoring["client_ms"]),
+            ignoring.client_status.clone(),
+            ignoring.client_ms.to_string(),
             "never".to_owned(),
-            cell(&ignoring["completed"]),
-            cell(&ignoring["zombie_ms"]),
+            ignoring.completed.to_string(),
+            cell(ignoring.zombie_ms),
             "150.6 / never / 1".to_owned(),
         ],
     ];
-    Ok(Outcome {
-        title: "handler: 150 ms client budget, 1 s of handler work, server watched 1.2 s".into(),
-        json: json!({ "budget_ms": BUDGET.as_millis() as u64, "work_ms": WORK.as_millis() as u64, "watching": watching, "ignoring": ignoring }),
+    Outcome {
+        title: format!(
+            "handler: {} ms client budget, {} s of handler work, server watched 1.2 s",
+            handler.budget_ms,
+            handler.work_ms as f64 / 1000.0
+        ),
+        json: crate::report::to_json(handler),
         columns: vec![
             "handler",
             "client status",
@@ -126,10 +182,10 @@ pub async fn run() -> anyhow::Result<Outcome> {
         notes: vec![
             format!(
                 "the ignoring handler's work outlived its scope by {} ms; the library counted it (outlived_count +{})",
-                cell(&ignoring["zombie_ms"]),
-                cell(&ignoring["outlived_detected"])
+                cell(ignoring.zombie_ms),
+                ignoring.outlived_detected.map_or_else(|| "—".to_owned(), |n| n.to_string())
             ),
             "an async handler that ignores its scope cannot be a zombie here: the server layer drops it at the deadline; blocking threads cannot be dropped".into(),
         ],
-    })
+    }
 }

@@ -17,7 +17,6 @@ use probe::probe_client::ProbeClient;
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::time::Instant;
 use tokio_stream::Stream;
 use tonic::service::Routes;
@@ -469,7 +468,7 @@ pub fn outcome(result: &HedgeRows) -> Outcome {
             result.slow_share * 100.0,
             result.budget_ms
         ),
-        json: serde_json::to_value(result).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+        json: crate::report::to_json(result),
         columns: vec![
             "variant",
             "p50 ms",

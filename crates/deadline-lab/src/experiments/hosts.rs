@@ -19,7 +19,6 @@ use std::time::Duration;
 use probe::CallRequest;
 use probe::probe_client::ProbeClient;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tonic_deadline::Scope;
 
 use crate::clock::{deadline_ns, diff_ms};
@@ -465,7 +464,7 @@ pub fn outcome(hosts: &Hosts) -> Outcome {
     Outcome {
         title: "hosts: every service in its own network namespace, one-way latency on every link"
             .into(),
-        json: serde_json::to_value(hosts).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+        json: crate::report::to_json(hosts),
         columns: vec![
             "system",
             "parent → hop",

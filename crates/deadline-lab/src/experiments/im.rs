@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 
@@ -19,45 +19,134 @@ const NORMAL_MS: u64 = 5;
 /// Route's work when it stalls (far beyond any budget).
 const STALL_MS: u64 = 5_000;
 
-fn to_ms(us: i64) -> Value {
-    if us < 0 {
-        Value::Null
-    } else {
-        json!((us as f64 / 100.0).round() / 10.0)
+/// A journal's microseconds as milliseconds with one decimal; `None` for
+/// the journal's -1 (no deadline).
+fn to_ms(us: i64) -> Option<f64> {
+    (us >= 0).then(|| (us as f64 / 100.0).round() / 10.0)
+}
+
+/// `—` for a missing figure, the figure otherwise.
+pub fn cell(v: Option<f64>) -> String {
+    v.map_or_else(|| "—".to_owned(), |v| v.to_string())
+}
+
+/// A budget one hop handed to a downstream call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The downstream service.
+    pub to: String,
+    /// The budget granted; `None` without a deadline.
+    pub ms: Option<f64>,
+    /// When, after the hop's entry.
+    pub at_ms: Option<f64>,
+    /// The status of the downstream call.
+    pub outcome: String,
+}
+
+/// How a hop's own work ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Work {
+    /// `completed`, or the cause that stopped it.
+    pub outcome: String,
+    /// When, after the hop's entry.
+    pub at_ms: Option<f64>,
+}
+
+/// What one service recorded: its budget on entry, what it handed on, how
+/// its own work ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hop {
+    /// The service.
+    pub service: String,
+    /// The remaining budget on entry; `None` without a deadline.
+    pub entry_ms: Option<f64>,
+    /// The `grpc-timeout` header as received (empty when absent).
+    pub header: String,
+    /// The budgets it handed to its downstream calls.
+    pub gave: Vec<Grant>,
+    /// Its own work, if it did any.
+    pub work: Option<Work>,
+}
+
+impl Hop {
+    /// What this hop handed to `to`, if it called it.
+    pub fn gave_to(&self, to: &str) -> Option<&Grant> {
+        self.gave.iter().find(|g| g.to == to)
     }
 }
 
+/// The hop of `service` in `hops`.
+pub fn find<'a>(hops: &'a [Hop], service: &str) -> Option<&'a Hop> {
+    hops.iter().find(|h| h.service == service)
+}
+
 /// Groups journal records per service: entry budget, header, grants, work.
-pub fn hops(records: &[Trace], order: &[&str]) -> Vec<Value> {
+pub fn hops(records: &[Trace], order: &[&str]) -> Vec<Hop> {
     order
         .iter()
         .filter_map(|service| {
             let mine: Vec<&Trace> = records.iter().filter(|t| t.service == *service).collect();
             let entry = mine.iter().find(|t| t.target.is_empty())?;
-            let gave: Vec<Value> = mine
+            let gave = mine
                 .iter()
                 .filter(|t| !t.target.is_empty() && t.target != "(work)")
-                .map(|t| json!({ "to": t.target, "ms": to_ms(t.remaining_us), "at_ms": to_ms(t.at_us), "outcome": t.outcome }))
+                .map(|t| Grant {
+                    to: t.target.clone(),
+                    ms: to_ms(t.remaining_us),
+                    at_ms: to_ms(t.at_us),
+                    outcome: t.outcome.clone(),
+                })
                 .collect();
-            let work = mine
-                .iter()
-                .find(|t| t.target == "(work)")
-                .map(|t| json!({ "outcome": t.outcome, "at_ms": to_ms(t.at_us) }));
-            Some(json!({
-                "service": service,
-                "entry_ms": to_ms(entry.remaining_us),
-                "header": entry.header,
-                "gave": gave,
-                "work": work,
-            }))
+            let work = mine.iter().find(|t| t.target == "(work)").map(|t| Work {
+                outcome: t.outcome.clone(),
+                at_ms: to_ms(t.at_us),
+            });
+            Some(Hop {
+                service: (*service).to_owned(),
+                entry_ms: to_ms(entry.remaining_us),
+                header: entry.header.clone(),
+                gave,
+                work,
+            })
         })
         .collect()
+}
+
+/// One request through the chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Case {
+    /// What the client got.
+    pub status: String,
+    /// When, after the call began.
+    pub client_ms: f64,
+    /// Every hop that recorded its entry, gateway first.
+    pub hops: Vec<Hop>,
+}
+
+impl Case {
+    /// The hop of `service`, if it was reached.
+    pub fn hop(&self, service: &str) -> Option<&Hop> {
+        find(&self.hops, service)
+    }
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Im {
+    /// The client's budget.
+    pub client_budget_ms: u64,
+    /// A normal request.
+    pub normal: Case,
+    /// Route stalls far beyond its cap.
+    pub route_stall: Case,
+    /// A request that reaches logic without a deadline.
+    pub no_deadline: Case,
 }
 
 async fn case(
     journal: &Journal,
     call: impl Future<Output = Result<tonic::Response<crate::pb::PushResp>, tonic::Status>>,
-) -> Value {
+) -> Case {
     journal.take();
     let started = Instant::now();
     let result = call.await;
@@ -65,11 +154,14 @@ async fn case(
     // Let the cancelled hops record how their work ended.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let records = journal.take();
-    json!({
-        "status": status_name(&result),
-        "client_ms": client_ms,
-        "hops": hops(&records, &im::ROLES.iter().rev().copied().collect::<Vec<_>>()),
-    })
+    Case {
+        status: status_name(&result).to_owned(),
+        client_ms,
+        hops: hops(
+            &records,
+            &im::ROLES.iter().rev().copied().collect::<Vec<_>>(),
+        ),
+    }
 }
 
 fn push(route_ms: u64) -> PushReq {
@@ -83,7 +175,11 @@ fn push(route_ms: u64) -> PushReq {
 }
 
 /// Runs the three cases on one in-process chain.
-pub async fn run() -> anyhow::Result<Outcome> {
+///
+/// # Errors
+///
+/// When the chain cannot be started or warmed.
+pub async fn measure() -> anyhow::Result<Im> {
     let journal = Journal::new();
     let started = im::start("127.0.0.1:0", &journal).await?;
     let addr = |role: &str| started.iter().find(|s| s.role == role).map(|s| s.addr);
@@ -104,7 +200,7 @@ pub async fn run() -> anyhow::Result<Outcome> {
             .enter(client.push(push(NORMAL_MS))),
     )
     .await;
-    let stall = case(
+    let route_stall = case(
         &journal,
         Scope::background()
             .with_timeout(CLIENT_BUDGET)
@@ -112,7 +208,25 @@ pub async fn run() -> anyhow::Result<Outcome> {
     )
     .await;
     let no_deadline = case(&journal, logic_client.push(push(NORMAL_MS))).await;
+    Ok(Im {
+        client_budget_ms: CLIENT_BUDGET.as_millis() as u64,
+        normal,
+        route_stall,
+        no_deadline,
+    })
+}
 
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(result: &Im) -> Outcome {
     let seed = |service: &str| match service {
         "gateway" => "800 → logic 500",
         "logic" => "500 (own 500 if none) → route 200, push left − 50",
@@ -122,66 +236,54 @@ pub async fn run() -> anyhow::Result<Outcome> {
     };
     let mut rows = Vec::new();
     for (name, case) in [
-        ("normal", &normal),
-        ("route stalls", &stall),
-        ("logic, no deadline", &no_deadline),
+        ("normal", &result.normal),
+        ("route stalls", &result.route_stall),
+        ("logic, no deadline", &result.no_deadline),
     ] {
-        for hop in case["hops"].as_array().into_iter().flatten() {
-            let service = hop["service"].as_str().unwrap_or_default();
-            let gave: Vec<String> = hop["gave"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|g| {
-                    format!(
-                        "{} {} ({})",
-                        g["to"].as_str().unwrap_or_default(),
-                        g["ms"],
-                        g["outcome"].as_str().unwrap_or_default()
-                    )
-                })
+        for hop in &case.hops {
+            let gave: Vec<String> = hop
+                .gave
+                .iter()
+                .map(|g| format!("{} {} ({})", g.to, cell(g.ms), g.outcome))
                 .collect();
-            let work = hop["work"]["outcome"]
-                .as_str()
-                .map(|o| format!("{o} at {} ms", hop["work"]["at_ms"]));
+            let work = hop
+                .work
+                .as_ref()
+                .map(|w| format!("{} at {} ms", w.outcome, cell(w.at_ms)));
             rows.push(vec![
                 name.to_owned(),
-                service.to_owned(),
-                hop["entry_ms"].to_string(),
-                hop["header"]
-                    .as_str()
-                    .filter(|h| !h.is_empty())
-                    .unwrap_or("(none)")
-                    .to_owned(),
+                hop.service.clone(),
+                cell(hop.entry_ms),
+                if hop.header.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    hop.header.clone()
+                },
                 if gave.is_empty() {
                     work.unwrap_or_default()
                 } else {
                     gave.join(", ")
                 },
-                seed(service).to_owned(),
+                seed(&hop.service).to_owned(),
             ]);
         }
         rows.push(vec![
             String::new(),
             "→ client".to_owned(),
-            format!(
-                "{} after {} ms",
-                case["status"].as_str().unwrap_or_default(),
-                case["client_ms"]
-            ),
+            format!("{} after {} ms", case.status, case.client_ms),
             String::new(),
             String::new(),
             String::new(),
         ]);
     }
-    Ok(Outcome {
+    Outcome {
         title: "im: gateway → logic → route / push, client budget 800 ms; ms on entry and ms handed on".into(),
-        json: json!({ "client_budget_ms": CLIENT_BUDGET.as_millis() as u64, "normal": normal, "route_stall": stall, "no_deadline": no_deadline }),
+        json: crate::report::to_json(result),
         columns: vec!["case", "service", "entry ms", "grpc-timeout", "gave downstream ms (status) / own work", "seed budget"],
         rows,
         notes: vec![
             "every hop hands on strictly less than it had: gateway caps logic at 500, logic caps route at 200 and keeps 50 for itself".into(),
             "when route stalls, route's own scope ends at its 200 ms and logic answers DEADLINE_EXCEEDED long before the client's 800 ms".into(),
         ],
-    })
+    }
 }

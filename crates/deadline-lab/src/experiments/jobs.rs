@@ -9,21 +9,27 @@
 //! server's clock) and, being non-idempotent, is marked `interrupted` rather
 //! than run again.
 //!
+//! Each worker runs in a network namespace of its own (as root) and reaches
+//! the server across a veth pair, so the queue is shared between hosts, not
+//! only processes.
+//!
 //! The server is `TONIC_DEADLINE_PG_URL` if set, otherwise a throwaway one
 //! started here (as for `db-cancel`); without either the experiment fails.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
-use tonic_deadline::db::postgres::PgPool;
+use tonic_deadline::db::postgres::{PgPool, tokio_postgres};
 use tonic_deadline::jobs::JobState;
 
 use crate::experiments::db_cancel;
+use crate::netns::{self, Host, Network};
 use crate::report::{Outcome, ms};
 use crate::systems::jobs::Setup;
 
@@ -171,31 +177,147 @@ impl Drop for Process {
     }
 }
 
-/// Where worker `index` runs: the command that starts it, and a label.
-///
-/// Every worker is a process of its own on this host, reaching the server
-/// over loopback. To put each in a network namespace of its own, wrap the
-/// command in `ip netns exec <namespace>` here and rewrite `setup.url` to the
-/// server's address as seen from that namespace (the server must listen
-/// there too).
-pub fn place_worker(index: usize, setup: &Setup, name: &str) -> anyhow::Result<(Command, String)> {
-    let _ = index;
-    let mut command = Command::new(std::env::current_exe()?);
-    command.args([
-        "serve",
-        "jobs-worker",
-        "--pg-url",
-        &setup.url,
-        "--table",
-        &setup.table,
-        "--name",
-        name,
-        "--lease-ms",
-        &setup.lease.as_millis().to_string(),
-        "--job-ms",
-        &setup.job_time.as_millis().to_string(),
-    ]);
-    Ok((command, "this host, loopback".to_owned()))
+/// Where the workers run: each in a network namespace of its own when the
+/// lab can make them (as root, with iproute2), reaching the server across a
+/// veth pair; otherwise as processes on this host over loopback, and the
+/// placement says why.
+enum Placement {
+    Namespaces {
+        network: Box<Network>,
+        /// Per worker: its host and the address it dials for the server.
+        hosts: Vec<(Host, SocketAddr)>,
+        /// Relays on the lab's end of each uplink; dropped with the placement.
+        relays: Vec<tokio::task::JoinHandle<()>>,
+    },
+    Loopback {
+        why: String,
+    },
+}
+
+impl Placement {
+    /// Hosts for `workers` workers of the server at `url`.
+    async fn new(url: &str, workers: usize) -> anyhow::Result<Self> {
+        if let Err(why) = netns::check_support().await {
+            return Ok(Placement::Loopback {
+                why: format!("{why:#}"),
+            });
+        }
+        let server = server_addr(url).await?;
+        let mut network = Network::new().await?;
+        let mut hosts = Vec::new();
+        let mut relays = Vec::new();
+        for index in 0..workers {
+            let host = network.host(&format!("worker{index}")).await?;
+            let uplink = network.uplink(&host).await?;
+            // The server listens where the lab runs, often on loopback only:
+            // a relay on the lab's end of the pair carries the connections.
+            let listener = tokio::net::TcpListener::bind((uplink.lab_addr, 0)).await?;
+            let dial = listener.local_addr()?;
+            relays.push(tonic_deadline::detach(relay(listener, server)));
+            hosts.push((host, dial));
+        }
+        Ok(Placement::Namespaces {
+            network: Box::new(network),
+            hosts,
+            relays,
+        })
+    }
+
+    /// The command that starts worker `index`, and where it runs.
+    fn worker(&self, index: usize, setup: &Setup, name: &str) -> anyhow::Result<(Command, String)> {
+        let exe = std::env::current_exe()?;
+        let args = |url: &str| -> Vec<String> {
+            [
+                "serve",
+                "jobs-worker",
+                "--pg-url",
+                url,
+                "--table",
+                &setup.table,
+                "--name",
+                name,
+                "--lease-ms",
+                &setup.lease.as_millis().to_string(),
+                "--job-ms",
+                &setup.job_time.as_millis().to_string(),
+            ]
+            .map(str::to_owned)
+            .into()
+        };
+        match self {
+            Placement::Namespaces { network, hosts, .. } => {
+                let (host, dial) = &hosts[index];
+                let url = with_address(&setup.url, *dial)?;
+                Ok((
+                    network.command(host, &exe, &args(&url)),
+                    format!("namespace {}, server at {dial} across a veth pair", host.ns),
+                ))
+            }
+            Placement::Loopback { why } => {
+                let mut command = Command::new(exe);
+                command.args(args(&setup.url));
+                Ok((
+                    command,
+                    format!("this host, loopback (no namespaces: {why})"),
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        if let Placement::Namespaces { relays, .. } = self {
+            relays.iter().for_each(tokio::task::JoinHandle::abort);
+        }
+    }
+}
+
+/// Carries every connection made to `listener` to `server`, until aborted
+/// (which also ends the connections it carries).
+async fn relay(listener: tokio::net::TcpListener, server: SocketAddr) {
+    // The relay's own tasks; no request is involved.
+    let mut carried = tokio::task::JoinSet::new();
+    while let Ok((mut inbound, _)) = listener.accept().await {
+        #[allow(clippy::disallowed_methods)]
+        carried.spawn(async move {
+            if let Ok(mut outbound) = tokio::net::TcpStream::connect(server).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+        });
+    }
+}
+
+/// The TCP address of the server a `postgres://` URL names.
+async fn server_addr(url: &str) -> anyhow::Result<SocketAddr> {
+    let config: tokio_postgres::Config = url.parse()?;
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => anyhow::bail!(
+            "experiment jobs places workers in namespaces and needs a TCP server address, not {url}"
+        ),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    tokio::net::lookup_host((host.as_str(), port))
+        .await?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{host} has no address"))
+}
+
+/// `url` (`postgres://user@host:port/db…`) with `host:port` replaced.
+fn with_address(url: &str, addr: SocketAddr) -> anyhow::Result<String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .filter(|(scheme, _)| matches!(*scheme, "postgres" | "postgresql"))
+        .ok_or_else(|| {
+            anyhow::anyhow!("experiment jobs needs a postgres:// URL to move workers, not {url}")
+        })?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let user = authority
+        .rsplit_once('@')
+        .map_or(String::new(), |(user, _)| format!("{user}@"));
+    Ok(format!("{scheme}://{user}{addr}{path}"))
 }
 
 /// Starts a worker and waits for its `ready` line.
@@ -268,10 +390,11 @@ pub async fn run() -> anyhow::Result<JobsRun> {
     }
 
     let names = ["w1", "w2"];
+    let hosts = Placement::new(&setup.url, names.len()).await?;
     let mut placement = BTreeMap::new();
     let mut processes = Vec::new();
     for (index, name) in names.iter().enumerate() {
-        let (command, place) = place_worker(index, &setup, name)?;
+        let (command, place) = hosts.worker(index, &setup, name)?;
         let process = tokio::task::block_in_place(|| spawn(command))?;
         placement.insert((*name).to_owned(), place);
         processes.push(process);
@@ -310,6 +433,7 @@ pub async fn run() -> anyhow::Result<JobsRun> {
     }
     let drained_after = killed_at.elapsed();
     drop(processes);
+    drop(hosts);
 
     let states: BTreeMap<i64, JobState> = queue
         .list()

@@ -46,7 +46,13 @@ pub fn status_name<T>(result: &Result<T, tonic::Status>) -> &'static str {
 pub fn wire_lines(records: &[crate::capture::Record]) -> Vec<String> {
     records
         .iter()
-        .filter(|r| matches!(r.frame.kind, 0 | 1 | 3 | 7 | 9))
+        .filter(|r| {
+            use probe::frames::{CONTINUATION, DATA, GOAWAY, HEADERS, RST_STREAM};
+            matches!(
+                r.frame.kind,
+                DATA | HEADERS | RST_STREAM | GOAWAY | CONTINUATION
+            )
+        })
         .map(crate::capture::Record::line)
         .collect()
 }

@@ -4,11 +4,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 
-use crate::experiments::im::hops;
+use crate::experiments::im::{Hop, hops};
 use crate::experiments::status_name;
 use crate::pb::{CreateOrderReq, GetOrderReq};
 use crate::report::{Outcome, ms};
@@ -23,8 +23,69 @@ const PAYMENT_MS: u64 = 50;
 /// A reply path slower than what is left after the commit.
 const SLOW_REPLY_MS: u64 = 600;
 
+/// The payment stalls past the deadline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stall {
+    /// What the client got.
+    pub client_status: String,
+    /// When, after the call began.
+    pub client_ms: f64,
+    /// Whether payments saw its work cancelled.
+    pub payment_cancelled: bool,
+    /// Whether the payment ran to the end.
+    pub payment_completed: bool,
+    /// Whether the order row exists afterwards.
+    pub order_written: bool,
+    /// What `GetOrder` answered afterwards.
+    pub get_order_status: String,
+    /// What orders and payments recorded.
+    pub hops: Vec<Hop>,
+}
+
+/// The order commits, then the reply misses the deadline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LateReply {
+    /// What the client got.
+    pub client_status: String,
+    /// When, after the call began.
+    pub client_ms: f64,
+    /// Whether the order row exists afterwards.
+    pub order_written: bool,
+    /// What a retry with the same order id answered.
+    pub retry_status: String,
+    /// Payments charged for the order and its retry together.
+    pub charges: u64,
+    /// What orders and payments recorded.
+    pub hops: Vec<Hop>,
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Orders {
+    /// The client's budget for CreateOrder.
+    pub budget_ms: u64,
+    /// The stalled case's client status.
+    pub client_status: String,
+    /// The stalled case: was the payment cancelled?
+    pub payment_cancelled: bool,
+    /// The stalled case: was the order written?
+    pub order_written: bool,
+    /// The payment stalls.
+    pub stall: Stall,
+    /// The reply is late.
+    pub late_reply: LateReply,
+    /// What DEADLINE_EXCEEDED means for the order.
+    pub outcome_unknown: String,
+    /// Orders in the database at the end.
+    pub orders_in_db: u64,
+}
+
 /// Runs the cases on one in-process orders + payments pair.
-pub async fn run() -> anyhow::Result<Outcome> {
+///
+/// # Errors
+///
+/// When the services cannot be started or warmed.
+pub async fn measure() -> anyhow::Result<Orders> {
     let shared = Shared::in_memory()?;
     let started = orders::start("127.0.0.1:0", &shared).await?;
     let entry = started
@@ -61,15 +122,15 @@ pub async fn run() -> anyhow::Result<Outcome> {
             order_id: "o-stall".into(),
         })
         .await;
-    let stall = json!({
-        "client_status": status_name(&result),
-        "client_ms": client_ms,
-        "payment_cancelled": cancelled() > cancelled0,
-        "payment_completed": charged() > charged0,
-        "order_written": lookup.is_ok(),
-        "get_order_status": status_name(&lookup),
-        "hops": hops(&shared.journal.take(), &["orders", "payments"]),
-    });
+    let stall = Stall {
+        client_status: status_name(&result).to_owned(),
+        client_ms,
+        payment_cancelled: cancelled() > cancelled0,
+        payment_completed: charged() > charged0,
+        order_written: lookup.is_ok(),
+        get_order_status: status_name(&lookup).to_owned(),
+        hops: hops(&shared.journal.take(), &["orders", "payments"]),
+    };
 
     // 2. The order commits, then the reply misses the deadline.
     let charged0 = charged();
@@ -87,67 +148,63 @@ pub async fn run() -> anyhow::Result<Outcome> {
     let retry = scope()
         .enter(client.create_order(create("o-late", PAYMENT_MS, 0)))
         .await;
-    let late = json!({
-        "client_status": status_name(&result),
-        "client_ms": client_ms,
-        "order_written": lookup.is_ok(),
-        "retry_status": status_name(&retry),
-        "charges": charged() - charged0,
-        "hops": hops(&shared.journal.take(), &["orders", "payments"]),
-    });
+    let late_reply = LateReply {
+        client_status: status_name(&result).to_owned(),
+        client_ms,
+        order_written: lookup.is_ok(),
+        retry_status: status_name(&retry).to_owned(),
+        charges: charged() - charged0,
+        hops: hops(&shared.journal.take(), &["orders", "payments"]),
+    };
 
     let meaning = "DEADLINE_EXCEEDED is not \"nothing happened\": in the stalled case the payment was cancelled and no row exists, but in the late-reply case the row was committed although the client saw the same DEADLINE_EXCEEDED. The client cannot tell which; only an idempotent retry (same order id) is safe.";
-    let yes = |v: &Value| {
-        if v.as_bool() == Some(true) {
-            "yes"
-        } else {
-            "no"
-        }
-        .to_owned()
-    };
+    Ok(Orders {
+        budget_ms: BUDGET.as_millis() as u64,
+        client_status: stall.client_status.clone(),
+        payment_cancelled: stall.payment_cancelled,
+        order_written: stall.order_written,
+        stall,
+        late_reply,
+        outcome_unknown: meaning.to_owned(),
+        orders_in_db: shared.db.count(),
+    })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(orders: &Orders) -> Outcome {
+    let (stall, late) = (&orders.stall, &orders.late_reply);
+    let yes = |v: bool| if v { "yes" } else { "no" }.to_owned();
     let rows = vec![
         vec![
             format!("payment stalls ({STALL_MS} ms)"),
-            format!(
-                "{} at {} ms",
-                stall["client_status"].as_str().unwrap_or_default(),
-                stall["client_ms"]
-            ),
-            yes(&stall["payment_cancelled"]),
-            yes(&stall["order_written"]),
+            format!("{} at {} ms", stall.client_status, stall.client_ms),
+            yes(stall.payment_cancelled),
+            yes(stall.order_written),
             "—".to_owned(),
         ],
         vec![
             format!("committed, reply takes {SLOW_REPLY_MS} ms"),
-            format!(
-                "{} at {} ms",
-                late["client_status"].as_str().unwrap_or_default(),
-                late["client_ms"]
-            ),
+            format!("{} at {} ms", late.client_status, late.client_ms),
             "no".to_owned(),
-            yes(&late["order_written"]),
-            format!(
-                "{} ({} charge)",
-                late["retry_status"].as_str().unwrap_or_default(),
-                late["charges"]
-            ),
+            yes(late.order_written),
+            format!("{} ({} charge)", late.retry_status, late.charges),
         ],
     ];
-    Ok(Outcome {
+    Outcome {
         title: format!(
             "orders: CreateOrder with a {} ms budget, payments inside, SQLite behind",
-            BUDGET.as_millis()
+            orders.budget_ms
         ),
-        json: json!({
-            "budget_ms": BUDGET.as_millis() as u64,
-            "client_status": stall["client_status"],
-            "payment_cancelled": stall["payment_cancelled"],
-            "order_written": stall["order_written"],
-            "stall": stall,
-            "late_reply": late,
-            "outcome_unknown": meaning,
-            "orders_in_db": shared.db.count(),
-        }),
+        json: crate::report::to_json(orders),
         columns: vec![
             "case",
             "client",
@@ -156,6 +213,6 @@ pub async fn run() -> anyhow::Result<Outcome> {
             "retry, same id",
         ],
         rows,
-        notes: vec![meaning.to_owned()],
-    })
+        notes: vec![orders.outcome_unknown.clone()],
+    }
 }

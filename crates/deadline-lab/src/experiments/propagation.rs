@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use probe::CallRequest;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 
@@ -16,7 +16,29 @@ const BUDGET: Duration = Duration::from_millis(200);
 const WORK: Duration = Duration::from_secs(1);
 const SETTLE: Duration = Duration::from_millis(1200);
 
-async fn variant(detach: bool) -> anyhow::Result<Value> {
+/// One chain, the call to B propagated or detached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Variant {
+    /// What the client got.
+    pub client_status: String,
+    /// When, after the call began.
+    pub client_ms: f64,
+    /// B's work that ran to its end (0 or 1).
+    pub b_completed: u64,
+    /// C's work that ran to its end (0 or 1).
+    pub c_completed: u64,
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Propagation {
+    /// The default: A's call to B carries the scope.
+    pub propagate: Variant,
+    /// A detaches its call to B.
+    pub detached: Variant,
+}
+
+async fn variant(detach: bool) -> anyhow::Result<Variant> {
     let a = Plan {
         detach_next: detach,
         ..Plan::default()
@@ -47,36 +69,56 @@ async fn variant(detach: bool) -> anyhow::Result<Value> {
     };
     tokio::time::sleep(SETTLE).await;
     let done = |i: usize| chain.completed[i].load(Ordering::Relaxed) - base[i];
-    Ok(json!({
-        "client_status": status,
-        "client_ms": client_ms,
-        "b_completed": done(1),
-        "c_completed": done(2),
-    }))
+    Ok(Variant {
+        client_status: status.to_owned(),
+        client_ms,
+        b_completed: done(1),
+        c_completed: done(2),
+    })
 }
 
 /// Runs both variants at once (they use separate chains).
-pub async fn run() -> anyhow::Result<Outcome> {
+///
+/// # Errors
+///
+/// When a chain cannot be started.
+pub async fn measure() -> anyhow::Result<Propagation> {
     let (propagate, detached) = tokio::join!(variant(false), variant(true));
-    let (propagate, detached) = (propagate?, detached?);
-    let row = |name: &str, v: &Value, seed: &str| {
+    Ok(Propagation {
+        propagate: propagate?,
+        detached: detached?,
+    })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(p: &Propagation) -> Outcome {
+    let row = |name: &str, v: &Variant, seed: &str| {
         vec![
             name.to_owned(),
-            v["client_status"].as_str().unwrap_or_default().to_owned(),
-            v["client_ms"].to_string(),
-            v["b_completed"].to_string(),
-            v["c_completed"].to_string(),
+            v.client_status.clone(),
+            v.client_ms.to_string(),
+            v.b_completed.to_string(),
+            v.c_completed.to_string(),
             seed.to_owned(),
         ]
     };
-    Ok(Outcome {
+    Outcome {
         title: "propagation: 200 ms client budget, B and C each do 1 s of work; completions counted 1.2 s after the client returns".into(),
         rows: vec![
-            row("propagate (default)", &propagate, "0 / 0"),
-            row("A detaches the call to B", &detached, "1 / 1"),
+            row("propagate (default)", &p.propagate, "0 / 0"),
+            row("A detaches the call to B", &p.detached, "1 / 1"),
         ],
-        json: json!({ "propagate": propagate, "detached": detached }),
+        json: crate::report::to_json(p),
         columns: vec!["variant", "client status", "client ms", "B completed", "C completed", "seed B / C"],
         notes: vec!["the detached variant needs an explicit `tonic_deadline::detach` in A".into()],
-    })
+    }
 }

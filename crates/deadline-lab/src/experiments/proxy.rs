@@ -14,7 +14,6 @@ use probe::probe_client::ProbeClient;
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest, Hop};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -445,12 +444,12 @@ pub fn outcome(p: &Proxy) -> Outcome {
     ];
     Outcome {
         title: "proxy: client → A → nginx (grpc_pass) → B".into(),
-        json: serde_json::to_value(p).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+        json: crate::report::to_json(p),
         columns: vec!["measured", "value"],
         rows,
         notes: vec![
             "nginx passes grpc-timeout on as any other header and keeps its own clock: its grpc_read_timeout (60 s by default) cuts a call with INTERNAL however long the deadline".into(),
-            "a client's RST_STREAM reaches B through nginx: nginx ends its upstream request, and B's scope ends as CallerCancelled (with or without upstream keepalive)".into(),
+            "a client's RST_STREAM reaches B through nginx: nginx ends its upstream request, and B's scope ends as Abandoned (with or without upstream keepalive)".into(),
         ],
     }
 }

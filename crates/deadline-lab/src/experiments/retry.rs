@@ -422,7 +422,7 @@ pub fn outcome(cases: &RetryCases) -> Outcome {
         .collect();
     Outcome {
         title: "retry: tonic client → retry layer → client layer → scripted server; every attempt inside the caller's one deadline".into(),
-        json: serde_json::to_value(cases).unwrap_or_else(|e| json!({ "error": e.to_string() })),
+        json: crate::report::to_json(cases),
         columns: vec![
             "case",
             "status",

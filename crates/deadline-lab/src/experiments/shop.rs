@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::experiments::im::hops;
+use crate::experiments::im::{Hop, cell, find, hops};
 use crate::experiments::status_name;
 use crate::pb::{BrowseReq, CheckoutReq};
 use crate::report::{Outcome, ms};
@@ -25,66 +25,95 @@ const SLOW_CACHE_MS: u64 = 60;
 /// Items quoted in parallel by `Browse`.
 const ITEMS: u32 = 3;
 
+/// One request through the shop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Case {
+    /// What the client got.
+    pub status: String,
+    /// When, after the call began.
+    pub client_ms: f64,
+    /// Every hop that recorded its entry, the API first.
+    pub hops: Vec<Hop>,
+    /// Pricing's budget on entry, once per quote.
+    pub pricing_entries_ms: Vec<f64>,
+}
+
+impl Case {
+    /// The budget `service` had on entry.
+    pub fn entry(&self, service: &str) -> Option<f64> {
+        find(&self.hops, service).and_then(|h| h.entry_ms)
+    }
+
+    /// The first grant any hop made to `to`.
+    fn grant(&self, to: &str) -> Option<&crate::experiments::im::Grant> {
+        self.hops.iter().find_map(|h| h.gave_to(to))
+    }
+
+    fn work_end(&self, service: &str) -> String {
+        find(&self.hops, service)
+            .and_then(|h| h.work.as_ref())
+            .map_or("—".to_owned(), |w| {
+                format!("{} at {} ms", w.outcome, cell(w.at_ms))
+            })
+    }
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shop {
+    /// The API's own deadline for every request.
+    pub api_deadline_ms: u64,
+    /// Inventory's work.
+    pub inventory_ms: u64,
+    /// What the API keeps back when it calls pricing.
+    pub reserve_ms: u64,
+    /// Inventory's budget on entry (propagated case).
+    pub inventory_budget_ms: Option<f64>,
+    /// Pricing's budget on entry (propagated case).
+    pub pricing_budget_ms: Option<f64>,
+    /// What pricing should get: the deadline less inventory less the reserve.
+    pub expected_pricing_ms: u64,
+    /// The cap on a cache lookup.
+    pub cache_cap_ms: u64,
+    /// The cache's budget on entry (fan-out case).
+    pub cache_budget_ms: Option<f64>,
+    /// Checkout, the budget propagated.
+    pub propagated: Case,
+    /// Checkout with a fixed 800 ms per call.
+    pub fixed_timeouts: Case,
+    /// Browse: quotes in parallel, and the cache.
+    pub fan_out: Case,
+}
+
 async fn case<T>(
     journal: &Journal,
     settle: Duration,
     call: impl Future<Output = Result<T, tonic::Status>>,
-) -> Value {
+) -> Case {
     journal.take();
     let started = Instant::now();
     let result = call.await;
     let client_ms = ms(started.elapsed());
     tokio::time::sleep(settle).await;
     let records = journal.take();
-    json!({
-        "status": status_name(&result),
-        "client_ms": client_ms,
-        "hops": hops(&records, &["api", "inventory", "pricing", "cache"]),
-        "pricing_entries_ms": records
+    Case {
+        status: status_name(&result).to_owned(),
+        client_ms,
+        hops: hops(&records, &["api", "inventory", "pricing", "cache"]),
+        pricing_entries_ms: records
             .iter()
             .filter(|t| t.service == "pricing" && t.target.is_empty())
             .map(|t| (t.remaining_us as f64 / 100.0).round() / 10.0)
-            .collect::<Vec<_>>(),
-    })
-}
-
-fn entry(case: &Value, service: &str) -> Value {
-    case["hops"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|h| h["service"] == service)
-        .map_or(Value::Null, |h| h["entry_ms"].clone())
-}
-
-fn gave(case: &Value, to: &str) -> Value {
-    case["hops"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|h| h["gave"].as_array().into_iter().flatten())
-        .find(|g| g["to"] == to)
-        .map_or(Value::Null, |g| g["ms"].clone())
-}
-
-fn work_end(case: &Value, service: &str) -> String {
-    case["hops"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|h| h["service"] == service)
-        .and_then(|h| h["work"].as_object())
-        .map_or("—".to_owned(), |w| {
-            format!(
-                "{} at {} ms",
-                w["outcome"].as_str().unwrap_or_default(),
-                w["at_ms"]
-            )
-        })
+            .collect(),
+    }
 }
 
 /// Runs the cases on one in-process shop.
-pub async fn run() -> anyhow::Result<Outcome> {
+///
+/// # Errors
+///
+/// When the shop cannot be started or warmed.
+pub async fn measure() -> anyhow::Result<Shop> {
     let journal = Journal::new();
     let started = shop::start("127.0.0.1:0", &journal).await?;
     let api = started
@@ -136,74 +165,81 @@ pub async fn run() -> anyhow::Result<Outcome> {
 
     let expected_pricing =
         API_DEADLINE.as_millis() as u64 - INVENTORY_MS - PRICING_RESERVE.as_millis() as u64;
+    Ok(Shop {
+        api_deadline_ms: API_DEADLINE.as_millis() as u64,
+        inventory_ms: INVENTORY_MS,
+        reserve_ms: PRICING_RESERVE.as_millis() as u64,
+        inventory_budget_ms: propagated.entry("inventory"),
+        pricing_budget_ms: propagated.entry("pricing"),
+        expected_pricing_ms: expected_pricing,
+        cache_cap_ms: CACHE_CAP.as_millis() as u64,
+        cache_budget_ms: browse.entry("cache"),
+        propagated,
+        fixed_timeouts: fixed,
+        fan_out: browse,
+    })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(shop: &Shop) -> Outcome {
+    let (propagated, fixed, browse) = (&shop.propagated, &shop.fixed_timeouts, &shop.fan_out);
+    let expected_pricing = shop.expected_pricing_ms;
     let rows = vec![
         vec![
             "propagated".to_owned(),
-            entry(&propagated, "api").to_string(),
-            entry(&propagated, "inventory").to_string(),
-            entry(&propagated, "pricing").to_string(),
-            format!(
-                "{} at {} ms",
-                propagated["status"].as_str().unwrap_or_default(),
-                propagated["client_ms"]
-            ),
+            cell(propagated.entry("api")),
+            cell(propagated.entry("inventory")),
+            cell(propagated.entry("pricing")),
+            format!("{} at {} ms", propagated.status, propagated.client_ms),
             format!("900 / ≈900 / ≈250 − reserve ({expected_pricing})"),
         ],
         vec![
             format!("fixed 800 ms per call, pricing takes {SLOW_PRICING_MS} ms"),
-            entry(&fixed, "api").to_string(),
-            entry(&fixed, "inventory").to_string(),
-            entry(&fixed, "pricing").to_string(),
-            format!(
-                "{} at {} ms",
-                fixed["status"].as_str().unwrap_or_default(),
-                fixed["client_ms"]
-            ),
+            cell(fixed.entry("api")),
+            cell(fixed.entry("inventory")),
+            cell(fixed.entry("pricing")),
+            format!("{} at {} ms", fixed.status, fixed.client_ms),
             "900 / 800 / a fresh 800".to_owned(),
         ],
     ];
-    let quotes = browse["pricing_entries_ms"].clone();
-    let cache_gave = gave(&browse, "cache");
+    let quotes: Vec<String> = browse
+        .pricing_entries_ms
+        .iter()
+        .map(f64::to_string)
+        .collect();
+    let cache = browse.grant("cache");
     let notes = vec![
         format!(
-            "fan-out (Browse, {ITEMS} quotes in parallel + cache): quotes entered with {quotes} ms — one shared deadline; the cache got {cache_gave} ms (cap {} ms) and, taking {SLOW_CACHE_MS} ms, was cut: {}",
-            CACHE_CAP.as_millis(),
-            browse["hops"][0]["gave"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|g| g["to"] == "cache")
-                .map_or("?".to_owned(), |g| g["outcome"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned()),
+            "fan-out (Browse, {ITEMS} quotes in parallel + cache): quotes entered with [{}] ms — one shared deadline; the cache got {} ms (cap {} ms) and, taking {SLOW_CACHE_MS} ms, was cut: {}",
+            quotes.join(", "),
+            cell(cache.and_then(|g| g.ms)),
+            shop.cache_cap_ms,
+            cache.map_or("?", |g| g.outcome.as_str()),
         ),
         format!(
             "with fixed timeouts pricing was promised {} ms although only ≈{} ms of the request were left; the caller got {} at {} ms and pricing's work ended {}",
             FIXED_TIMEOUT.as_millis(),
-            API_DEADLINE.as_millis() as u64 - INVENTORY_MS,
-            fixed["status"].as_str().unwrap_or_default(),
-            fixed["client_ms"],
-            work_end(&fixed, "pricing"),
+            shop.api_deadline_ms - shop.inventory_ms,
+            fixed.status,
+            fixed.client_ms,
+            fixed.work_end("pricing"),
         ),
     ];
-    Ok(Outcome {
+    Outcome {
         title: format!(
-            "shop: API deadline 900 ms, inventory takes {INVENTORY_MS} ms, then pricing; ms on entry"
+            "shop: API deadline {} ms, inventory takes {} ms, then pricing; ms on entry",
+            shop.api_deadline_ms, shop.inventory_ms
         ),
-        json: json!({
-            "api_deadline_ms": API_DEADLINE.as_millis() as u64,
-            "inventory_ms": INVENTORY_MS,
-            "reserve_ms": PRICING_RESERVE.as_millis() as u64,
-            "inventory_budget_ms": entry(&propagated, "inventory"),
-            "pricing_budget_ms": entry(&propagated, "pricing"),
-            "expected_pricing_ms": expected_pricing,
-            "cache_cap_ms": CACHE_CAP.as_millis() as u64,
-            "cache_budget_ms": entry(&browse, "cache"),
-            "propagated": propagated,
-            "fixed_timeouts": fixed,
-            "fan_out": browse,
-        }),
+        json: crate::report::to_json(shop),
         columns: vec![
             "variant",
             "api ms",
@@ -214,5 +250,5 @@ pub async fn run() -> anyhow::Result<Outcome> {
         ],
         rows,
         notes,
-    })
+    }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use probe::CallRequest;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::report::Outcome;
@@ -21,8 +21,30 @@ const ROWS: [(&str, Option<Duration>, &str); 7] = [
     ("none", None, "(absent)"),
 ];
 
-/// Runs the experiment.
-pub async fn run() -> anyhow::Result<Outcome> {
+/// One budget, as the server received it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Row {
+    /// The budget (`50ms` … `100h`, or `none`).
+    pub timeout: String,
+    /// The `grpc-timeout` the server received; `None` when absent.
+    pub header: Option<String>,
+    /// grpc-go's header for the same budget.
+    pub seed: String,
+}
+
+/// The experiment's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wire {
+    /// One row per budget.
+    pub rows: Vec<Row>,
+}
+
+/// Sends one call per budget and reads the header the server received.
+///
+/// # Errors
+///
+/// When the server cannot be started or a call fails.
+pub async fn measure() -> anyhow::Result<Wire> {
     let server = Hop::new("server", Plan::default(), None);
     let addr = net::serve(
         "127.0.0.1:0",
@@ -32,7 +54,6 @@ pub async fn run() -> anyhow::Result<Outcome> {
     .await?;
     let mut client = layered_client(addr).await?;
     let mut rows = Vec::new();
-    let mut json_rows = Vec::new();
     for (label, timeout, seed) in ROWS {
         let scope = match timeout {
             Some(t) => Scope::background().with_timeout(t),
@@ -47,18 +68,42 @@ pub async fn run() -> anyhow::Result<Outcome> {
             .first()
             .map(|h| h.header.clone())
             .filter(|h| !h.is_empty());
-        rows.push(vec![
-            label.to_owned(),
-            header.clone().unwrap_or_else(|| "(absent)".to_owned()),
-            seed.to_owned(),
-        ]);
-        json_rows.push(json!({ "timeout": label, "header": header, "seed": seed }));
+        rows.push(Row {
+            timeout: label.to_owned(),
+            header,
+            seed: seed.to_owned(),
+        });
     }
-    Ok(Outcome {
+    Ok(Wire { rows })
+}
+
+/// Runs the experiment and renders it.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run() -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure().await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(wire: &Wire) -> Outcome {
+    let rows = wire
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.timeout.clone(),
+                r.header.clone().unwrap_or_else(|| "(absent)".to_owned()),
+                r.seed.clone(),
+            ]
+        })
+        .collect();
+    Outcome {
         title: "wire: grpc-timeout as received by the server (call made right after the timeout is set)".into(),
-        json: json!({ "rows": json_rows }),
+        json: crate::report::to_json(wire),
         columns: vec!["timeout", "ours", "grpc-go (seed)"],
         rows,
         notes: vec!["ours is the remaining budget at the moment the headers are written, finest unit that fits 8 digits".into()],
-    })
+    }
 }

@@ -2,7 +2,7 @@
 //! scarce resource (workers, database connections, rate tokens), and a server
 //! concurrency limit built on it.
 //!
-//! Time spent waiting for a permit is spent from the caller's budget,
+//! Time spent waiting for a permit is spent from the caller's budget,
 //! so the queue itself obeys the caller's [`Scope`]:
 //!
 //! 1. a caller whose scope has ended is refused without queueing;

@@ -67,12 +67,15 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_call_side_wakes_the_body_side() {
         let (abandon, abandoned) = pair();
-        let waiter = tokio::spawn(async move { std::future::poll_fn(|cx| abandoned.poll(cx)).await });
-        tokio::task::yield_now().await;
-        drop(abandon);
-        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
-            .await
-            .expect("the body side must be woken")
-            .expect("no panic");
+        let wait = std::future::poll_fn(|cx| abandoned.poll(cx));
+        let give_up = async move {
+            tokio::task::yield_now().await;
+            drop(abandon);
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            tokio::join!(wait, give_up)
+        })
+        .await
+        .expect("the body side must be woken");
     }
 }

@@ -1,4 +1,4 @@
-//! Databases that stop when the request's scope ends (R-22, R-23).
+//! Databases that stop when the request's scope ends.
 //!
 //! Dropping a query future is not cancellation: the database keeps working
 //! for a caller who is gone, and holds a connection while it does. The pools
@@ -41,7 +41,7 @@ use crate::status::status_for;
 ///
 /// Converts into [`tonic::Status`]: a refusal or an ended scope as the
 /// matching deadline/cancel status, a database error as `INTERNAL` with a
-/// fixed text (the details go to the log, R-15).
+/// fixed text (the details go to the log).
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")]

@@ -4,7 +4,7 @@
 //! The first attempt goes at once; while no answer has come, another one
 //! follows every `hedgingDelay`, up to `maxAttempts`. Every attempt is a
 //! call of its own through the client layer, in a child of the caller's
-//! [`Scope`], so each carries what is left of the one deadline when it is
+//! [`Scope`](crate::Scope), so each carries what is left of the one deadline when it is
 //! sent. Per call the layer
 //! 1. takes the first *acceptable* answer: response headers, an OK, or a
 //!    status not listed in `nonFatalStatusCodes`;

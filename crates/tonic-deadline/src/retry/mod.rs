@@ -2,7 +2,7 @@
 //! layer above [`ClientDeadlineLayer`](crate::ClientDeadlineLayer).
 //!
 //! Each attempt is a call of its own through the client layer, made in a
-//! child of the caller's [`Scope`]: it carries what is left of the *one*
+//! child of the caller's [`Scope`](crate::Scope): it carries what is left of the *one*
 //! deadline at its own send time (a later attempt tells the server less),
 //! and it ends when the caller's scope does. Per call the layer
 //! 1. reads the request body once (unary and server-streaming requests are

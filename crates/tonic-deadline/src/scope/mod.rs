@@ -61,7 +61,6 @@ use tokio_util::sync::CancellationToken;
 use crate::status::Ended;
 
 pub(crate) use current::CURRENT;
-pub use current::current_or_background;
 pub use join_set::JoinSet;
 #[cfg(feature = "sqlite")]
 pub(crate) use task::note_if_outlived;
@@ -224,7 +223,7 @@ impl Scope {
 
     /// The current scope of this task, or [`Scope::background`] outside any.
     pub fn current() -> Scope {
-        current_or_background()
+        current::try_current().unwrap_or_else(Scope::background)
     }
 
     /// The absolute deadline, if any.

@@ -697,33 +697,17 @@ pub(crate) async fn silent_server(
 // A proxy that counts the client's HTTP/2 frames
 // ---------------------------------------------------------------------------
 
-pub(crate) const DATA: u8 = 0x0;
-pub(crate) const HEADERS: u8 = 0x1;
-pub(crate) const RST_STREAM: u8 = 0x3;
-
-/// The length of the client connection preface, `PRI * HTTP/2.0...`.
-const PREFACE_LEN: usize = 24;
-const FRAME_HEADER_LEN: usize = 9;
-
-/// One frame the client sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SeenFrame {
-    pub(crate) kind: u8,
-    pub(crate) flags: u8,
-    pub(crate) stream: u32,
-    /// The error code of a RST_STREAM.
-    pub(crate) error_code: Option<u32>,
-}
+pub(crate) use probe::frames::{DATA, FrameParser, HEADERS, Parsed};
 
 /// Everything the proxy saw from clients to the server.
 #[derive(Debug, Default)]
 pub(crate) struct FrameLog {
-    frames: Mutex<Vec<SeenFrame>>,
+    frames: Mutex<Vec<Parsed>>,
     connections: AtomicUsize,
 }
 
 impl FrameLog {
-    pub(crate) fn frames(&self) -> Vec<SeenFrame> {
+    pub(crate) fn frames(&self) -> Vec<Parsed> {
         self.frames.lock().expect("not poisoned").clone()
     }
 
@@ -732,60 +716,14 @@ impl FrameLog {
         let streams: std::collections::BTreeSet<u32> = self
             .frames()
             .into_iter()
-            .filter(|f| f.kind == HEADERS || f.kind == DATA)
-            .map(|f| f.stream)
+            .filter(|f| f.frame.kind == HEADERS || f.frame.kind == DATA)
+            .map(|f| f.frame.stream)
             .collect();
         streams.into_iter().collect()
     }
 
     pub(crate) fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
-    }
-}
-
-/// Splits a byte stream into HTTP/2 frame headers, after the preface.
-#[derive(Debug)]
-pub(crate) struct FrameParser {
-    preface_left: usize,
-    pending: Vec<u8>,
-}
-
-impl FrameParser {
-    pub(crate) fn new() -> Self {
-        Self {
-            preface_left: PREFACE_LEN,
-            pending: Vec::new(),
-        }
-    }
-
-    pub(crate) fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<SeenFrame>) {
-        let skip = self.preface_left.min(bytes.len());
-        self.preface_left -= skip;
-        bytes = &bytes[skip..];
-        self.pending.extend_from_slice(bytes);
-        loop {
-            let Some(head) = self.pending.get(..FRAME_HEADER_LEN) else {
-                return;
-            };
-            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-            let kind = head[3];
-            let flags = head[4];
-            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-            let Some(payload) = self.pending.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + len) else {
-                return;
-            };
-            let error_code = (kind == RST_STREAM)
-                .then(|| payload.get(..4))
-                .flatten()
-                .map(|code| u32::from_be_bytes([code[0], code[1], code[2], code[3]]));
-            out.push(SeenFrame {
-                kind,
-                flags,
-                stream,
-                error_code,
-            });
-            self.pending.drain(..FRAME_HEADER_LEN + len);
-        }
     }
 }
 
@@ -812,9 +750,8 @@ pub(crate) async fn frame_counting_proxy(upstream: SocketAddr) -> (SocketAddr, A
                     let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
                     let _ = to_client.shutdown().await;
                 });
-                let mut parser = FrameParser::new();
+                let mut parser = FrameParser::client_to_server();
                 let mut buf = vec![0; 16 * 1024];
-                let mut seen = Vec::new();
                 loop {
                     let n = match from_client.read(&mut buf).await {
                         Ok(0) | Err(_) => break,
@@ -822,7 +759,7 @@ pub(crate) async fn frame_counting_proxy(upstream: SocketAddr) -> (SocketAddr, A
                     };
                     // Logged before forwarding: once the server has acted on
                     // a frame, the log already holds it.
-                    parser.feed(&buf[..n], &mut seen);
+                    let mut seen = parser.feed(&buf[..n]);
                     log.frames.lock().expect("not poisoned").append(&mut seen);
                     if to_server.write_all(&buf[..n]).await.is_err() {
                         break;
