@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod net;
 pub mod netns;
 pub mod nginx;
+pub mod otlp;
 pub mod pb;
 pub mod process;
 pub mod report;

@@ -72,6 +72,9 @@ enum Command {
         /// (Prometheus text); the second line names the address.
         #[arg(long, global = true, value_name = "ADDR")]
         metrics_listen: Option<String>,
+        /// Export spans over OTLP/gRPC to this collector (`http://HOST:PORT`).
+        #[arg(long, global = true)]
+        otlp_endpoint: Option<String>,
     },
     /// Runs one experiment.
     Experiment {
@@ -80,6 +83,9 @@ enum Command {
         /// Print exactly one JSON object instead of the table.
         #[arg(long, global = true)]
         json: bool,
+        /// Export spans over OTLP/gRPC to this collector (`http://HOST:PORT`).
+        #[arg(long, global = true)]
+        otlp_endpoint: Option<String>,
     },
     /// Runs one benchmark (plain tonic and ours, interleaved in one process).
     Bench {
@@ -243,6 +249,9 @@ enum Experiment {
     },
     /// Jobs on PostgreSQL, two worker processes, one killed mid-job.
     Jobs,
+    /// One request through the IM chain, traced: every hop's span, budget
+    /// and outcome, normal and with route stalling.
+    Waterfall,
 }
 
 #[derive(Debug, Subcommand)]
@@ -402,7 +411,6 @@ fn main() -> anyhow::Result<()> {
         Command::BenchChild(args) => return bench::instructions::child(args, allocated),
         command => command,
     };
-    deadline_lab::logs::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -413,7 +421,13 @@ fn main() -> anyhow::Result<()> {
         } => Some(tonic_deadline::observe::Metrics::new()),
         _ => None,
     };
-    runtime.block_on(deadline_lab::metrics::maybe_with(metrics, async move {
+    let mut telemetry = {
+        let _runtime = runtime.enter();
+        let (service, endpoint, own_receiver) = telemetry_plan(&command);
+        deadline_lab::otlp::Telemetry::install(&service, endpoint, own_receiver)?
+    };
+    let traces = &telemetry;
+    let out = runtime.block_on(deadline_lab::metrics::maybe_with(metrics, async move {
         match command {
             Command::BenchChild(_) => anyhow::bail!("bench-child runs before the runtime starts"),
             Command::Demo { report } => deadline_lab::demo::run(&report).await,
@@ -428,6 +442,7 @@ fn main() -> anyhow::Result<()> {
             Command::Serve {
                 system,
                 metrics_listen,
+                ..
             } => {
                 let addr = match system {
                     System::Chain {
@@ -540,7 +555,7 @@ fn main() -> anyhow::Result<()> {
                 tokio::signal::ctrl_c().await?;
                 Ok(())
             }
-            Command::Experiment { which, json } => {
+            Command::Experiment { which, json, .. } => {
                 let outcome = match which {
                     Experiment::Wire => experiments::wire::run().await?,
                     Experiment::Chain { hop_ms } => {
@@ -568,6 +583,7 @@ fn main() -> anyhow::Result<()> {
                         &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
                     ),
                     Experiment::Jobs => experiments::jobs::run().await?.outcome()?,
+                    Experiment::Waterfall => experiments::waterfall::run(traces.receiver()).await?,
                 };
                 print(&outcome, json);
                 Ok(())
@@ -650,5 +666,45 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             }
         }
-    }))
+    }));
+    telemetry.shutdown();
+    out
+}
+
+/// The `service.name` spans are exported as, where to (`--otlp-endpoint`),
+/// and whether the command collects its own spans (`experiment waterfall`).
+fn telemetry_plan(command: &Command) -> (String, Option<&str>, bool) {
+    match command {
+        Command::Serve {
+            system,
+            otlp_endpoint,
+            ..
+        } => (service_name(system), otlp_endpoint.as_deref(), false),
+        Command::Experiment {
+            which,
+            otlp_endpoint,
+            ..
+        } => (
+            "deadline-lab experiment".to_owned(),
+            otlp_endpoint.as_deref(),
+            matches!(which, Experiment::Waterfall),
+        ),
+        _ => (String::new(), None, false),
+    }
+}
+
+/// `im-gateway`, `chain-B`, `im` (the whole system in one process).
+fn service_name(system: &System) -> String {
+    let (name, role) = match system {
+        System::Chain { role, .. } => ("chain", role.as_deref()),
+        System::Echo { .. } => ("echo", None),
+        System::Im(split) => ("im", split.role.as_deref()),
+        System::Shop(split) => ("shop", split.role.as_deref()),
+        System::Orders { split, .. } => ("orders", split.role.as_deref()),
+        System::JobsWorker { name, .. } => ("jobs-worker", Some(name.as_str())),
+    };
+    match role {
+        Some(role) => format!("{name}-{role}"),
+        None => name.to_owned(),
+    }
 }

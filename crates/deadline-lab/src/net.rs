@@ -157,6 +157,31 @@ pub fn lazy_with(addr: SocketAddr, transit: Transit) -> anyhow::Result<Layered> 
     ))
 }
 
+/// A lazily connecting channel to `addr` whose calls open `grpc.client`
+/// spans and carry their `traceparent` (the IM system's, for its traces).
+///
+/// # Errors
+///
+/// Never for a socket address; the signature is tonic's.
+pub fn lazy_traced(addr: SocketAddr, transit: Transit) -> anyhow::Result<Layered> {
+    let channel = transit.builder(&endpoint(addr)?).lazy();
+    Ok(tower::ServiceBuilder::new()
+        .layer(transit.layer(&channel).trace_spans())
+        .service(channel))
+}
+
+/// A connected channel to `addr` whose calls open `grpc.client` spans.
+///
+/// # Errors
+///
+/// When the connection cannot be made.
+pub async fn connect_traced(addr: SocketAddr) -> anyhow::Result<Layered> {
+    let channel = ReadyChannel::connect(&endpoint(addr)?).await?;
+    Ok(tower::ServiceBuilder::new()
+        .layer(ClientDeadlineLayer::new().trace_spans())
+        .service(channel))
+}
+
 /// Wraps a channel in our client layer, with `transit` compensation.
 ///
 /// A [`Transit::RoundTrip`] needs a channel built to measure (see

@@ -12,7 +12,7 @@ use super::abandon::Abandon;
 use super::body::ClientBody;
 use super::transport::lost_connection_status;
 use crate::BoxError;
-use crate::observe::{ClientCall, status_code};
+use crate::observe::{ClientObserved, status_code};
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 
@@ -61,8 +61,9 @@ pin_project! {
         cancelled: Option<WaitForCancellationFutureOwned>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
-        // Reported once, with the first status seen (metrics on only).
-        record: Option<Box<ClientCall>>,
+        // Reported once, with the first status seen (metrics or spans on
+        // only).
+        observed: Option<Box<ClientObserved>>,
     }
 }
 
@@ -71,7 +72,7 @@ impl Race {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
-        record: Option<Box<ClientCall>>,
+        observed: Option<Box<ClientObserved>>,
     ) -> Self {
         Self {
             deadline,
@@ -80,24 +81,32 @@ impl Race {
             cancelled: None,
             scope,
             abandon,
-            record,
+            observed,
         }
     }
 
-    /// Ends the call's record with `code` (the first status seen wins).
+    /// The call's span, to enter while it is polled.
+    pub(crate) fn span(&self) -> Option<&tracing::Span> {
+        self.observed.as_deref().map(ClientObserved::span)
+    }
+
+    /// Ends the call's report with `code` (the first status seen wins).
     pub(crate) fn settle(self: Pin<&mut Self>, code: tonic::Code) {
-        if let Some(record) = self.project().record.take() {
-            record.settle(code);
+        if let Some(observed) = self.project().observed.take() {
+            observed.settle(code, None);
         }
     }
 
-    /// Ends the call's record with the status of `headers`, if they carry
-    /// one (a trailers-only answer, or trailers).
+    /// Ends the call's report with the status of `headers`, if they carry
+    /// one (a trailers-only answer, or trailers): the server's answer.
     pub(crate) fn settle_from(self: Pin<&mut Self>, headers: &HeaderMap) {
-        if self.record.is_some()
+        if self.observed.is_some()
             && let Some(code) = status_code(headers)
         {
-            self.settle(code);
+            let this = self.project();
+            if let Some(observed) = this.observed.take() {
+                observed.settle(code, this.scope.as_ref());
+            }
         }
     }
 
@@ -112,7 +121,7 @@ impl Race {
             cancelled: None,
             scope: this.scope.take(),
             abandon: this.abandon.take(),
-            record: this.record.take(),
+            observed: this.observed.take(),
         }
     }
 
@@ -242,12 +251,12 @@ impl<F> ResponseFuture<F> {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Abandon,
-        record: Option<Box<ClientCall>>,
+        observed: Option<Box<ClientObserved>>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
-                race: Race::new(deadline, scope, Some(abandon), record),
+                race: Race::new(deadline, scope, Some(abandon), observed),
             },
         }
     }
@@ -274,7 +283,11 @@ where
                     race.abandon();
                     return Poll::Ready(Err(Box::new(status)));
                 }
-                match inner.poll(cx) {
+                let polled = {
+                    let _entered = race.span().map(tracing::Span::enter);
+                    inner.poll(cx)
+                };
+                match polled {
                     Poll::Pending => {
                         if let Poll::Ready(status) = race.as_mut().arm(cx) {
                             race.as_mut().settle(status.code());

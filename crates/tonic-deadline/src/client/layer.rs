@@ -31,6 +31,7 @@ pub struct ClientDeadlineLayer {
     pub(super) transit_from: Option<super::RoundTrip>,
     pub(super) unscoped: Unscoped,
     pub(super) metrics: Option<Metrics>,
+    pub(super) spans: bool,
 }
 
 impl ClientDeadlineLayer {
@@ -81,6 +82,20 @@ impl ClientDeadlineLayer {
     /// [`Unscoped::Warn`]).
     pub fn unscoped(mut self, policy: Unscoped) -> Self {
         self.unscoped = policy;
+        self
+    }
+
+    /// Opens a `grpc.client` span per call, with the budget as fields (see
+    /// [`observe::spans`](crate::observe::spans)); with the `opentelemetry`
+    /// feature the call writes its span's `traceparent`. Off by default: a
+    /// call then pays for no span at all.
+    ///
+    /// ```
+    /// let layer = tonic_deadline::ClientDeadlineLayer::new().trace_spans();
+    /// # let _ = layer;
+    /// ```
+    pub fn trace_spans(mut self) -> Self {
+        self.spans = true;
         self
     }
 

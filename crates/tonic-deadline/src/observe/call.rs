@@ -6,36 +6,9 @@ use std::sync::Arc;
 use http::HeaderMap;
 use tokio::time::Instant;
 
+use super::spans::{self, Ending};
 use super::{Method, Metrics};
-use crate::scope::Cause;
-
-/// The `grpc_status` label of each code, as gRPC's metrics spell them.
-const STATUS_NAMES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
-
-pub(super) fn status_name(code: tonic::Code) -> &'static str {
-    STATUS_NAMES
-        .get(code as usize)
-        .copied()
-        .unwrap_or("UNKNOWN")
-}
+use crate::scope::{Cause, Scope};
 
 /// The `cause` labels of `tonic_deadline_scope_ended_total`.
 pub(super) const CAUSE_LABELS: [&str; 6] = [
@@ -189,5 +162,98 @@ impl Drop for ClientCall {
         let code = self.status.unwrap_or(tonic::Code::Cancelled);
         self.metrics
             .attempt_ended(&self.method, code, self.start.elapsed());
+    }
+}
+
+/// What one inbound call reports while it runs: its metrics record (a layer
+/// given [`Metrics`]) and its span (a layer with spans turned on). The
+/// server layer makes one only when either is on, so a layer with neither
+/// carries a null pointer and reads no extra clock.
+#[derive(Debug)]
+pub(crate) struct ServerObserved {
+    report: Option<ServerCall>,
+    span: Ending,
+}
+
+impl ServerObserved {
+    /// `None` when there is nothing to report: no record, no span.
+    pub(crate) fn new(
+        report: Option<ServerCall>,
+        span: Option<tracing::Span>,
+    ) -> Option<Box<Self>> {
+        if report.is_none() && span.is_none() {
+            return None;
+        }
+        Some(Box::new(Self {
+            report,
+            span: Ending::new(span.unwrap_or_else(tracing::Span::none)),
+        }))
+    }
+
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Records the status the answer carries (the first one seen wins).
+    pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
+        if let Some(report) = &mut self.report {
+            report.saw_status(headers);
+        }
+        spans::server_answered(&self.span, headers);
+    }
+
+    /// The answer failed without a status (a handler or body error).
+    pub(crate) fn failed(&mut self) {
+        if let Some(report) = &mut self.report {
+            report.failed();
+        }
+    }
+
+    /// The call's scope ended with `cause`: record it, close the span.
+    pub(crate) fn ended(self, scope: &Scope, cause: Cause) {
+        spans::server_ended(&self.span, scope, cause);
+        if let Some(report) = self.report {
+            report.ended(cause);
+        }
+    }
+}
+
+/// What one outbound call reports: its metrics record (a layer given
+/// [`Metrics`]) and its span (a layer with spans turned on), both ended
+/// once, by the first status the call sees. As on the server, a layer with
+/// neither carries a null pointer.
+#[derive(Debug)]
+pub(crate) struct ClientObserved {
+    record: Option<ClientCall>,
+    span: Ending,
+}
+
+impl ClientObserved {
+    /// `None` when there is nothing to report: no record, no span.
+    pub(crate) fn new(
+        record: Option<ClientCall>,
+        span: Option<tracing::Span>,
+    ) -> Option<Box<Self>> {
+        if record.is_none() && span.is_none() {
+            return None;
+        }
+        Some(Box::new(Self {
+            record,
+            span: Ending::new(span.unwrap_or_else(tracing::Span::none)),
+        }))
+    }
+
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Ends the call with `code`. `answered_in` is the caller's scope when
+    /// the status came from the server: an answer that arrives after that
+    /// scope ended outlived it.
+    pub(crate) fn settle(self, code: tonic::Code, answered_in: Option<&Scope>) {
+        spans::client_ended(&self.span, code, answered_in, answered_in.is_some());
+        if let Some(record) = self.record {
+            record.settle(code);
+        }
     }
 }

@@ -38,8 +38,9 @@
 mod call;
 mod histogram;
 mod resilience;
+pub mod spans;
 
-pub(crate) use call::{ClientCall, ServerCall, Stage, status_code};
+pub(crate) use call::{ClientCall, ClientObserved, ServerCall, ServerObserved, Stage, status_code};
 pub use histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Histogram, LATENCY_BOUNDS};
 pub(crate) use resilience::CallReport;
 
@@ -309,7 +310,7 @@ impl Method {
         cells[i].get_or_init(|| {
             family.get_or_create_owned(&MethodStatus {
                 grpc_method: self.name.clone(),
-                grpc_status: call::status_name(code),
+                grpc_status: crate::service_config::code_name(code),
             })
         })
     }

@@ -7,7 +7,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::timer::LazyTimer;
-use crate::observe::ServerCall;
+use crate::observe::ServerObserved;
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 
@@ -15,47 +15,56 @@ use crate::status::status_for;
 /// [`finish`](EndGuard::finish), or [`Cause::Abandoned`] if it is dropped
 /// unfinished (the client reset the stream or the connection closed).
 ///
-/// With a [`ServerCall`] (a layer given metrics), the call is reported as
-/// its scope ends, with the cause and the status the answer carried.
+/// A layer given metrics or spans also hands it what the call reports
+/// ([`ServerObserved`]); one given neither pays for a null pointer.
 #[derive(Debug)]
 pub(crate) struct EndGuard {
     scope: Scope,
     done: bool,
-    report: Option<Box<ServerCall>>,
+    observed: Option<Box<ServerObserved>>,
 }
 
 impl EndGuard {
-    pub(crate) fn new(scope: Scope, report: Option<Box<ServerCall>>) -> Self {
+    pub(crate) fn new(scope: Scope, observed: Option<Box<ServerObserved>>) -> Self {
         Self {
             scope,
             done: false,
-            report,
+            observed,
         }
+    }
+
+    /// The request's span, to enter while the handler runs.
+    pub(crate) fn span(&self) -> Option<&tracing::Span> {
+        self.observed.as_deref().map(ServerObserved::span)
     }
 
     /// Notes the `grpc-status` of response headers or trailers.
     pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
-        if let Some(report) = &mut self.report {
-            report.saw_status(headers);
+        if let Some(observed) = &mut self.observed {
+            observed.saw_status(headers);
         }
     }
 
     /// Notes a failure that carries no status (the handler's error).
     pub(crate) fn failed(&mut self) {
-        if let Some(report) = &mut self.report {
-            report.failed();
+        if let Some(observed) = &mut self.observed {
+            observed.failed();
         }
     }
 
     pub(crate) fn finish(mut self, cause: Cause) {
         self.done = true;
+        self.end(cause);
+    }
+
+    fn end(&mut self, cause: Cause) {
         if cause != Cause::Completed {
             // An expected end, not a fault: named, at DEBUG.
             tracing::debug!(%cause, "request scope ended before its answer was complete");
         }
         self.scope.end(cause);
-        if let Some(report) = self.report.take() {
-            report.ended(cause);
+        if let Some(observed) = self.observed.take() {
+            observed.ended(&self.scope, cause);
         }
     }
 }
@@ -63,11 +72,7 @@ impl EndGuard {
 impl Drop for EndGuard {
     fn drop(&mut self) {
         if !self.done {
-            tracing::debug!(cause = %Cause::Abandoned, "request scope ended before its answer was complete");
-            self.scope.end(Cause::Abandoned);
-            if let Some(report) = self.report.take() {
-                report.ended(Cause::Abandoned);
-            }
+            self.end(Cause::Abandoned);
         }
     }
 }
@@ -160,6 +165,7 @@ where
             Poll::Pending
         } else {
             let scope = guard.scope.clone();
+            let _entered = guard.span().map(tracing::Span::enter);
             CURRENT.sync_scope(scope, || inner.as_mut().poll_frame(cx))
         };
         if polled.is_pending() {

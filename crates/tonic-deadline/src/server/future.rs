@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::body::{EndGuard, ServerBody};
 use super::timer::LazyTimer;
-use crate::observe::ServerCall;
+use crate::observe::ServerObserved;
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 
@@ -57,13 +57,13 @@ impl<F> ResponseFuture<F> {
         inner: TaskLocalFuture<Scope, F>,
         scope: Scope,
         timer: Option<Instant>,
-        report: Option<Box<ServerCall>>,
+        observed: Option<Box<ServerObserved>>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
                 timer: timer.map(LazyTimer::new),
-                guard: Some(EndGuard::new(scope, report)),
+                guard: Some(EndGuard::new(scope, observed)),
             },
         }
     }
@@ -93,6 +93,10 @@ where
                 let polled = if expired {
                     Poll::Pending
                 } else {
+                    let _entered = guard
+                        .as_ref()
+                        .and_then(EndGuard::span)
+                        .map(tracing::Span::enter);
                     inner.poll(cx)
                 };
                 let Poll::Ready(result) = polled else {

@@ -74,6 +74,20 @@ impl ServerDeadlineLayer {
         self.config.metrics = Some(metrics.clone());
         self
     }
+
+    /// Opens a `grpc.server` span per request, with the budget as fields
+    /// (see [`observe::spans`](crate::observe::spans)); with the
+    /// `opentelemetry` feature it is parented on the caller's `traceparent`.
+    /// Off by default: a request then pays for no span at all.
+    ///
+    /// ```
+    /// let layer = tonic_deadline::ServerDeadlineLayer::new().trace_spans();
+    /// # let _ = layer;
+    /// ```
+    pub fn trace_spans(mut self) -> Self {
+        self.config.spans = true;
+        self
+    }
 }
 
 impl<S> Layer<S> for ServerDeadlineLayer {

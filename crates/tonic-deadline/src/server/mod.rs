@@ -60,7 +60,7 @@ use http::{HeaderMap, HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::observe::{Metrics, ServerCall, Stage};
+use crate::observe::{Metrics, ServerCall, ServerObserved, Stage, spans};
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 use crate::timeout_header;
@@ -105,6 +105,8 @@ pub(crate) struct Config {
     pub(crate) max_timeout: Option<Duration>,
     pub(crate) forward: Vec<HeaderName>,
     pub(crate) metrics: Option<Metrics>,
+    /// Open a `grpc.server` span per request ([`ServerDeadlineLayer::trace_spans`]).
+    pub(crate) spans: bool,
 }
 
 impl Config {
@@ -205,8 +207,15 @@ where
             }
         };
         let budget = self.config.budget(requested);
+        let span = self
+            .config
+            .spans
+            .then(|| spans::server(request.uri().path(), request.headers(), requested, budget));
         if budget == Some(Duration::ZERO) {
             tracing::debug!(path = %request.uri().path(), cause = %Cause::DeadlineExceeded, "refused as already expired");
+            if let Some(span) = &span {
+                spans::server_ended(span, &Scope::root(None), Cause::DeadlineExceeded);
+            }
             if let (Some(report), Some(metrics)) = (report, &self.config.metrics) {
                 metrics.refused(Stage::Arrival);
                 report.answered(tonic::Code::DeadlineExceeded);
@@ -221,12 +230,15 @@ where
         );
         request.extensions_mut().insert(scope.clone());
         let timer = deadline.map(|d| d.checked_sub(TONIC_TIMER_LEAD).unwrap_or(d));
-        let inner = CURRENT.sync_scope(scope.clone(), || self.inner.call(request));
+        let inner = {
+            let _entered = span.as_ref().map(tracing::Span::enter);
+            CURRENT.sync_scope(scope.clone(), || self.inner.call(request))
+        };
         ResponseFuture::running(
             CURRENT.scope(scope.clone(), inner),
             scope,
             timer,
-            report.map(Box::new),
+            ServerObserved::new(report, span),
         )
     }
 }
