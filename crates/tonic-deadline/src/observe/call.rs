@@ -177,6 +177,7 @@ pub(crate) struct ServerObserved {
 
 impl ServerObserved {
     /// `None` when there is nothing to report: no record, no span.
+    #[inline]
     pub(crate) fn new(
         report: Option<ServerCall>,
         span: Option<tracing::Span>,
@@ -230,6 +231,7 @@ pub(crate) struct ClientObserved {
 
 impl ClientObserved {
     /// `None` when there is nothing to report: no record, no span.
+    #[inline]
     pub(crate) fn new(
         record: Option<ClientCall>,
         span: Option<tracing::Span>,

@@ -597,7 +597,7 @@ impl Scope {
     /// Threads cannot be stopped from outside, so `work` receives the scope
     /// and should call [`check`](Scope::check) between steps. Work that is
     /// still running after the scope ended is counted by
-    /// in the [`Metrics`](crate::observe::Metrics) of the server layer that
+    /// in the [`Metrics`] of the server layer that
     /// made the request's scope (`tonic_deadline_outlived_total`), and
     /// logged with how long it outlived its scope.
     ///
