@@ -108,13 +108,14 @@ impl ServerCall {
             Cause::DeadlineExceeded => tonic::Code::DeadlineExceeded,
             Cause::Abandoned | Cause::Cancelled => tonic::Code::Cancelled,
         });
+        // Indices into `CAUSE_LABELS`.
         let label = match cause {
-            Cause::Completed if code == tonic::Code::Ok => "completed",
-            Cause::Completed => "failed",
-            Cause::DeadlineExceeded if self.local_cap => "local_cap",
-            Cause::DeadlineExceeded => "deadline_exceeded",
-            Cause::Abandoned => "abandoned",
-            Cause::Cancelled => "cancelled",
+            Cause::Completed if code == tonic::Code::Ok => 0,
+            Cause::Completed => 1,
+            Cause::DeadlineExceeded if self.local_cap => 3,
+            Cause::DeadlineExceeded => 2,
+            Cause::Abandoned => 4,
+            Cause::Cancelled => 5,
         };
         self.metrics.scope_ended(label);
         self.metrics

@@ -124,6 +124,9 @@ struct Series {
     queue_wait: HistFamily<MethodLabel>,
     admission_refused: Family<ReasonLabel, Counter>,
     scope_ended: Family<CauseLabel, Counter>,
+    /// The counters of `scope_ended`, one per `CAUSE_LABELS` entry, made
+    /// up front: a request's end increments one without a lookup.
+    scope_ended_by: [Counter; 6],
     refused_expired: Family<StageLabel, Counter>,
     outlived: Counter,
     outlived_by: Hist,
@@ -136,6 +139,9 @@ fn latency() -> Hist {
 
 impl Series {
     fn register(registry: &mut Registry) -> Self {
+        let scope_ended = Family::<CauseLabel, Counter>::default();
+        let scope_ended_by =
+            call::CAUSE_LABELS.map(|cause| scope_ended.get_or_create_owned(&CauseLabel { cause }));
         let series = Series {
             server_started: Family::default(),
             server_duration: Family::new_with_constructor(latency),
@@ -148,7 +154,8 @@ impl Series {
             client_no_deadline: Family::default(),
             queue_wait: Family::new_with_constructor(latency),
             admission_refused: Family::default(),
-            scope_ended: Family::default(),
+            scope_ended,
+            scope_ended_by,
             refused_expired: Family::default(),
             outlived: Counter::default(),
             outlived_by: Hist::latency(),
@@ -461,11 +468,11 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub(crate) fn scope_ended(&self, cause: &'static str) {
-        self.series()
-            .scope_ended
-            .get_or_create(&CauseLabel { cause })
-            .inc();
+    /// Counts a request scope's end; `cause` indexes `CAUSE_LABELS`.
+    pub(crate) fn scope_ended(&self, cause: usize) {
+        if let Some(counter) = self.series().scope_ended_by.get(cause) {
+            counter.inc();
+        }
     }
 
     pub(crate) fn refused(&self, stage: Stage) {

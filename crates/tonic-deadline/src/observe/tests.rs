@@ -103,7 +103,11 @@ fn methods_past_the_bound_are_labelled_other() {
 #[test]
 fn scope_causes_and_refusals_read_back_by_label() {
     let metrics = Metrics::new();
-    metrics.scope_ended("local_cap");
+    let local_cap = super::call::CAUSE_LABELS
+        .iter()
+        .position(|label| *label == "local_cap")
+        .expect("a cause label");
+    metrics.scope_ended(local_cap);
     metrics.refused(Stage::Admission);
     assert_eq!(metrics.scopes_ended("local_cap"), 1);
     assert_eq!(metrics.scopes_ended("completed"), 0);
