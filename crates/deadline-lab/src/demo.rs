@@ -30,6 +30,7 @@ fn steps() -> Vec<(&'static str, Run)> {
         ("handler", Box::pin(experiments::handler::run())),
         ("drift", Box::pin(experiments::drift::run())),
         ("im", Box::pin(experiments::im::run())),
+        ("waterfall", Box::pin(experiments::waterfall::run_child())),
         ("shop", Box::pin(experiments::shop::run())),
         ("orders", Box::pin(experiments::orders::run())),
         ("db-cancel", Box::pin(experiments::db_cancel::run())),

@@ -8,6 +8,7 @@
 //! browser's DOM dump shows that the charts really rendered.
 
 mod resilience;
+mod waterfall;
 
 use std::fmt::Write as _;
 
@@ -939,6 +940,10 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         ));
     }
 
+    if let Some(w) = typed::<crate::experiments::waterfall::Waterfall>(steps, "waterfall") {
+        body.push_str(&waterfall::section(&w));
+    }
+
     body.push_str("<h2>On the wire</h2><section><p class=\"muted\">Frames decoded by the capture proxy (HPACK-decoded headers; RST_STREAM with its error code).</p>");
     if let Some(h) = &handler {
         body.push_str(&wire_block(
@@ -988,8 +993,9 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
         body.push_str("</section>");
     }
 
+    let waterfall_style = waterfall::STYLE;
     format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\"><title>deadline-lab report</title><style>{STYLE}</style></head><body><main>{body}</main><script>{SCRIPT}</script></body></html>\n"
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\"><title>deadline-lab report</title><style>{STYLE}{waterfall_style}</style></head><body><main>{body}</main><script>{SCRIPT}</script></body></html>\n"
     )
 }
 

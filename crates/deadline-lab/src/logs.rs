@@ -26,10 +26,19 @@ fn seen() -> &'static Seen {
 /// a subscriber installed by someone else is left in place, and then
 /// [`library_warnings`] counts nothing).
 pub fn install() {
+    install_with(None);
+}
+
+/// A layer added under the lab's own, such as the span exporter.
+pub type Extra = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// [`install`], with `extra` as well (the first call decides).
+pub fn install_with(extra: Option<Extra>) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
         let _ = tracing_subscriber::registry()
+            .with(extra)
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)

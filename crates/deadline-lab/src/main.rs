@@ -68,6 +68,13 @@ enum Command {
     Serve {
         #[command(subcommand)]
         system: System,
+        /// Serve the metrics of every layer at `http://ADDR/metrics`
+        /// (Prometheus text); the second line names the address.
+        #[arg(long, global = true, value_name = "ADDR")]
+        metrics_listen: Option<String>,
+        /// Export spans over OTLP/gRPC to this collector (`http://HOST:PORT`).
+        #[arg(long, global = true)]
+        otlp_endpoint: Option<String>,
     },
     /// Runs one experiment.
     Experiment {
@@ -76,6 +83,9 @@ enum Command {
         /// Print exactly one JSON object instead of the table.
         #[arg(long, global = true)]
         json: bool,
+        /// Export spans over OTLP/gRPC to this collector (`http://HOST:PORT`).
+        #[arg(long, global = true)]
+        otlp_endpoint: Option<String>,
     },
     /// Runs one benchmark (plain tonic and ours, interleaved in one process).
     Bench {
@@ -239,6 +249,9 @@ enum Experiment {
     },
     /// Jobs on PostgreSQL, two worker processes, one killed mid-job.
     Jobs,
+    /// One request through the IM chain, traced: every hop's span, budget
+    /// and outcome, normal and with route stalling.
+    Waterfall,
 }
 
 #[derive(Debug, Subcommand)]
@@ -278,6 +291,9 @@ enum Bench {
         /// Keep callgrind's output files in this directory, for callgrind_annotate.
         #[arg(long)]
         keep: Option<std::path::PathBuf>,
+        /// Our layers report to a metrics handle (the cost of turning it on).
+        #[arg(long)]
+        metrics: bool,
     },
     /// The overload setup at 2x capacity with a downstream failing 10 % of
     /// calls: no retries, naive retries, ours.
@@ -395,11 +411,23 @@ fn main() -> anyhow::Result<()> {
         Command::BenchChild(args) => return bench::instructions::child(args, allocated),
         command => command,
     };
-    deadline_lab::logs::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let metrics = match &command {
+        Command::Serve {
+            metrics_listen: Some(_),
+            ..
+        } => Some(tonic_deadline::observe::Metrics::new()),
+        _ => None,
+    };
+    let mut telemetry = {
+        let _runtime = runtime.enter();
+        let (service, endpoint, own_receiver) = telemetry_plan(&command);
+        deadline_lab::otlp::Telemetry::install(&service, endpoint, own_receiver)?
+    };
+    let traces = &telemetry;
+    let out = runtime.block_on(deadline_lab::metrics::maybe_with(metrics, async move {
         match command {
             Command::BenchChild(_) => anyhow::bail!("bench-child runs before the runtime starts"),
             Command::Demo { report } => deadline_lab::demo::run(&report).await,
@@ -411,7 +439,11 @@ fn main() -> anyhow::Result<()> {
                 json,
                 quiet,
             } => capture(listen, upstream, (delay_ms, reply_delay_ms), json, quiet).await,
-            Command::Serve { system } => {
+            Command::Serve {
+                system,
+                metrics_listen,
+                ..
+            } => {
                 let addr = match system {
                     System::Chain {
                         listen,
@@ -514,10 +546,16 @@ fn main() -> anyhow::Result<()> {
                     }
                 };
                 println!("{addr}");
+                if let (Some(listen), Some(metrics)) =
+                    (metrics_listen, deadline_lab::metrics::current())
+                {
+                    let at = deadline_lab::metrics::serve(&listen, metrics).await?;
+                    println!("metrics: http://{at}/metrics");
+                }
                 tokio::signal::ctrl_c().await?;
                 Ok(())
             }
-            Command::Experiment { which, json } => {
+            Command::Experiment { which, json, .. } => {
                 let outcome = match which {
                     Experiment::Wire => experiments::wire::run().await?,
                     Experiment::Chain { hop_ms } => {
@@ -545,6 +583,7 @@ fn main() -> anyhow::Result<()> {
                         &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
                     ),
                     Experiment::Jobs => experiments::jobs::run().await?.outcome()?,
+                    Experiment::Waterfall => experiments::waterfall::run(traces.receiver()).await?,
                 };
                 print(&outcome, json);
                 Ok(())
@@ -569,6 +608,7 @@ fn main() -> anyhow::Result<()> {
                         cases,
                         jobs,
                         keep,
+                        metrics,
                     } => {
                         let options = bench::instructions::Options {
                             requests,
@@ -582,6 +622,7 @@ fn main() -> anyhow::Result<()> {
                             jobs,
                             keep,
                             exe: None,
+                            metrics,
                         };
                         // Runs valgrind child processes; no request is involved.
                         #[allow(clippy::disallowed_methods)]
@@ -625,5 +666,45 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             }
         }
-    })
+    }));
+    telemetry.shutdown();
+    out
+}
+
+/// The `service.name` spans are exported as, where to (`--otlp-endpoint`),
+/// and whether the command collects its own spans (`experiment waterfall`).
+fn telemetry_plan(command: &Command) -> (String, Option<&str>, bool) {
+    match command {
+        Command::Serve {
+            system,
+            otlp_endpoint,
+            ..
+        } => (service_name(system), otlp_endpoint.as_deref(), false),
+        Command::Experiment {
+            which,
+            otlp_endpoint,
+            ..
+        } => (
+            "deadline-lab experiment".to_owned(),
+            otlp_endpoint.as_deref(),
+            matches!(which, Experiment::Waterfall),
+        ),
+        _ => (String::new(), None, false),
+    }
+}
+
+/// `im-gateway`, `chain-B`, `im` (the whole system in one process).
+fn service_name(system: &System) -> String {
+    let (name, role) = match system {
+        System::Chain { role, .. } => ("chain", role.as_deref()),
+        System::Echo { .. } => ("echo", None),
+        System::Im(split) => ("im", split.role.as_deref()),
+        System::Shop(split) => ("shop", split.role.as_deref()),
+        System::Orders { split, .. } => ("orders", split.role.as_deref()),
+        System::JobsWorker { name, .. } => ("jobs-worker", Some(name.as_str())),
+    };
+    match role {
+        Some(role) => format!("{name}-{role}"),
+        None => name.to_owned(),
+    }
 }

@@ -28,7 +28,7 @@ pub async fn serve(
             let _ = stream.set_nodelay(true);
         })
     });
-    match layer {
+    match layer.map(crate::metrics::server_layer) {
         Some(layer) => {
             let server = Server::builder().layer(layer).add_routes(routes);
             tonic_deadline::detach(server.serve_with_incoming(incoming));
@@ -129,6 +129,10 @@ impl Transit {
     }
 
     fn layer(self, channel: &ReadyChannel) -> ClientDeadlineLayer {
+        crate::metrics::client_layer(self.plain_layer(channel))
+    }
+
+    fn plain_layer(self, channel: &ReadyChannel) -> ClientDeadlineLayer {
         match (self, channel.round_trip()) {
             (Transit::Allowance(allowance), _) => {
                 ClientDeadlineLayer::new().transit_allowance(allowance)
@@ -151,6 +155,31 @@ pub fn lazy_with(addr: SocketAddr, transit: Transit) -> anyhow::Result<Layered> 
         transit.builder(&endpoint(addr)?).lazy(),
         transit,
     ))
+}
+
+/// A lazily connecting channel to `addr` whose calls open `grpc.client`
+/// spans and carry their `traceparent` (the IM system's, for its traces).
+///
+/// # Errors
+///
+/// Never for a socket address; the signature is tonic's.
+pub fn lazy_traced(addr: SocketAddr, transit: Transit) -> anyhow::Result<Layered> {
+    let channel = transit.builder(&endpoint(addr)?).lazy();
+    Ok(tower::ServiceBuilder::new()
+        .layer(transit.layer(&channel).trace_spans())
+        .service(channel))
+}
+
+/// A connected channel to `addr` whose calls open `grpc.client` spans.
+///
+/// # Errors
+///
+/// When the connection cannot be made.
+pub async fn connect_traced(addr: SocketAddr) -> anyhow::Result<Layered> {
+    let channel = ReadyChannel::connect(&endpoint(addr)?).await?;
+    Ok(tower::ServiceBuilder::new()
+        .layer(ClientDeadlineLayer::new().trace_spans())
+        .service(channel))
 }
 
 /// Wraps a channel in our client layer, with `transit` compensation.

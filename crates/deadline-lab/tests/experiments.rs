@@ -496,6 +496,7 @@ async fn im_runs_as_separate_processes_through_the_capture_proxy() {
                 text: "hi".into(),
                 route_ms: 1,
                 push_ms: 1,
+                route_blocks: false,
             }))
             .await?;
         anyhow::Ok(reply.into_inner())

@@ -57,6 +57,9 @@ async fn report_charts_render_in_headless_chromium() {
         experiments::handler::run(),
     );
     let shop = experiments::shop::run().await;
+    let waterfall =
+        experiments::waterfall::run_exe(std::path::Path::new(env!("CARGO_BIN_EXE_deadline-lab")))
+            .await;
     // Short windows: the plot needs every variant at every load, not a
     // precise figure.
     let overload = bench::overload::run(bench::overload::Load {
@@ -65,6 +68,7 @@ async fn report_charts_render_in_headless_chromium() {
     })
     .await;
     for (name, outcome) in [
+        ("waterfall", waterfall),
         ("chain", chain),
         ("im", im),
         ("drift", drift),
@@ -122,6 +126,8 @@ async fn report_charts_render_in_headless_chromium() {
         "drift",
         "completions",
         "shop",
+        "waterfall-normal",
+        "waterfall-route-stalls",
         "overload",
     ] {
         assert!(

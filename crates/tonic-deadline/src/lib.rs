@@ -36,7 +36,7 @@ pub mod status;
 pub mod timeout_header;
 
 pub use client::ClientDeadlineLayer;
-pub use scope::{Cause, JoinSet, Scope, detach, outlived_count, spawn};
+pub use scope::{Cause, JoinSet, Scope, detach, spawn};
 pub use server::ServerDeadlineLayer;
 pub use status::Ended;
 

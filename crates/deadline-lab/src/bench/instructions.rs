@@ -164,6 +164,8 @@ pub struct Options {
     pub keep: Option<PathBuf>,
     /// The lab binary to run the children from (this one by default).
     pub exe: Option<PathBuf>,
+    /// Our layers report to a metrics handle (plain tonic is unchanged).
+    pub metrics: bool,
 }
 
 impl Default for Options {
@@ -176,6 +178,7 @@ impl Default for Options {
             jobs: 2,
             keep: None,
             exe: None,
+            metrics: false,
         }
     }
 }
@@ -486,6 +489,9 @@ fn child_args(cmd: &mut Command, case: Case, variant: Variant, requests: u64, op
     .arg(options.connections.to_string())
     .arg("--streams")
     .arg(options.streams.to_string());
+    if options.metrics {
+        cmd.arg("--metrics");
+    }
 }
 
 /// The functions that run a tonic server's work, each the root of a task:
@@ -633,6 +639,9 @@ pub struct ChildArgs {
     /// Calls in flight per connection.
     #[arg(long, default_value_t = 16)]
     pub streams: usize,
+    /// Our layers report to a metrics handle.
+    #[arg(long)]
+    pub metrics: bool,
 }
 
 /// Runs one child on a single-threaded runtime of its own. `allocated` reads
@@ -650,7 +659,11 @@ pub fn child(args: ChildArgs, allocated: fn() -> Allocated) -> anyhow::Result<()
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move { in_process(&args).await })?;
+    let metrics =
+        (args.metrics && args.variant == Variant::Ours).then(tonic_deadline::observe::Metrics::new);
+    runtime.block_on(crate::metrics::maybe_with(metrics, async move {
+        in_process(&args).await
+    }))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&allocated())?)?;
     out.flush()?;

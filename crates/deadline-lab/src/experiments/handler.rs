@@ -6,13 +6,14 @@
 //! differs is the server: watching work stops when the scope ends; blocking
 //! work that never checks runs its full second — a zombie the library detects
 //! (`spawn_blocking` notices it finished after its scope ended and counts it in
-//! `outlived_count`).
+//! the server layer's metrics, `tonic_deadline_outlived_total`).
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tonic_deadline::{Scope, outlived_count};
+use tonic_deadline::Scope;
+use tonic_deadline::observe::Metrics;
 
 use crate::capture::Capture;
 use crate::experiments::{status_name, wire_lines};
@@ -49,7 +50,7 @@ pub struct Variant {
     /// Ignoring: when the work finished, after the call began.
     pub work_done_ms: Option<f64>,
     /// Ignoring: how many tasks the library counted as outliving their
-    /// scope during the call (`outlived_count`).
+    /// scope during the call (`tonic_deadline_outlived_total`).
     pub outlived_detected: Option<u64>,
 }
 
@@ -72,14 +73,16 @@ fn since(started: Instant, at: Option<Instant>) -> Option<f64> {
 
 async fn variant(watch: bool) -> anyhow::Result<Variant> {
     let svc = WorkerSvc::new();
-    let addr = worker::start("127.0.0.1:0", svc.clone()).await?;
+    let metrics = Metrics::new();
+    let addr =
+        crate::metrics::with_metrics(metrics.clone(), worker::start("127.0.0.1:0", svc.clone()))
+            .await?;
     let capture = Capture::start(addr).await?;
     let mut client = WorkerClient::new(net::connect_layered(capture.addr()).await?);
     client.work(WorkReq::default()).await?;
     svc.take();
     capture.clear();
 
-    let outlived_before = outlived_count();
     let scope = Scope::background().with_timeout(BUDGET);
     let started = Instant::now();
     let request = WorkReq {
@@ -109,7 +112,7 @@ async fn variant(watch: bool) -> anyhow::Result<Variant> {
             _ => None,
         };
         out.work_done_ms = since(started, times.completed);
-        out.outlived_detected = Some(outlived_count() - outlived_before);
+        out.outlived_detected = Some(metrics.outlived());
     }
     Ok(out)
 }
@@ -181,7 +184,7 @@ pub fn outcome(handler: &Handler) -> Outcome {
         rows,
         notes: vec![
             format!(
-                "the ignoring handler's work outlived its scope by {} ms; the library counted it (outlived_count +{})",
+                "the ignoring handler's work outlived its scope by {} ms; the library counted it (tonic_deadline_outlived_total +{})",
                 cell(ignoring.zombie_ms),
                 ignoring.outlived_detected.map_or_else(|| "—".to_owned(), |n| n.to_string())
             ),

@@ -217,6 +217,7 @@ const PUSH: PushReq = PushReq {
     text: String::new(),
     route_ms: 1,
     push_ms: 1,
+    route_blocks: false,
 };
 
 impl Client {

@@ -170,6 +170,7 @@ fn push(route_ms: u64) -> PushReq {
         text: "hi".into(),
         route_ms,
         push_ms: NORMAL_MS,
+        route_blocks: false,
     }
 }
 

@@ -17,6 +17,7 @@ pub mod proxy;
 pub mod retry;
 pub mod seams;
 pub mod shop;
+pub mod waterfall;
 pub mod wire;
 
 use probe::CallRequest;

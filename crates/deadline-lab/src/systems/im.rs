@@ -91,6 +91,7 @@ impl Logic for LogicSvc {
                 self.route.clone().get_route(RouteReq {
                     uid: request.uid,
                     work_ms: request.route_ms,
+                    blocks: request.route_blocks,
                 }),
             )
             .await?;
@@ -122,7 +123,18 @@ impl Route for RouteSvc {
     async fn get_route(&self, request: Request<RouteReq>) -> Result<Response<RouteResp>, Status> {
         let tracer = Tracer::enter("route", &request, &self.journal);
         let request = request.into_inner();
-        work(&tracer, millis(request.work_ms), None).await?;
+        if request.blocks {
+            // A lookup stuck in a blocking call that never checks its scope:
+            // the answer goes at the deadline, the thread runs on.
+            let stall = millis(request.work_ms);
+            let result = Scope::current()
+                .spawn_blocking(move |_ignored| std::thread::sleep(stall))
+                .await;
+            tracer.work_ended(result);
+            result.map_err(Status::from)?;
+        } else {
+            work(&tracer, millis(request.work_ms), None).await?;
+        }
         Ok(Response::new(RouteResp {
             conn_id: format!("conn-{}", request.uid),
             trace: tracer.finish([]),
@@ -159,12 +171,13 @@ pub async fn start_role(
     journal: &Journal,
 ) -> anyhow::Result<Started> {
     let journal = journal.clone();
-    let layer = ServerDeadlineLayer::new();
+    // Every IM service opens a span per request: the system's traces.
+    let layer = ServerDeadlineLayer::new().trace_spans();
     let (role, routes, layer) = match role {
         "gateway" => (
             "gateway",
             Routes::new(GatewayServer::new(GatewaySvc {
-                logic: LogicClient::new(peers.channel("logic")?),
+                logic: LogicClient::new(peers.traced_channel("logic")?),
                 journal,
             })),
             layer,
@@ -172,8 +185,8 @@ pub async fn start_role(
         "logic" => (
             "logic",
             Routes::new(LogicServer::new(LogicSvc {
-                route: RouteClient::new(peers.channel("route")?),
-                push: PusherClient::new(peers.channel("push")?),
+                route: RouteClient::new(peers.traced_channel("route")?),
+                push: PusherClient::new(peers.traced_channel("push")?),
                 journal,
             })),
             layer.default_timeout(LOGIC_DEFAULT),
@@ -213,7 +226,7 @@ pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started
 ///
 /// When the connection cannot be made.
 pub async fn client(addr: SocketAddr) -> anyhow::Result<GatewayClient<Layered>> {
-    Ok(GatewayClient::new(crate::net::connect_layered(addr).await?))
+    Ok(GatewayClient::new(crate::net::connect_traced(addr).await?))
 }
 
 /// A client of logic at `addr` (to call it without a deadline).

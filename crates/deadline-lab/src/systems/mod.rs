@@ -81,6 +81,15 @@ impl Peers {
     pub fn channel(&self, name: &str) -> anyhow::Result<net::Layered> {
         net::lazy_with(self.get(name)?, self.transit)
     }
+
+    /// [`channel`](Self::channel), its calls opening trace spans.
+    ///
+    /// # Errors
+    ///
+    /// When `name` was not given.
+    pub fn traced_channel(&self, name: &str) -> anyhow::Result<net::Layered> {
+        net::lazy_traced(self.get(name)?, self.transit)
+    }
 }
 
 /// One service of a system, started.

@@ -13,7 +13,9 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{Admission, Permit, scope_of};
+use super::{Admission, Permit, Reason, Refused, scope_of};
+use crate::observe::{Metrics, Stage};
+use crate::scope::Cause;
 
 /// Limits how many requests run their handler at once; the rest wait in a
 /// deadline-aware queue (see the [module docs](super)).
@@ -50,12 +52,32 @@ use super::{Admission, Permit, scope_of};
 #[derive(Debug, Clone)]
 pub struct AdmissionLayer {
     admission: Admission,
+    metrics: Option<Metrics>,
 }
 
 impl AdmissionLayer {
     /// Admits requests through `admission` (shared by every clone).
     pub fn new(admission: Admission) -> Self {
-        Self { admission }
+        Self {
+            admission,
+            metrics: None,
+        }
+    }
+
+    /// Reports into `metrics` how long each admitted request queued, the
+    /// requests not admitted by reason, and those refused as already
+    /// expired.
+    ///
+    /// ```
+    /// use tonic_deadline::admission::{Admission, AdmissionLayer};
+    /// use tonic_deadline::observe::Metrics;
+    /// let metrics = Metrics::new();
+    /// let layer = AdmissionLayer::new(Admission::new(8)).metrics(&metrics);
+    /// # let _ = layer;
+    /// ```
+    pub fn metrics(mut self, metrics: &Metrics) -> Self {
+        self.metrics = Some(metrics.clone());
+        self
     }
 }
 
@@ -66,6 +88,7 @@ impl<S> Layer<S> for AdmissionLayer {
         Admitted {
             inner,
             admission: self.admission.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -75,6 +98,7 @@ impl<S> Layer<S> for AdmissionLayer {
 pub struct Admitted<S> {
     inner: S,
     admission: Admission,
+    metrics: Option<Metrics>,
 }
 
 impl<S> Admitted<S> {
@@ -118,8 +142,13 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let admission = self.admission.clone();
         let scope = scope_of(&request);
+        let metrics = self.metrics.clone();
         Box::pin(async move {
-            let permit = match admission.acquire(&scope).await {
+            let acquired = admission.acquire(&scope).await;
+            if let Some(metrics) = &metrics {
+                report(metrics, request.uri().path(), &acquired);
+            }
+            let permit = match acquired {
                 Ok(permit) => permit,
                 Err(refused) => {
                     tracing::debug!(path = %request.uri().path(), %refused, "request not admitted");
@@ -131,6 +160,25 @@ where
             let response = inner.call(request).await?;
             Ok(response.map(|body| AdmittedBody::holding(body, permit)))
         })
+    }
+}
+
+/// Reports one admission decision.
+fn report(metrics: &Metrics, path: &str, acquired: &Result<Permit, Refused>) {
+    match acquired {
+        Ok(permit) => metrics.admitted(&metrics.method(path), permit.waited()),
+        Err(refused) => {
+            let reason = match refused.reason() {
+                Reason::Ended(Cause::DeadlineExceeded) => {
+                    metrics.refused(Stage::Admission);
+                    "deadline_exceeded"
+                }
+                Reason::Ended(_) => "cancelled",
+                Reason::WouldNotFinish => "would_not_finish",
+                Reason::QueueFull => "queue_full",
+            };
+            metrics.not_admitted(reason);
+        }
     }
 }
 

@@ -69,6 +69,7 @@ where
             // Let go of the stream now rather than when the caller drops the
             // body: the server must learn the call is over.
             this.inner.set(None);
+            this.race.as_mut().settle(status.code());
             this.race.as_mut().abandon();
             return Poll::Ready(Some(Err(Box::new(status))));
         }
@@ -80,6 +81,7 @@ where
                 if let Poll::Ready(status) = this.race.as_mut().arm(cx) {
                     *this.done = true;
                     this.inner.set(None);
+                    this.race.as_mut().settle(status.code());
                     this.race.as_mut().abandon();
                     return Poll::Ready(Some(Err(Box::new(status))));
                 }
@@ -87,13 +89,17 @@ where
             }
             Poll::Ready(None) => {
                 *this.done = true;
+                // Ended without trailers (trailers settle the record first).
+                this.race.settle(tonic::Code::Unknown);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(err))) => {
                 *this.done = true;
-                Poll::Ready(Some(Err(this
+                let err = this
                     .race
-                    .map_error(err.into(), this.cursor.is_mid_message()))))
+                    .map_error(err.into(), this.cursor.is_mid_message());
+                this.race.settle(super::future::error_code(&err));
+                Poll::Ready(Some(Err(err)))
             }
             Poll::Ready(Some(Ok(mut frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -101,6 +107,7 @@ where
                 }
                 if let Some(trailers) = frame.trailers_mut() {
                     this.race.correct_late_cancel(trailers);
+                    this.race.as_mut().settle_from(trailers);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -12,6 +12,7 @@ use super::abandon::Abandon;
 use super::body::ClientBody;
 use super::transport::lost_connection_status;
 use crate::BoxError;
+use crate::observe::{ClientObserved, status_code};
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 
@@ -60,6 +61,9 @@ pin_project! {
         cancelled: Option<WaitForCancellationFutureOwned>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
+        // Reported once, with the first status seen (metrics or spans on
+        // only).
+        observed: Option<Box<ClientObserved>>,
     }
 }
 
@@ -68,6 +72,7 @@ impl Race {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
+        observed: Option<Box<ClientObserved>>,
     ) -> Self {
         Self {
             deadline,
@@ -76,6 +81,32 @@ impl Race {
             cancelled: None,
             scope,
             abandon,
+            observed,
+        }
+    }
+
+    /// The call's span, to enter while it is polled.
+    pub(crate) fn span(&self) -> Option<&tracing::Span> {
+        self.observed.as_deref().map(ClientObserved::span)
+    }
+
+    /// Ends the call's report with `code` (the first status seen wins).
+    pub(crate) fn settle(self: Pin<&mut Self>, code: tonic::Code) {
+        if let Some(observed) = self.project().observed.take() {
+            observed.settle(code, None);
+        }
+    }
+
+    /// Ends the call's report with the status of `headers`, if they carry
+    /// one (a trailers-only answer, or trailers): the server's answer.
+    pub(crate) fn settle_from(self: Pin<&mut Self>, headers: &HeaderMap) {
+        if self.observed.is_some()
+            && let Some(code) = status_code(headers)
+        {
+            let this = self.project();
+            if let Some(observed) = this.observed.take() {
+                observed.settle(code, this.scope.as_ref());
+            }
         }
     }
 
@@ -90,6 +121,7 @@ impl Race {
             cancelled: None,
             scope: this.scope.take(),
             abandon: this.abandon.take(),
+            observed: this.observed.take(),
         }
     }
 
@@ -194,6 +226,12 @@ impl Race {
     }
 }
 
+/// The code of an error a call ends with.
+pub(crate) fn error_code(err: &BoxError) -> tonic::Code {
+    err.downcast_ref::<tonic::Status>()
+        .map_or(tonic::Code::Unknown, tonic::Status::code)
+}
+
 /// Why a call's scope was cancelled, for its status.
 fn cancel_cause(scope: Option<&Scope>) -> Cause {
     scope.and_then(Scope::cause).unwrap_or(Cause::Cancelled)
@@ -213,11 +251,12 @@ impl<F> ResponseFuture<F> {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Abandon,
+        observed: Option<Box<ClientObserved>>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
-                race: Race::new(deadline, scope, Some(abandon)),
+                race: Race::new(deadline, scope, Some(abandon), observed),
             },
         }
     }
@@ -240,20 +279,31 @@ where
             }
             StateProj::Running { inner, mut race } => {
                 if let Poll::Ready(status) = race.as_mut().poll_lost(cx) {
+                    race.as_mut().settle(status.code());
                     race.abandon();
                     return Poll::Ready(Err(Box::new(status)));
                 }
-                match inner.poll(cx) {
+                let polled = {
+                    let _entered = race.span().map(tracing::Span::enter);
+                    inner.poll(cx)
+                };
+                match polled {
                     Poll::Pending => {
                         if let Poll::Ready(status) = race.as_mut().arm(cx) {
+                            race.as_mut().settle(status.code());
                             race.abandon();
                             return Poll::Ready(Err(Box::new(status)));
                         }
                         Poll::Pending
                     }
-                    Poll::Ready(Err(err)) => Poll::Ready(Err(race.map_error(err.into(), false))),
+                    Poll::Ready(Err(err)) => {
+                        let err = race.map_error(err.into(), false);
+                        race.settle(error_code(&err));
+                        Poll::Ready(Err(err))
+                    }
                     Poll::Ready(Ok(mut response)) => {
                         race.correct_late_cancel(response.headers_mut());
+                        race.as_mut().settle_from(response.headers());
                         let race = race.for_body();
                         Poll::Ready(Ok(response.map(|body| ClientBody::new(body, race))))
                     }

@@ -31,6 +31,7 @@ pub struct ClientDeadlineLayer {
     pub(super) transit_from: Option<super::RoundTrip>,
     pub(super) unscoped: Unscoped,
     pub(super) metrics: Option<Metrics>,
+    pub(super) spans: bool,
 }
 
 impl ClientDeadlineLayer {
@@ -84,7 +85,31 @@ impl ClientDeadlineLayer {
         self
     }
 
-    /// Counts what the layer sees into `metrics`.
+    /// Opens a `grpc.client` span per call, with the budget as fields (see
+    /// [`observe::spans`](crate::observe::spans)); with the `opentelemetry`
+    /// feature the call writes its span's `traceparent`. Off by default: a
+    /// call then pays for no span at all.
+    ///
+    /// ```
+    /// let layer = tonic_deadline::ClientDeadlineLayer::new().trace_spans();
+    /// # let _ = layer;
+    /// ```
+    pub fn trace_spans(mut self) -> Self {
+        self.spans = true;
+        self
+    }
+
+    /// Reports every outbound call into `metrics`: gRPC's attempt and call
+    /// metrics, the budget written into its `grpc-timeout` (or that it had
+    /// none), calls refused locally as already expired, and calls that
+    /// found no scope. Without it the layer records nothing.
+    ///
+    /// ```
+    /// use tonic_deadline::{ClientDeadlineLayer, observe::Metrics};
+    /// let metrics = Metrics::new();
+    /// let layer = ClientDeadlineLayer::new().metrics(&metrics);
+    /// # let _ = layer;
+    /// ```
     pub fn metrics(mut self, metrics: &Metrics) -> Self {
         self.metrics = Some(metrics.clone());
         self

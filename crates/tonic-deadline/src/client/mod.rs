@@ -72,6 +72,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::BoxError;
+use crate::observe::{ClientCall, ClientObserved, Stage, spans};
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 use crate::timeout_header::{self, GRPC_TIMEOUT};
@@ -186,27 +187,39 @@ where
             Some(scope) => Some(scope.clone()),
             None => Scope::try_current(),
         };
+        let span = self
+            .config
+            .spans
+            .then(|| spans::client(request.uri().path()));
+        let failed = |status: tonic::Status| {
+            if let Some(span) = &span {
+                spans::client_ended(span, status.code(), None, false);
+            }
+            ResponseFuture::failed(status)
+        };
         if scope.is_none()
             && let Err(refused) = self.config.unscoped_call(request.uri().path())
         {
-            return ResponseFuture::failed(refused);
+            return failed(refused);
         }
         if std::mem::take(&mut self.ready_expired) {
             let cause = scope
                 .as_ref()
                 .and_then(Scope::cause)
                 .unwrap_or(Cause::DeadlineExceeded);
-            return ResponseFuture::failed(status_for(cause));
+            self.count_refused(cause);
+            return failed(status_for(cause));
         }
         let requested = match timeout_header::from_headers(request.headers()) {
             Ok(requested) => requested,
             Err(malformed) => {
-                return ResponseFuture::failed(tonic::Status::internal(malformed.to_string()));
+                return failed(tonic::Status::internal(malformed.to_string()));
             }
         };
         if let Some(scope) = &scope {
             if let Some(cause) = scope.cause() {
-                return ResponseFuture::failed(status_for(cause));
+                self.count_refused(cause);
+                return failed(status_for(cause));
             }
             if let Some(forwarded) = scope.forwarded() {
                 let headers = request.headers_mut();
@@ -230,14 +243,17 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let mut granted = None;
         match deadline {
             Some(deadline) => {
                 let on_arrival = deadline
                     .saturating_duration_since(now)
                     .saturating_sub(self.config.transit());
                 if on_arrival.is_zero() {
-                    return ResponseFuture::failed(status_for(Cause::DeadlineExceeded));
+                    self.count_refused(Cause::DeadlineExceeded);
+                    return failed(status_for(Cause::DeadlineExceeded));
                 }
+                granted = Some(on_arrival);
                 let mut wire = [0; timeout_header::ENCODED_MAX];
                 let len = timeout_header::encode_into(on_arrival, &mut wire);
                 // Digits and a unit letter are always a valid header value.
@@ -249,10 +265,33 @@ where
                 request.headers_mut().remove(GRPC_TIMEOUT);
             }
         }
+        let record = self.config.metrics.as_ref().map(|metrics| {
+            let method = metrics.method(request.uri().path());
+            ClientCall::start(metrics, method, now, granted)
+        });
+        if let Some(span) = &span {
+            spans::client_sent(span, scope.as_ref(), granted, request.headers_mut());
+        }
         let (abandon, abandoned) = abandon::pair();
         let request = request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned)));
-        let inner = self.inner.call(request);
-        ResponseFuture::running(inner, deadline, scope, abandon)
+        let inner = {
+            let _entered = span.as_ref().map(tracing::Span::enter);
+            self.inner.call(request)
+        };
+        let observed = ClientObserved::new(record, span);
+        ResponseFuture::running(inner, deadline, scope, abandon, observed)
+    }
+}
+
+impl<S> ClientDeadline<S> {
+    /// Counts a call failed locally, sending nothing, because its scope
+    /// ended, as refused if it had expired.
+    fn count_refused(&self, cause: Cause) {
+        if cause == Cause::DeadlineExceeded
+            && let Some(metrics) = &self.config.metrics
+        {
+            metrics.refused(Stage::Client);
+        }
     }
 }
 

@@ -450,7 +450,7 @@ async fn server_cancelled_after_our_deadline_is_deadline_exceeded() {
 
 #[tokio::test(start_paused = true)]
 async fn late_cancel_is_rewritten_only_past_the_deadline() {
-    let race = Race::new(Some(Instant::now() + 100 * MS), None, None);
+    let race = Race::new(Some(Instant::now() + 100 * MS), None, None, None);
     let cancelled = || {
         let mut headers = HeaderMap::new();
         headers.insert("grpc-status", HeaderValue::from_static("1"));
@@ -606,6 +606,7 @@ async fn forwarded_metadata_is_copied_to_outbound_calls() {
     let request_scope = Scope::root_with_metadata(
         Some(Instant::now() + Duration::from_secs(1)),
         Some(Arc::new(incoming)),
+        None,
     );
     let downstream = request_scope.with_cap(200 * MS);
 

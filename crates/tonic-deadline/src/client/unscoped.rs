@@ -59,6 +59,7 @@ pub(crate) struct Config {
     pub(crate) transit_from: Option<super::RoundTrip>,
     pub(crate) unscoped: Unscoped,
     pub(crate) metrics: Option<Metrics>,
+    pub(crate) spans: bool,
     warnings: WarnLimit,
 }
 
@@ -70,6 +71,7 @@ impl Config {
             transit_from: layer.transit_from.clone(),
             unscoped: layer.unscoped,
             metrics: layer.metrics.clone(),
+            spans: layer.spans,
             warnings: WarnLimit::new(),
         }
     }

@@ -44,7 +44,7 @@
 //! 2. When [`run_in`](SqlitePool::run_in) returns because the scope ended,
 //!    the query has already stopped and its connection is idle — unless the
 //!    closure's own Rust code ignores the scope, in which case it is counted
-//!    by [`outlived_count`](crate::outlived_count) when it finally returns.
+//!    in the server layer's [`Metrics`](crate::observe::Metrics) when it finally returns.
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;

@@ -66,7 +66,7 @@ impl<F> ResponseFuture<F> {
         Self {
             state: State::Running {
                 inner,
-                guard: Some(EndGuard::new(scope.clone())),
+                guard: Some(EndGuard::new(scope.clone(), None)),
                 scope: Some(scope),
                 timer: deadline.map(LazyTimer::new),
             },

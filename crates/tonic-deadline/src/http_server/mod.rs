@@ -140,8 +140,11 @@ where
             );
         }
         let deadline = budget.and_then(|b| Instant::now().checked_add(b));
-        let scope =
-            Scope::root_with_metadata(deadline, self.config.limits.forwarded(request.headers()));
+        let scope = Scope::root_with_metadata(
+            deadline,
+            self.config.limits.forwarded(request.headers()),
+            None,
+        );
         request.extensions_mut().insert(scope.clone());
         let inner = CURRENT.sync_scope(scope.clone(), || self.inner.call(request));
         ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, deadline)

@@ -2,121 +2,104 @@
 //! (`grpc.client.call.retries`, `.hedges`, `.retry_delay`) and the counts
 //! behind their decisions.
 //!
-//! Kept apart from the other counters so that an exporter can take the
-//! block as a whole.
+//! Kept apart from the other counters: the block has its own accessors,
+//! which the retry and hedging tests read.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::{Registry, Unit};
+
 use super::Metrics;
-
-/// Bucket bounds of the attempt-count histograms (`retries`, `hedges`).
-pub const COUNT_BOUNDS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0];
-
-/// Bucket bounds of `retry_delay`, in seconds (as gRPC's latency buckets).
-pub const DELAY_BOUNDS: &[f64] = &[
-    0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
-];
-
-/// A histogram read from [`Metrics`]: cumulative-free bucket counts.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    /// Upper bounds (inclusive) of the buckets; one more bucket, `+Inf`,
-    /// follows them.
-    pub bounds: &'static [f64],
-    /// Observations per bucket: `bounds.len() + 1` entries.
-    pub buckets: Vec<u64>,
-    /// Observations in all.
-    pub count: u64,
-    /// Sum of the observed values.
-    pub sum: f64,
-}
-
-impl Histogram {
-    /// The mean observation, or 0 with none.
-    pub fn mean(&self) -> f64 {
-        if self.count == 0 {
-            0.0
-        } else {
-            self.sum / self.count as f64
-        }
-    }
-}
-
-/// A fixed-bucket histogram of atomics; the sum is kept in millionths.
-#[derive(Debug)]
-pub(super) struct AtomicHistogram {
-    bounds: &'static [f64],
-    buckets: Vec<AtomicU64>,
-    count: AtomicU64,
-    sum_micro: AtomicU64,
-}
-
-impl AtomicHistogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_micro: AtomicU64::new(0),
-        }
-    }
-
-    fn observe(&self, value: f64) {
-        let i = self
-            .bounds
-            .iter()
-            .position(|b| value <= *b)
-            .unwrap_or(self.bounds.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micro
-            .fetch_add((value * 1e6).round() as u64, Ordering::Relaxed);
-    }
-
-    fn read(&self) -> Histogram {
-        Histogram {
-            bounds: self.bounds,
-            buckets: self
-                .buckets
-                .iter()
-                .map(|b| b.load(Ordering::Relaxed))
-                .collect(),
-            count: self.count.load(Ordering::Relaxed),
-            sum: self.sum_micro.load(Ordering::Relaxed) as f64 / 1e6,
-        }
-    }
-}
+use super::histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Hist, Histogram};
 
 /// The retry and hedging block of [`Metrics`].
 #[derive(Debug)]
 pub(super) struct Resilience {
-    calls: AtomicU64,
-    attempts: AtomicU64,
-    retries: AtomicHistogram,
-    hedges: AtomicHistogram,
-    retry_delay: AtomicHistogram,
-    hedge_losers_cancelled: AtomicU64,
-    throttled: AtomicU64,
-    no_time_for_attempt: AtomicU64,
-    pushback_stops: AtomicU64,
-    committed_unreplayable: AtomicU64,
+    calls: Counter,
+    attempts: Counter,
+    retries: Hist,
+    hedges: Hist,
+    retry_delay: Hist,
+    hedge_losers_cancelled: Counter,
+    throttled: Counter,
+    no_time_for_attempt: Counter,
+    pushback_stops: Counter,
+    committed_unreplayable: Counter,
 }
 
-impl Default for Resilience {
-    fn default() -> Self {
-        Self {
-            calls: AtomicU64::new(0),
-            attempts: AtomicU64::new(0),
-            retries: AtomicHistogram::new(COUNT_BOUNDS),
-            hedges: AtomicHistogram::new(COUNT_BOUNDS),
-            retry_delay: AtomicHistogram::new(DELAY_BOUNDS),
-            hedge_losers_cancelled: AtomicU64::new(0),
-            throttled: AtomicU64::new(0),
-            no_time_for_attempt: AtomicU64::new(0),
-            pushback_stops: AtomicU64::new(0),
-            committed_unreplayable: AtomicU64::new(0),
+impl Resilience {
+    /// The block, its series registered in `registry`.
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let this = Self {
+            calls: Counter::default(),
+            attempts: Counter::default(),
+            retries: Hist::new(COUNT_BOUNDS),
+            hedges: Hist::new(COUNT_BOUNDS),
+            retry_delay: Hist::new(DELAY_BOUNDS),
+            hedge_losers_cancelled: Counter::default(),
+            throttled: Counter::default(),
+            no_time_for_attempt: Counter::default(),
+            pushback_stops: Counter::default(),
+            committed_unreplayable: Counter::default(),
+        };
+        registry.register(
+            "grpc_client_call_retries",
+            "Retries per call, for calls that retried at least once",
+            this.retries.clone(),
+        );
+        registry.register(
+            "grpc_client_call_hedges",
+            "Hedges (attempts after the first) per hedged call that sent any",
+            this.hedges.clone(),
+        );
+        registry.register_with_unit(
+            "grpc_client_call_retry_delay",
+            "Time per retried call with no attempt in flight (backoff)",
+            Unit::Seconds,
+            this.retry_delay.clone(),
+        );
+        let counters = [
+            (
+                "tonic_deadline_resilient_calls",
+                "Calls made through a retry or hedging layer, counted when they end",
+                &this.calls,
+            ),
+            (
+                "tonic_deadline_call_attempts",
+                "Attempts sent by calls through a retry or hedging layer, first attempts included",
+                &this.attempts,
+            ),
+            (
+                "tonic_deadline_hedge_losers_cancelled",
+                "Losing hedges reset once another attempt won",
+                &this.hedge_losers_cancelled,
+            ),
+            (
+                "tonic_deadline_retries_throttled",
+                "Retries and hedges not sent because throttling or the retry budget said no",
+                &this.throttled,
+            ),
+            (
+                "tonic_deadline_attempts_refused_for_time",
+                "Retries and hedges not sent because the deadline left no time for a useful attempt",
+                &this.no_time_for_attempt,
+            ),
+            (
+                "tonic_deadline_pushback_stops",
+                "Calls that stopped retrying because the server's pushback said so",
+                &this.pushback_stops,
+            ),
+            (
+                "tonic_deadline_committed_unreplayable",
+                "Calls sent once without retries because their request body could not be replayed",
+                &this.committed_unreplayable,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            registry.register(name, help, counter.clone());
         }
+        this
     }
 }
 
@@ -134,13 +117,13 @@ impl Metrics {
     /// Calls made through a retry or hedging layer, counted when they end
     /// (a call whose caller dropped it first is not counted).
     pub fn resilient_calls(&self) -> u64 {
-        self.inner.resilience.calls.load(Ordering::Relaxed)
+        self.inner.resilience.calls.get()
     }
 
     /// Attempts those calls sent, first attempts included:
     /// `attempts / calls` is the load amplification.
     pub fn call_attempts(&self) -> u64 {
-        self.inner.resilience.attempts.load(Ordering::Relaxed)
+        self.inner.resilience.attempts.get()
     }
 
     /// `grpc.client.call.retries`: retries per call, for calls that retried
@@ -163,47 +146,37 @@ impl Metrics {
 
     /// Losing hedges reset (RST_STREAM CANCEL) once another attempt won.
     pub fn hedge_losers_cancelled(&self) -> u64 {
-        self.inner
-            .resilience
-            .hedge_losers_cancelled
-            .load(Ordering::Relaxed)
+        self.inner.resilience.hedge_losers_cancelled.get()
     }
 
     /// Retries and hedges not sent because throttling or the retry budget
     /// said no.
     pub fn retries_throttled(&self) -> u64 {
-        self.inner.resilience.throttled.load(Ordering::Relaxed)
+        self.inner.resilience.throttled.get()
     }
 
     /// Retries and hedges not sent because what was left of the deadline
     /// could not fit a useful attempt (answered `DEADLINE_EXCEEDED`).
     pub fn attempts_refused_for_time(&self) -> u64 {
-        self.inner
-            .resilience
-            .no_time_for_attempt
-            .load(Ordering::Relaxed)
+        self.inner.resilience.no_time_for_attempt.get()
     }
 
     /// Calls that stopped retrying because the server's
     /// `grpc-retry-pushback-ms` said so (negative or malformed).
     pub fn pushback_stops(&self) -> u64 {
-        self.inner.resilience.pushback_stops.load(Ordering::Relaxed)
+        self.inner.resilience.pushback_stops.get()
     }
 
     /// Calls sent once without retries because their request body could not
     /// be replayed (a live stream, or more than the replay buffer holds).
     pub fn committed_unreplayable(&self) -> u64 {
-        self.inner
-            .resilience
-            .committed_unreplayable
-            .load(Ordering::Relaxed)
+        self.inner.resilience.committed_unreplayable.get()
     }
 
     pub(crate) fn resilient_call(&self, report: CallReport) {
         let r = &self.inner.resilience;
-        r.calls.fetch_add(1, Ordering::Relaxed);
-        r.attempts
-            .fetch_add(u64::from(report.attempts), Ordering::Relaxed);
+        r.calls.inc();
+        r.attempts.inc_by(u64::from(report.attempts));
         let extra = report.attempts.saturating_sub(1);
         if extra > 0 {
             if report.hedged {
@@ -216,37 +189,22 @@ impl Metrics {
     }
 
     pub(crate) fn hedge_losers(&self, n: u64) {
-        self.inner
-            .resilience
-            .hedge_losers_cancelled
-            .fetch_add(n, Ordering::Relaxed);
+        self.inner.resilience.hedge_losers_cancelled.inc_by(n);
     }
 
     pub(crate) fn retry_throttled(&self) {
-        self.inner
-            .resilience
-            .throttled
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.resilience.throttled.inc();
     }
 
     pub(crate) fn attempt_refused_for_time(&self) {
-        self.inner
-            .resilience
-            .no_time_for_attempt
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.resilience.no_time_for_attempt.inc();
     }
 
     pub(crate) fn pushback_stop(&self) {
-        self.inner
-            .resilience
-            .pushback_stops
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.resilience.pushback_stops.inc();
     }
 
     pub(crate) fn committed_unreplayable_call(&self) {
-        self.inner
-            .resilience
-            .committed_unreplayable
-            .fetch_add(1, Ordering::Relaxed);
+        self.inner.resilience.committed_unreplayable.inc();
     }
 }

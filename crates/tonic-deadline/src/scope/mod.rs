@@ -58,13 +58,14 @@ use http::HeaderMap;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::observe::Metrics;
 use crate::status::Ended;
 
 pub(crate) use current::CURRENT;
 pub use join_set::JoinSet;
 #[cfg(feature = "sqlite")]
 pub(crate) use task::note_if_outlived;
-pub use task::{detach, outlived_count, spawn};
+pub use task::{detach, spawn};
 
 /// Why a scope ended.
 ///
@@ -143,6 +144,21 @@ struct Inner {
     parent: Option<Scope>,
     /// Incoming metadata allowed to travel to outbound calls.
     forwarded: Option<Arc<HeaderMap>>,
+    /// Where work that outlives this scope is counted (roots made by a
+    /// server layer given metrics; children ask their root).
+    metrics: Option<Metrics>,
+    /// How this node limited its parent's budget, for the call spans.
+    limit: Option<Limit>,
+}
+
+/// How a child scope cut its parent's budget: what a call span reports as
+/// the cap or reserve applied on the way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// [`Scope::with_cap`]: at most this long from when it was made.
+    Cap(Duration),
+    /// [`Scope::reserve`]: this much kept back for the hop itself.
+    Reserve(Duration),
 }
 
 impl Scope {
@@ -164,14 +180,15 @@ impl Scope {
     /// # }
     /// ```
     pub fn root(deadline: Option<Instant>) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, None)
+        Scope::node(deadline, OnceLock::new(), None, None, None, None)
     }
 
     pub(crate) fn root_with_metadata(
         deadline: Option<Instant>,
         forwarded: Option<Arc<HeaderMap>>,
+        metrics: Option<Metrics>,
     ) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, forwarded)
+        Scope::node(deadline, OnceLock::new(), None, forwarded, metrics, None)
     }
 
     fn node(
@@ -179,6 +196,8 @@ impl Scope {
         token: OnceLock<CancellationToken>,
         parent: Option<Scope>,
         forwarded: Option<Arc<HeaderMap>>,
+        metrics: Option<Metrics>,
+        limit: Option<Limit>,
     ) -> Scope {
         Scope {
             inner: Arc::new(Inner {
@@ -187,6 +206,8 @@ impl Scope {
                 ended: OnceLock::new(),
                 parent,
                 forwarded,
+                metrics,
+                limit,
             }),
         }
     }
@@ -409,12 +430,47 @@ impl Scope {
     }
 
     fn child_with(&self, deadline: Option<Instant>) -> Scope {
+        self.child_limited(deadline, None)
+    }
+
+    fn child_limited(&self, deadline: Option<Instant>, limit: Option<Limit>) -> Scope {
         Scope::node(
             deadline,
             OnceLock::from(self.token().child_token()),
             Some(self.clone()),
             self.inner.forwarded.clone(),
+            None,
+            limit,
         )
+    }
+
+    /// The nearest cap and the nearest reserve on the way from this scope
+    /// up to its root, each with whether it was what set this scope's
+    /// deadline (the tightest limit on the way).
+    pub(crate) fn limits(&self) -> Limits {
+        let mut found = Limits::default();
+        let mut node = Some(self);
+        while let Some(scope) = node {
+            let parent = scope.inner.parent.as_ref();
+            // A limit binds when it made the deadline earlier than the
+            // parent's, and that deadline is the one this scope still has.
+            let binds = scope.inner.deadline.is_some()
+                && scope.inner.deadline == self.inner.deadline
+                && parent.is_none_or(|p| {
+                    p.inner
+                        .deadline
+                        .is_none_or(|d| Some(d) > scope.inner.deadline)
+                });
+            match scope.inner.limit {
+                Some(Limit::Cap(cap)) if found.cap.is_none() => found.cap = Some((cap, binds)),
+                Some(Limit::Reserve(r)) if found.reserve.is_none() => {
+                    found.reserve = Some((r, binds));
+                }
+                _ => {}
+            }
+            node = parent;
+        }
+        found
     }
 
     /// A child with the same deadline that can be cancelled on its own.
@@ -444,7 +500,14 @@ impl Scope {
     /// The same rule as [`with_timeout`](Scope::with_timeout), named for its
     /// per-hop use (a cache lookup capped at 20 ms, logic → route 200 ms).
     pub fn with_cap(&self, cap: Duration) -> Scope {
-        self.with_timeout(cap)
+        let Some(capped) = Instant::now().checked_add(cap) else {
+            return self.child();
+        };
+        let deadline = match self.inner.deadline {
+            Some(parent) => parent.min(capped),
+            None => capped,
+        };
+        self.child_limited(Some(deadline), Some(Limit::Cap(cap)))
     }
 
     /// Keeps `reserve` of the budget for this hop's own completion and gives
@@ -474,7 +537,9 @@ impl Scope {
             return Ok(self.child());
         };
         match deadline.checked_sub(reserve) {
-            Some(child) if child > Instant::now() => Ok(self.child_with(Some(child))),
+            Some(child) if child > Instant::now() => {
+                Ok(self.child_limited(Some(child), Some(Limit::Reserve(reserve))))
+            }
             _ => Err(Ended::new(Cause::DeadlineExceeded)),
         }
     }
@@ -532,8 +597,9 @@ impl Scope {
     /// Threads cannot be stopped from outside, so `work` receives the scope
     /// and should call [`check`](Scope::check) between steps. Work that is
     /// still running after the scope ended is counted by
-    /// [`outlived_count`] and logged with how long it
-    /// outlived its scope.
+    /// in the [`Metrics`] of the server layer that
+    /// made the request's scope (`tonic_deadline_outlived_total`), and
+    /// logged with how long it outlived its scope.
     ///
     /// # Errors
     ///
@@ -549,9 +615,13 @@ impl Scope {
     {
         let scope = self.child();
         let watched = scope.clone();
+        // Closes when the work returns, which may be after its parent's span
+        // closed at the deadline: the trace shows the lost cancellation.
+        let span = crate::observe::spans::blocking();
         #[allow(clippy::disallowed_methods)] // the scope goes with the work
         let handle = tokio::task::spawn_blocking(move || {
-            let out = work(&watched);
+            let out = span.in_scope(|| work(&watched));
+            crate::observe::spans::blocking_ended(&span, &watched);
             task::note_if_outlived(&watched, "blocking work");
             out
         });
@@ -569,6 +639,24 @@ impl Scope {
     pub(crate) fn forwarded(&self) -> Option<&HeaderMap> {
         self.inner.forwarded.as_deref()
     }
+
+    /// The metrics of this scope's root, if its server layer has any.
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        let mut node = self;
+        loop {
+            if let Some(metrics) = &node.inner.metrics {
+                return Some(metrics);
+            }
+            node = node.inner.parent.as_ref()?;
+        }
+    }
+}
+
+/// See [`Scope::limits`]: each limit found, and whether it bound.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Limits {
+    pub(crate) cap: Option<(Duration, bool)>,
+    pub(crate) reserve: Option<(Duration, bool)>,
 }
 
 impl fmt::Debug for Scope {

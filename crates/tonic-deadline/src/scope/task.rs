@@ -1,14 +1,10 @@
-//! Tasks tied to a scope, the explicit way out, and the count of work that
+//! Tasks tied to a scope, the explicit way out, and the report of work that
 //! outlived its scope.
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::task::JoinHandle;
 
 use super::Scope;
 use crate::status::Ended;
-
-static OUTLIVED: AtomicU64 = AtomicU64::new(0);
 
 /// Spawns `future` under the current scope (see [`Scope::spawn`]): the task is
 /// cancelled with the request that started it.
@@ -54,23 +50,20 @@ impl Scope {
     }
 }
 
-/// Counts and logs work that finished after its scope had already ended.
+/// Counts (in the scope's metrics, if any) and logs work that finished
+/// after its scope had already ended.
 pub(crate) fn note_if_outlived(scope: &Scope, what: &'static str) {
     let Some(cause) = scope.cause() else { return };
-    OUTLIVED.fetch_add(1, Ordering::Relaxed);
     let outlived = scope
         .deadline()
         .map(|d| tokio::time::Instant::now().saturating_duration_since(d));
+    if let Some(metrics) = scope.metrics() {
+        metrics.outlived_scope(outlived);
+    }
     tracing::warn!(
         what,
         %cause,
         outlived_deadline_by = ?outlived,
         "work outlived its scope",
     );
-}
-
-/// How many pieces of scope-tied work ran on after their scope had ended
-/// (work that ignores cancellation), since the process started.
-pub fn outlived_count() -> u64 {
-    OUTLIVED.load(Ordering::Relaxed)
 }

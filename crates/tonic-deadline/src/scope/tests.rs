@@ -19,9 +19,6 @@ use crate::status::Ended;
 
 const MS: Duration = Duration::from_millis(1);
 
-/// `outlived_count` is process-wide; tests that read it exactly take turns.
-static OUTLIVED_COUNTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Sets its flag when dropped: shows that a future was stopped, not leaked.
 struct DropFlag(Arc<AtomicBool>);
 
@@ -611,9 +608,9 @@ async fn check_converts_to_the_right_status() {
 
 #[tokio::test(start_paused = true)]
 async fn spawn_blocking_returns_the_work_output_in_time() {
-    let _turn = OUTLIVED_COUNTER.lock().await;
-    let before = outlived_count();
-    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    let metrics = crate::observe::Metrics::new();
+    let root = Scope::root_with_metadata(None, None, Some(metrics.clone()));
+    let scope = root.with_timeout(Duration::from_secs(1));
     let out = scope
         .spawn_blocking(|scope| {
             assert!(scope.check().is_ok(), "the work must see its live scope");
@@ -627,17 +624,17 @@ async fn spawn_blocking_returns_the_work_output_in_time() {
         "the work's scope must share the deadline"
     );
     assert_eq!(
-        outlived_count(),
-        before,
+        metrics.outlived(),
+        0,
         "work that finished within its scope must not be counted"
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn spawn_blocking_returns_at_scope_end_and_counts_outliving_work() {
-    let _turn = OUTLIVED_COUNTER.lock().await;
-    let before = outlived_count();
-    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let metrics = crate::observe::Metrics::new();
+    let root = Scope::root_with_metadata(None, None, Some(metrics.clone()));
+    let scope = root.with_timeout(Duration::from_secs(10));
     let (started_tx, started_rx) = oneshot::channel::<()>();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let (finished_tx, finished_rx) = std::sync::mpsc::channel::<()>();
@@ -669,8 +666,8 @@ async fn spawn_blocking_returns_at_scope_end_and_counts_outliving_work() {
             .expect("the released work must finish");
         // The count is taken just after the work returns, on its thread.
         for _ in 0..10_000 {
-            if outlived_count() > before {
-                return outlived_count() - before;
+            if metrics.outlived() > 0 {
+                return metrics.outlived();
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -680,7 +677,7 @@ async fn spawn_blocking_returns_at_scope_end_and_counts_outliving_work() {
     .expect("no panic");
     assert_eq!(
         counted, 1,
-        "work that outlived its scope must be counted exactly once"
+        "work that outlived its scope must be counted exactly once, in its root's metrics"
     );
 }
 

@@ -7,33 +7,72 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::timer::LazyTimer;
+use crate::observe::ServerObserved;
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 
 /// Ends the request's scope when dropped: with the cause given to
 /// [`finish`](EndGuard::finish), or [`Cause::Abandoned`] if it is dropped
 /// unfinished (the client reset the stream or the connection closed).
+///
+/// A layer given metrics or spans also hands it what the call reports
+/// ([`ServerObserved`]); one given neither pays for a null pointer.
 #[derive(Debug)]
 pub(crate) struct EndGuard {
     scope: Scope,
     done: bool,
+    observed: Option<Box<ServerObserved>>,
 }
 
 impl EndGuard {
-    pub(crate) fn new(scope: Scope) -> Self {
-        Self { scope, done: false }
+    pub(crate) fn new(scope: Scope, observed: Option<Box<ServerObserved>>) -> Self {
+        Self {
+            scope,
+            done: false,
+            observed,
+        }
+    }
+
+    /// The request's span, to enter while the handler runs.
+    pub(crate) fn span(&self) -> Option<&tracing::Span> {
+        self.observed.as_deref().map(ServerObserved::span)
+    }
+
+    /// Notes the `grpc-status` of response headers or trailers.
+    pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
+        if let Some(observed) = &mut self.observed {
+            observed.saw_status(headers);
+        }
+    }
+
+    /// Notes a failure that carries no status (the handler's error).
+    pub(crate) fn failed(&mut self) {
+        if let Some(observed) = &mut self.observed {
+            observed.failed();
+        }
     }
 
     pub(crate) fn finish(mut self, cause: Cause) {
         self.done = true;
+        self.end(cause);
+    }
+
+    fn end(&mut self, cause: Cause) {
+        if cause != Cause::Completed {
+            // An expected end, not a fault: named, at DEBUG.
+            tracing::debug!(%cause, "request scope ended before its answer was complete");
+        }
         self.scope.end(cause);
+        if let Some(observed) = self.observed.take() {
+            observed.ended(&self.scope, cause);
+        }
     }
 }
 
 impl Drop for EndGuard {
     fn drop(&mut self) {
         if !self.done {
-            self.scope.end(Cause::Abandoned);
+            self.end(Cause::Abandoned);
         }
     }
 }
@@ -126,6 +165,7 @@ where
             Poll::Pending
         } else {
             let scope = guard.scope.clone();
+            let _entered = guard.span().map(tracing::Span::enter);
             CURRENT.sync_scope(scope, || inner.as_mut().poll_frame(cx))
         };
         if polled.is_pending() {
@@ -145,8 +185,19 @@ where
             return Poll::Pending;
         }
         match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => finish(this.guard, this.timer),
-            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => finish(this.guard, this.timer),
+            Poll::Ready(None) => finish(this.guard, this.timer),
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(guard) = this.guard.as_mut() {
+                    guard.failed();
+                }
+                finish(this.guard, this.timer)
+            }
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                if let (Some(guard), Some(trailers)) = (this.guard.as_mut(), frame.trailers_ref()) {
+                    guard.saw_status(trailers);
+                }
+                finish(this.guard, this.timer)
+            }
             // hyper sends a frame after which the body reports its end as the
             // last one and never polls again: the answer is complete.
             Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => finish(this.guard, this.timer),

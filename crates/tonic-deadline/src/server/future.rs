@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::body::{EndGuard, ServerBody};
 use super::timer::LazyTimer;
+use crate::observe::ServerObserved;
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 
@@ -56,12 +57,13 @@ impl<F> ResponseFuture<F> {
         inner: TaskLocalFuture<Scope, F>,
         scope: Scope,
         timer: Option<Instant>,
+        observed: Option<Box<ServerObserved>>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
                 timer: timer.map(LazyTimer::new),
-                guard: Some(EndGuard::new(scope)),
+                guard: Some(EndGuard::new(scope, observed)),
             },
         }
     }
@@ -91,6 +93,10 @@ where
                 let polled = if expired {
                     Poll::Pending
                 } else {
+                    let _entered = guard
+                        .as_ref()
+                        .and_then(EndGuard::span)
+                        .map(tracing::Span::enter);
                     inner.poll(cx)
                 };
                 let Poll::Ready(result) = polled else {
@@ -106,14 +112,16 @@ where
                     }
                     return Poll::Pending;
                 };
-                let guard = guard
+                let mut guard = guard
                     .take()
                     .expect("ResponseFuture polled after completion");
                 Poll::Ready(match result {
                     Ok(response) => {
+                        guard.saw_status(response.headers());
                         Ok(response.map(|body| ServerBody::new(body, guard, timer.take())))
                     }
                     Err(err) => {
+                        guard.failed();
                         guard.finish(Cause::Completed);
                         Err(err)
                     }

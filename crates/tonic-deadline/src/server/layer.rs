@@ -4,6 +4,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::{Config, ServerDeadline};
+use crate::observe::Metrics;
 
 /// Installs a deadline scope around every handler of a tonic server.
 ///
@@ -55,6 +56,36 @@ impl ServerDeadlineLayer {
     /// If `key` is not a valid lowercase header name.
     pub fn forward_metadata(mut self, key: &str) -> Self {
         self.config.forward(key);
+        self
+    }
+
+    /// Reports every call into `metrics`: gRPC's server call metrics, the
+    /// budget each request brought, how its scope ended, and the requests
+    /// refused on arrival as already expired. Without it the layer records
+    /// nothing.
+    ///
+    /// ```
+    /// use tonic_deadline::{ServerDeadlineLayer, observe::Metrics};
+    /// let metrics = Metrics::new();
+    /// let layer = ServerDeadlineLayer::new().metrics(&metrics);
+    /// # let _ = layer;
+    /// ```
+    pub fn metrics(mut self, metrics: &Metrics) -> Self {
+        self.config.metrics = Some(metrics.clone());
+        self
+    }
+
+    /// Opens a `grpc.server` span per request, with the budget as fields
+    /// (see [`observe::spans`](crate::observe::spans)); with the
+    /// `opentelemetry` feature it is parented on the caller's `traceparent`.
+    /// Off by default: a request then pays for no span at all.
+    ///
+    /// ```
+    /// let layer = tonic_deadline::ServerDeadlineLayer::new().trace_spans();
+    /// # let _ = layer;
+    /// ```
+    pub fn trace_spans(mut self) -> Self {
+        self.config.spans = true;
         self
     }
 }

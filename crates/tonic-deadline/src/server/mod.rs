@@ -60,6 +60,7 @@ use http::{HeaderMap, HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::observe::{Metrics, ServerCall, ServerObserved, Stage, spans};
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 use crate::timeout_header;
@@ -103,6 +104,9 @@ pub(crate) struct Config {
     pub(crate) default_timeout: Option<Duration>,
     pub(crate) max_timeout: Option<Duration>,
     pub(crate) forward: Vec<HeaderName>,
+    pub(crate) metrics: Option<Metrics>,
+    /// Open a `grpc.server` span per request ([`ServerDeadlineLayer::trace_spans`]).
+    pub(crate) spans: bool,
 }
 
 impl Config {
@@ -182,24 +186,60 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let requested = match timeout_header::from_headers(request.headers()) {
+        let requested = timeout_header::from_headers(request.headers());
+        // Reported only to a layer given a handle, which then reads the
+        // clock here (and the deadline is counted from the same reading).
+        let mut start = None;
+        let report = self.config.metrics.as_ref().map(|metrics| {
+            let requested = requested.as_ref().ok().copied().flatten();
+            let local_cap = self.config.budget(requested) != requested;
+            let now = *start.insert(Instant::now());
+            ServerCall::start(metrics, request.uri().path(), now, requested, local_cap)
+        });
+        let requested = match requested {
             Ok(requested) => requested,
             Err(malformed) => {
                 tracing::debug!(path = %request.uri().path(), %malformed, "refused before the handler");
+                if let Some(report) = report {
+                    report.answered(tonic::Code::Internal);
+                }
                 return ResponseFuture::answer(tonic::Status::internal(malformed.to_string()));
             }
         };
         let budget = self.config.budget(requested);
+        let span = self
+            .config
+            .spans
+            .then(|| spans::server(request.uri().path(), request.headers(), requested, budget));
         if budget == Some(Duration::ZERO) {
-            tracing::debug!(path = %request.uri().path(), "refused as already expired");
+            tracing::debug!(path = %request.uri().path(), cause = %Cause::DeadlineExceeded, "refused as already expired");
+            if let Some(span) = &span {
+                spans::server_ended(span, &Scope::root(None), Cause::DeadlineExceeded);
+            }
+            if let (Some(report), Some(metrics)) = (report, &self.config.metrics) {
+                metrics.refused(Stage::Arrival);
+                report.answered(tonic::Code::DeadlineExceeded);
+            }
             return ResponseFuture::answer(status_for(Cause::DeadlineExceeded));
         }
-        let deadline = budget.and_then(|b| Instant::now().checked_add(b));
-        let scope = Scope::root_with_metadata(deadline, self.config.forwarded(request.headers()));
+        let deadline = budget.and_then(|b| start.unwrap_or_else(Instant::now).checked_add(b));
+        let scope = Scope::root_with_metadata(
+            deadline,
+            self.config.forwarded(request.headers()),
+            self.config.metrics.clone(),
+        );
         request.extensions_mut().insert(scope.clone());
         let timer = deadline.map(|d| d.checked_sub(TONIC_TIMER_LEAD).unwrap_or(d));
-        let inner = CURRENT.sync_scope(scope.clone(), || self.inner.call(request));
-        ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, timer)
+        let inner = {
+            let _entered = span.as_ref().map(tracing::Span::enter);
+            CURRENT.sync_scope(scope.clone(), || self.inner.call(request))
+        };
+        ResponseFuture::running(
+            CURRENT.scope(scope.clone(), inner),
+            scope,
+            timer,
+            ServerObserved::new(report, span),
+        )
     }
 }
 

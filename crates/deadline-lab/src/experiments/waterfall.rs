@@ -1,0 +1,444 @@
+//! Where one request's budget went: one request through the IM chain,
+//! traced. Every hop's spans arrive at a real OTLP receiver in this process
+//! (and at `--otlp-endpoint` too, when given); the waterfall is drawn from
+//! what the receiver got: each span from entry to exit, the budget it had,
+//! what it handed on, and how it ended.
+//!
+//! Two cases: `normal`, and `route stalls` — route's lookup is stuck in a
+//! blocking call that never checks its scope. Route's server answers at
+//! its 200 ms cap and its span ends there; the blocking work runs on, and
+//! its span, closing after its parent's deadline, is flagged
+//! `outlived_parent_deadline`: the lost cancellation, visible in the trace.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use opentelemetry::trace::TraceContextExt;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tonic_deadline::Scope;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::experiments::status_name;
+use crate::otlp::{Received, Receiver};
+use crate::pb::PushReq;
+use crate::report::{Outcome, ms};
+use crate::systems::im::{self, CLIENT_BUDGET};
+use crate::systems::trace::Journal;
+
+/// Work of route and push in a normal request.
+const NORMAL_MS: u64 = 5;
+/// How long route's blocking lookup takes when it stalls: past its 200 ms
+/// cap, inside the client's 800 ms.
+pub const STALL_MS: u64 = 400;
+/// How long to wait for a case's spans to reach the receiver.
+const COLLECT_WITHIN: Duration = Duration::from_secs(10);
+/// Columns of the printed bar: one per this many milliseconds.
+const BAR_MS: f64 = 20.0;
+
+/// The experiment's result, shared by the table, `--json`, the report and
+/// the tests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Waterfall {
+    /// The client's budget, in milliseconds.
+    pub client_budget_ms: f64,
+    /// One traced request per case.
+    pub cases: Vec<Case>,
+}
+
+/// One traced request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Case {
+    /// `normal` or `route stalls`.
+    pub case: String,
+    /// The W3C trace id (hex) every span of the request carries.
+    pub trace_id: String,
+    /// The status the client got.
+    pub status: String,
+    /// When the client got it, in milliseconds from the call.
+    pub client_ms: f64,
+    /// Every span, parents before children, siblings by start.
+    pub spans: Vec<Hop>,
+}
+
+/// One span of the waterfall. Times are milliseconds from the request's
+/// first span.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hop {
+    /// Who: a service (`gateway`), a call (`gateway → logic`), or work
+    /// (`route: blocking work`).
+    pub service: String,
+    /// `server`, `client` or `internal`.
+    pub kind: String,
+    /// The span's name (`lab.v1.Route/GetRoute`, `blocking work`).
+    pub name: String,
+    /// The span id (hex).
+    pub span_id: String,
+    /// The parent's span id; `None` for the request's root.
+    pub parent: Option<String>,
+    /// Nesting depth (the root is 0).
+    pub depth: usize,
+    /// When the span started.
+    pub start_ms: f64,
+    /// When it ended.
+    pub end_ms: f64,
+    /// The budget it had on entry: a server's after its own default and
+    /// maximum, a call's what its caller's scope had left; `None`: no
+    /// deadline.
+    pub budget_on_entry_ms: Option<f64>,
+    /// What a call wrote in `grpc-timeout`.
+    pub granted_ms: Option<f64>,
+    /// The cap above a call ([`Scope::with_cap`]), if any.
+    pub cap_ms: Option<f64>,
+    /// Whether that cap set the call's deadline.
+    pub cap_bound: bool,
+    /// The reserve kept back above a call ([`Scope::reserve`]), if any.
+    pub reserve_ms: Option<f64>,
+    /// Whether that reserve set the call's deadline.
+    pub reserve_bound: bool,
+    /// Where this span's deadline fell (start + budget on entry).
+    pub deadline_ms: Option<f64>,
+    /// The gRPC status (`OK`, `DEADLINE_EXCEEDED`, …), or for work `OK` /
+    /// `RAN ON`.
+    pub outcome: String,
+    /// Why a server's scope ended.
+    pub cause: Option<String>,
+    /// The span ended after its scope (its parent's deadline) had ended.
+    pub outlived_parent_deadline: bool,
+    /// By how much it outlived that deadline.
+    pub outlived_ms: Option<f64>,
+}
+
+/// The IM service a gRPC service name belongs to.
+fn im_service(rpc_service: &str) -> &str {
+    match rpc_service.rsplit('.').next().unwrap_or(rpc_service) {
+        "Gateway" => "gateway",
+        "Logic" => "logic",
+        "Route" => "route",
+        "Pusher" => "push",
+        other => other,
+    }
+}
+
+fn kind(span: &Received) -> &'static str {
+    // OTLP's SpanKind: 2 server, 3 client.
+    match span.span.kind {
+        2 => "server",
+        3 => "client",
+        _ => "internal",
+    }
+}
+
+/// The spans of one trace as a waterfall: parents before children.
+pub fn hops(spans: &[Received]) -> Vec<Hop> {
+    let t0 = spans
+        .iter()
+        .map(|s| s.span.start_time_unix_nano)
+        .min()
+        .unwrap_or(0);
+    let at = |nanos: u64| (nanos.saturating_sub(t0) as f64 / 1e5).round() / 10.0;
+    let by_id: HashMap<String, &Received> = spans.iter().map(|s| (s.span_id(), s)).collect();
+    let server_of = |span: &Received| -> Option<String> {
+        // The nearest server span at or above `span`: whose work it is.
+        let mut node = Some(span);
+        while let Some(s) = node {
+            if kind(s) == "server" {
+                return s.text("rpc.service").map(|r| im_service(r).to_owned());
+            }
+            node = s.parent().and_then(|p| by_id.get(&p).copied());
+        }
+        None
+    };
+    let label = |span: &Received| -> String {
+        let caller = || {
+            span.parent()
+                .and_then(|p| by_id.get(&p).copied())
+                .and_then(server_of)
+                .unwrap_or_else(|| "client".to_owned())
+        };
+        match kind(span) {
+            "server" => server_of(span).unwrap_or_default(),
+            "client" => format!(
+                "{} → {}",
+                caller(),
+                im_service(span.text("rpc.service").unwrap_or_default())
+            ),
+            _ if span.span.name == "blocking work" => format!("{}: blocking work", caller()),
+            _ => "client".to_owned(),
+        }
+    };
+    // Depth-first from the roots (spans whose parent is not in the trace).
+    let mut children: HashMap<Option<String>, Vec<&Received>> = HashMap::new();
+    for span in spans {
+        let parent = span.parent().filter(|p| by_id.contains_key(p));
+        children.entry(parent).or_default().push(span);
+    }
+    for list in children.values_mut() {
+        list.sort_by_key(|s| s.span.start_time_unix_nano);
+    }
+    let mut out = Vec::new();
+    let mut stack: Vec<(&Received, usize)> = children
+        .get(&None)
+        .map(|roots| roots.iter().rev().map(|s| (*s, 0)).collect())
+        .unwrap_or_default();
+    while let Some((span, depth)) = stack.pop() {
+        let start_ms = at(span.span.start_time_unix_nano);
+        let budget = span
+            .number("budget_on_entry_ms")
+            .or_else(|| span.number("scope_remaining_ms"));
+        let outlived = span.flag("outlived_parent_deadline").unwrap_or(false);
+        let outcome = match span.text("outcome") {
+            Some(outcome) => outcome.to_owned(),
+            None if span.span.name == "blocking work" && outlived => "RAN ON".to_owned(),
+            None if kind(span) == "server" => "(none)".to_owned(),
+            None => "OK".to_owned(),
+        };
+        out.push(Hop {
+            service: label(span),
+            kind: kind(span).to_owned(),
+            name: span.span.name.clone(),
+            span_id: span.span_id(),
+            parent: span.parent(),
+            depth,
+            start_ms,
+            end_ms: at(span.span.end_time_unix_nano),
+            budget_on_entry_ms: budget,
+            granted_ms: span.number("granted_ms"),
+            cap_ms: span.number("cap_ms"),
+            cap_bound: span.flag("cap_bound").unwrap_or(false),
+            reserve_ms: span.number("reserve_ms"),
+            reserve_bound: span.flag("reserve_bound").unwrap_or(false),
+            deadline_ms: budget.map(|b| ((start_ms + b) * 10.0).round() / 10.0),
+            outcome,
+            cause: span.text("cause").map(str::to_owned),
+            outlived_parent_deadline: outlived,
+            outlived_ms: span.number("outlived_ms"),
+        });
+        if let Some(kids) = children.get(&Some(span.span_id())) {
+            stack.extend(kids.iter().rev().map(|s| (*s, depth + 1)));
+        }
+    }
+    out
+}
+
+fn push(route_ms: u64, route_blocks: bool) -> PushReq {
+    PushReq {
+        uid: 1,
+        text: "hi".into(),
+        route_ms,
+        push_ms: NORMAL_MS,
+        route_blocks,
+    }
+}
+
+/// How many spans a case makes: the request's root, and per hop a call and
+/// a server span; a stall adds route's blocking work and never reaches push.
+fn expected_spans(stalls: bool) -> usize {
+    if stalls { 8 } else { 9 }
+}
+
+/// Runs both cases on one in-process chain whose spans go to `receiver`.
+///
+/// # Errors
+///
+/// When the chain cannot start, or spans are not exported to `receiver`
+/// (the process's subscriber must export there: [`crate::otlp::Telemetry`]).
+pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
+    let journal = Journal::new();
+    let started = im::start("127.0.0.1:0", &journal).await?;
+    let gateway = started
+        .iter()
+        .find(|s| s.role == "gateway")
+        .map(|s| s.addr)
+        .ok_or_else(|| anyhow::anyhow!("gateway started"))?;
+    let mut client = im::client(gateway).await?;
+    // Warm every connection of the chain (untraced: no root span).
+    Scope::background()
+        .with_timeout(CLIENT_BUDGET)
+        .enter(client.push(push(0, false)))
+        .await?;
+    let mut cases = Vec::new();
+    for (name, route_ms, stalls) in [
+        ("normal", NORMAL_MS, false),
+        ("route stalls", STALL_MS, true),
+    ] {
+        let root = tracing::info_span!(
+            target: "deadline_lab",
+            "im request",
+            case = name,
+            budget_on_entry_ms = CLIENT_BUDGET.as_secs_f64() * 1000.0,
+        );
+        let trace_id = root.context().span().span_context().trace_id();
+        if trace_id == opentelemetry::trace::TraceId::INVALID {
+            anyhow::bail!("spans are not exported: install crate::otlp::Telemetry first");
+        }
+        let trace_id = trace_id.to_string();
+        let t = Instant::now();
+        let result = Scope::background()
+            .with_timeout(CLIENT_BUDGET)
+            .enter(client.push(push(route_ms, stalls)))
+            .instrument(root)
+            .await;
+        let client_ms = ms(t.elapsed());
+        journal.take();
+        let want = expected_spans(stalls);
+        let spans = receiver
+            .trace(&trace_id, COLLECT_WITHIN, |s| s.len() >= want)
+            .await;
+        anyhow::ensure!(
+            spans.len() >= want,
+            "{name}: {} of {want} spans reached the receiver at {}",
+            spans.len(),
+            receiver.url()
+        );
+        let status = status_name(&result).to_owned();
+        let mut spans = hops(&spans);
+        // The request's root is the client itself: it ended with the answer.
+        for hop in spans.iter_mut().filter(|h| h.parent.is_none()) {
+            hop.outcome.clone_from(&status);
+        }
+        cases.push(Case {
+            case: name.to_owned(),
+            trace_id,
+            status,
+            client_ms,
+            spans,
+        });
+    }
+    Ok(Waterfall {
+        client_budget_ms: CLIENT_BUDGET.as_secs_f64() * 1000.0,
+        cases,
+    })
+}
+
+/// Runs the experiment with the receiver the process exports to.
+///
+/// # Errors
+///
+/// Without a receiver, or as [`measure`].
+pub async fn run(receiver: Option<&Receiver>) -> anyhow::Result<Outcome> {
+    let receiver = receiver.ok_or_else(|| {
+        anyhow::anyhow!("the waterfall collects its spans with its own OTLP receiver; none runs")
+    })?;
+    measure(receiver).await?.outcome()
+}
+
+/// Runs `deadline-lab experiment waterfall --json` as a child process, so
+/// that its spans (and their cost) stay out of this process.
+///
+/// # Errors
+///
+/// When the child fails or prints something else than the result.
+pub async fn run_child() -> anyhow::Result<Outcome> {
+    run_exe(&crate::process::lab_exe()?).await
+}
+
+/// [`run_child`] with the `deadline-lab` binary at `exe`.
+///
+/// # Errors
+///
+/// As [`run_child`].
+pub async fn run_exe(exe: &std::path::Path) -> anyhow::Result<Outcome> {
+    let out = tokio::process::Command::new(exe)
+        .args(["experiment", "waterfall", "--json"])
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "experiment waterfall failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let waterfall: Waterfall = serde_json::from_slice(&out.stdout)?;
+    waterfall.outcome()
+}
+
+/// A text bar: `█` from start to end, `|` at the deadline, one column per
+/// [`BAR_MS`].
+pub fn bar(hop: &Hop, width: usize) -> String {
+    let col = |ms: f64| ((ms / BAR_MS).round().max(0.0) as usize).min(width);
+    let (from, to) = (
+        col(hop.start_ms),
+        col(hop.end_ms).max(col(hop.start_ms) + 1),
+    );
+    let deadline = hop.deadline_ms.map(col);
+    (0..=width)
+        .map(|i| {
+            if Some(i) == deadline {
+                '|'
+            } else if i >= from && i < to {
+                '█'
+            } else {
+                ' '
+            }
+        })
+        .collect::<String>()
+        .trim_end()
+        .to_owned()
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+}
+
+impl Waterfall {
+    /// The printed table, with the JSON alongside.
+    ///
+    /// # Errors
+    ///
+    /// Never in practice (the result serializes).
+    pub fn outcome(&self) -> anyhow::Result<Outcome> {
+        let width = (self.client_budget_ms / BAR_MS) as usize;
+        let mut rows = Vec::new();
+        for case in &self.cases {
+            for hop in &case.spans {
+                let limit = match (hop.cap_ms, hop.reserve_ms) {
+                    (Some(c), _) if hop.cap_bound => format!("cap {c:.0}"),
+                    (_, Some(r)) if hop.reserve_bound => format!("reserve {r:.0}"),
+                    _ => String::new(),
+                };
+                let mut outcome = hop.outcome.clone();
+                if hop.outlived_parent_deadline {
+                    outcome += &format!(" (outlived its deadline by {} ms)", opt(hop.outlived_ms));
+                }
+                rows.push(vec![
+                    case.case.clone(),
+                    format!("{}{}", "  ".repeat(hop.depth), hop.service),
+                    format!("{:.1}", hop.start_ms),
+                    format!("{:.1}", hop.end_ms),
+                    opt(hop.budget_on_entry_ms),
+                    opt(hop.granted_ms),
+                    limit,
+                    outcome,
+                    bar(hop, width),
+                ]);
+            }
+            rows.push(vec![
+                String::new(),
+                format!("→ client: {} after {} ms", case.status, case.client_ms),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                format!("trace {}", case.trace_id),
+                String::new(),
+            ]);
+        }
+        Ok(Outcome {
+            title: format!(
+                "waterfall: one request through the IM chain, traced over OTLP (client budget {} ms; bar: {} ms a column, | the hop's deadline)",
+                self.client_budget_ms, BAR_MS
+            ),
+            json: serde_json::to_value(self)?,
+            columns: vec![
+                "case", "span", "start ms", "end ms", "budget on entry", "granted", "limit", "outcome", "0 → 800 ms",
+            ],
+            rows,
+            notes: vec![
+                "every hop is a child span with its own id, parented through the traceparent its caller's call span wrote".into(),
+                format!("route stalls: route's lookup blocks for {STALL_MS} ms and ignores its scope; route answers at its 200 ms cap, its blocking work runs on and is flagged"),
+            ],
+        })
+    }
+}

@@ -1,0 +1,262 @@
+//! One call's record, kept by the layers while it runs and reported once
+//! when it ends.
+
+use std::sync::Arc;
+
+use http::HeaderMap;
+use tokio::time::Instant;
+
+use super::spans::{self, Ending};
+use super::{Method, Metrics};
+use crate::scope::{Cause, Scope};
+
+/// The `cause` labels of `tonic_deadline_scope_ended_total`.
+pub(super) const CAUSE_LABELS: [&str; 6] = [
+    "completed",
+    "failed",
+    "deadline_exceeded",
+    "local_cap",
+    "abandoned",
+    "cancelled",
+];
+
+/// The `stage` labels of `tonic_deadline_refused_expired_total`.
+pub(super) const STAGE_LABELS: [&str; 3] = ["arrival", "admission", "client"];
+
+/// Where work was refused as already expired.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Stage {
+    /// The server layer: the request arrived with no budget left.
+    Arrival,
+    /// The admission layer: the scope had expired before a permit.
+    Admission,
+    /// The client layer: an outbound call whose scope had expired.
+    Client,
+}
+
+impl Stage {
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Stage::Arrival => STAGE_LABELS[0],
+            Stage::Admission => STAGE_LABELS[1],
+            Stage::Client => STAGE_LABELS[2],
+        }
+    }
+}
+
+/// The `grpc-status` in `headers` (response headers of a trailers-only
+/// answer, or trailers), if any.
+pub(crate) fn status_code(headers: &HeaderMap) -> Option<tonic::Code> {
+    let value = headers.get("grpc-status")?;
+    let n: i32 = value.to_str().ok()?.parse().ok()?;
+    Some(tonic::Code::from_i32(n))
+}
+
+/// A server call under way: started, and reported when its scope ends.
+#[derive(Debug)]
+pub(crate) struct ServerCall {
+    metrics: Metrics,
+    method: Arc<Method>,
+    start: Instant,
+    /// The deadline is this server's own (its default or maximum), not
+    /// the caller's.
+    local_cap: bool,
+    status: Option<tonic::Code>,
+}
+
+impl ServerCall {
+    pub(crate) fn start(
+        metrics: &Metrics,
+        path: &str,
+        start: Instant,
+        requested: Option<std::time::Duration>,
+        local_cap: bool,
+    ) -> Self {
+        let method = metrics.method(path);
+        metrics.server_started(&method, requested);
+        Self {
+            metrics: metrics.clone(),
+            method,
+            start,
+            local_cap,
+            status: None,
+        }
+    }
+
+    /// Records the status the answer carries (the first one seen wins).
+    pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
+        if self.status.is_none() {
+            self.status = status_code(headers);
+        }
+    }
+
+    /// The answer failed without a status (a handler or body error).
+    pub(crate) fn failed(&mut self) {
+        self.status.get_or_insert(tonic::Code::Unknown);
+    }
+
+    /// A call answered by the layer itself, before any handler ran.
+    pub(crate) fn answered(self, code: tonic::Code) {
+        self.metrics
+            .server_ended(&self.method, code, self.start.elapsed());
+    }
+
+    /// The call's scope ended with `cause`.
+    pub(crate) fn ended(self, cause: Cause) {
+        let code = self.status.unwrap_or(match cause {
+            Cause::Completed => tonic::Code::Ok,
+            Cause::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            Cause::Abandoned | Cause::Cancelled => tonic::Code::Cancelled,
+        });
+        // Indices into `CAUSE_LABELS`.
+        let label = match cause {
+            Cause::Completed if code == tonic::Code::Ok => 0,
+            Cause::Completed => 1,
+            Cause::DeadlineExceeded if self.local_cap => 3,
+            Cause::DeadlineExceeded => 2,
+            Cause::Abandoned => 4,
+            Cause::Cancelled => 5,
+        };
+        self.metrics.scope_ended(label);
+        self.metrics
+            .server_ended(&self.method, code, self.start.elapsed());
+    }
+}
+
+/// An outbound call under way, reported once with its status (as an
+/// attempt and as a call: the layer sees one attempt per call unless a
+/// retry or hedging layer sits above it) by
+/// [`settle`](ClientCall::settle), or as `CANCELLED` if it is dropped first
+/// (the caller gave the call up).
+#[derive(Debug)]
+pub(crate) struct ClientCall {
+    metrics: Metrics,
+    method: Arc<Method>,
+    start: Instant,
+    status: Option<tonic::Code>,
+}
+
+impl ClientCall {
+    pub(crate) fn start(
+        metrics: &Metrics,
+        method: Arc<Method>,
+        start: Instant,
+        granted: Option<std::time::Duration>,
+    ) -> Self {
+        metrics.attempt_started(&method, granted);
+        Self {
+            metrics: metrics.clone(),
+            method,
+            start,
+            status: None,
+        }
+    }
+
+    /// Ends the attempt with `code`.
+    pub(crate) fn settle(mut self, code: tonic::Code) {
+        self.status = Some(code);
+    }
+}
+
+impl Drop for ClientCall {
+    fn drop(&mut self) {
+        let code = self.status.unwrap_or(tonic::Code::Cancelled);
+        self.metrics
+            .attempt_ended(&self.method, code, self.start.elapsed());
+    }
+}
+
+/// What one inbound call reports while it runs: its metrics record (a layer
+/// given [`Metrics`]) and its span (a layer with spans turned on). The
+/// server layer makes one only when either is on, so a layer with neither
+/// carries a null pointer and reads no extra clock.
+#[derive(Debug)]
+pub(crate) struct ServerObserved {
+    report: Option<ServerCall>,
+    span: Ending,
+}
+
+impl ServerObserved {
+    /// `None` when there is nothing to report: no record, no span.
+    #[inline]
+    pub(crate) fn new(
+        report: Option<ServerCall>,
+        span: Option<tracing::Span>,
+    ) -> Option<Box<Self>> {
+        if report.is_none() && span.is_none() {
+            return None;
+        }
+        Some(Box::new(Self {
+            report,
+            span: Ending::new(span.unwrap_or_else(tracing::Span::none)),
+        }))
+    }
+
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Records the status the answer carries (the first one seen wins).
+    pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
+        if let Some(report) = &mut self.report {
+            report.saw_status(headers);
+        }
+        spans::server_answered(&self.span, headers);
+    }
+
+    /// The answer failed without a status (a handler or body error).
+    pub(crate) fn failed(&mut self) {
+        if let Some(report) = &mut self.report {
+            report.failed();
+        }
+    }
+
+    /// The call's scope ended with `cause`: record it, close the span.
+    pub(crate) fn ended(self, scope: &Scope, cause: Cause) {
+        spans::server_ended(&self.span, scope, cause);
+        if let Some(report) = self.report {
+            report.ended(cause);
+        }
+    }
+}
+
+/// What one outbound call reports: its metrics record (a layer given
+/// [`Metrics`]) and its span (a layer with spans turned on), both ended
+/// once, by the first status the call sees. As on the server, a layer with
+/// neither carries a null pointer.
+#[derive(Debug)]
+pub(crate) struct ClientObserved {
+    record: Option<ClientCall>,
+    span: Ending,
+}
+
+impl ClientObserved {
+    /// `None` when there is nothing to report: no record, no span.
+    #[inline]
+    pub(crate) fn new(
+        record: Option<ClientCall>,
+        span: Option<tracing::Span>,
+    ) -> Option<Box<Self>> {
+        if record.is_none() && span.is_none() {
+            return None;
+        }
+        Some(Box::new(Self {
+            record,
+            span: Ending::new(span.unwrap_or_else(tracing::Span::none)),
+        }))
+    }
+
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Ends the call with `code`. `answered_in` is the caller's scope when
+    /// the status came from the server: an answer that arrives after that
+    /// scope ended outlived it.
+    pub(crate) fn settle(self, code: tonic::Code, answered_in: Option<&Scope>) {
+        spans::client_ended(&self.span, code, answered_in, answered_in.is_some());
+        if let Some(record) = self.record {
+            record.settle(code);
+        }
+    }
+}

@@ -1,0 +1,147 @@
+use std::time::Duration;
+
+use super::*;
+
+/// The value of the sample `series` (name and labels as written) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split(' ').next()?.parse().ok())
+}
+
+#[test]
+fn exposition_names_the_grpc_series_in_prometheus_form() {
+    let metrics = Metrics::new();
+    let m = metrics.method("/lab.Chain/Call");
+    metrics.server_started(&m, Some(Duration::from_millis(250)));
+    metrics.server_ended(&m, tonic::Code::DeadlineExceeded, Duration::from_millis(3));
+    metrics.attempt_started(&m, Some(Duration::from_millis(100)));
+    metrics.attempt_ended(&m, tonic::Code::Ok, Duration::from_millis(2));
+    let text = metrics.encode();
+    assert_eq!(
+        sample(
+            &text,
+            r#"grpc_server_call_started_total{grpc_method="lab.Chain/Call"}"#
+        ),
+        Some(1.0),
+        "a started call must be counted under the method without its leading slash:\n{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"grpc_server_call_duration_seconds_count{grpc_method="lab.Chain/Call",grpc_status="DEADLINE_EXCEEDED"}"#
+        ),
+        Some(1.0),
+        "the duration must be labelled with the status name:\n{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"grpc_client_attempt_started_total{grpc_method="lab.Chain/Call"}"#
+        ),
+        Some(1.0)
+    );
+    for series in [
+        r#"grpc_client_attempt_duration_seconds_count{grpc_method="lab.Chain/Call",grpc_status="OK"}"#,
+        r#"grpc_client_call_duration_seconds_count{grpc_method="lab.Chain/Call",grpc_status="OK"}"#,
+        r#"tonic_deadline_client_budget_granted_seconds_count{grpc_method="lab.Chain/Call"}"#,
+        r#"tonic_deadline_server_budget_on_entry_seconds_count{grpc_method="lab.Chain/Call"}"#,
+    ] {
+        assert_eq!(
+            sample(&text, series),
+            Some(1.0),
+            "{series} must carry one sample:\n{text}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &text,
+            r#"tonic_deadline_server_budget_on_entry_seconds_bucket{le="0.25",grpc_method="lab.Chain/Call"}"#
+        ),
+        Some(1.0),
+        "250 ms falls in the 0.25 s bucket (bounds are inclusive)"
+    );
+    assert!(
+        text.ends_with("# EOF\n"),
+        "OpenMetrics text must end with # EOF"
+    );
+}
+
+#[test]
+fn requests_without_a_deadline_are_counted_apart_from_budgets() {
+    let metrics = Metrics::new();
+    let m = metrics.method("/svc.S/M");
+    metrics.server_started(&m, None);
+    assert_eq!(
+        metrics.budget_on_entry("svc.S/M").count,
+        0,
+        "no budget to observe"
+    );
+    let text = metrics.encode();
+    assert_eq!(
+        sample(
+            &text,
+            r#"tonic_deadline_server_no_deadline_total{grpc_method="svc.S/M"}"#
+        ),
+        Some(1.0),
+        "a request without a deadline must be counted apart:\n{text}"
+    );
+}
+
+#[test]
+fn methods_past_the_bound_are_labelled_other() {
+    let metrics = Metrics::new();
+    for i in 0..MAX_METHODS {
+        let _ = metrics.method(&format!("/s.S/M{i}"));
+    }
+    let extra = metrics.method("/s.S/OneTooMany");
+    assert_eq!(extra.name, "other", "the label set must stay bounded");
+    let known = metrics.method("/s.S/M0");
+    assert_eq!(known.name, "s.S/M0", "known methods keep their own label");
+}
+
+#[test]
+fn scope_causes_and_refusals_read_back_by_label() {
+    let metrics = Metrics::new();
+    let local_cap = super::call::CAUSE_LABELS
+        .iter()
+        .position(|label| *label == "local_cap")
+        .expect("a cause label");
+    metrics.scope_ended(local_cap);
+    metrics.refused(Stage::Admission);
+    assert_eq!(metrics.scopes_ended("local_cap"), 1);
+    assert_eq!(metrics.scopes_ended("completed"), 0);
+    assert_eq!(metrics.scopes_ended("no such cause"), 0);
+    assert_eq!(metrics.refused_expired("admission"), 1);
+    let text = metrics.encode();
+    assert_eq!(
+        sample(
+            &text,
+            r#"tonic_deadline_scope_ended_total{cause="local_cap"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"tonic_deadline_refused_expired_total{stage="admission"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn two_handles_keep_their_counts_apart() {
+    let a = Metrics::new();
+    let b = Metrics::new();
+    a.unscoped_call();
+    assert_eq!(a.unscoped_calls(), 1);
+    assert_eq!(
+        b.unscoped_calls(),
+        0,
+        "nothing may be shared between handles"
+    );
+    assert_eq!(a.clone().unscoped_calls(), 1, "clones share the series");
+}
