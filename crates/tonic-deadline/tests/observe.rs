@@ -177,3 +177,47 @@ async fn an_outbound_call_of_an_expired_scope_is_refused_and_counted() {
         "a call refused locally sends no attempt:\n{text}"
     );
 }
+
+#[tokio::test]
+async fn a_call_dropped_with_its_expired_handler_is_counted_as_deadline_exceeded() {
+    let metrics = Metrics::new();
+    let (_events, tx) = Events::new();
+    let slow = serve(ServerDeadlineLayer::new(), Node::new("B", &tx)).await;
+    // Only A's outbound call reports: A's handler is dropped by A's server
+    // layer at the deadline, and its call to B with it, unanswered.
+    let entry = serve(
+        ServerDeadlineLayer::new(),
+        Node::new("A", &tx)
+            .working(Duration::ZERO)
+            .calling(client_with(slow, &metrics).await),
+    )
+    .await;
+    let mut client = client_with(entry, &Metrics::new()).await;
+    let outcome = Scope::background()
+        .with_timeout(Duration::from_millis(100))
+        .enter(client.call(work(2_000)))
+        .await;
+    assert_eq!(code(&outcome), tonic::Code::DeadlineExceeded);
+    let series = |status: &str| {
+        format!(
+            r#"grpc_client_attempt_duration_seconds_count{{grpc_method="{METHOD}",grpc_status="{status}"}}"#
+        )
+    };
+    let mut text = metrics.encode();
+    for _ in 0..100 {
+        if text.contains(&series("DEADLINE_EXCEEDED")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        text = metrics.encode();
+    }
+    assert_eq!(
+        sample(&text, &series("DEADLINE_EXCEEDED")),
+        1.0,
+        "an attempt given up because its caller's deadline passed is DEADLINE_EXCEEDED:\n{text}"
+    );
+    assert!(
+        !text.contains(&series("CANCELLED")),
+        "nobody cancelled it:\n{text}"
+    );
+}

@@ -267,7 +267,7 @@ where
         }
         let record = self.config.metrics.as_ref().map(|metrics| {
             let method = metrics.method(request.uri().path());
-            ClientCall::start(metrics, method, now, granted)
+            ClientCall::start(metrics, method, now, deadline, scope.clone(), granted)
         });
         if let Some(span) = &span {
             spans::client_sent(span, scope.as_ref(), granted, request.headers_mut());

@@ -126,13 +126,19 @@ impl ServerCall {
 /// An outbound call under way, reported once with its status (as an
 /// attempt and as a call: the layer sees one attempt per call unless a
 /// retry or hedging layer sits above it) by
-/// [`settle`](ClientCall::settle), or as `CANCELLED` if it is dropped first
-/// (the caller gave the call up).
+/// [`settle`](ClientCall::settle), or, if it is dropped first (the caller
+/// gave the call up), with the status of why: `DEADLINE_EXCEEDED` when the
+/// caller's scope ended at its deadline or the call's own deadline had
+/// passed, `CANCELLED` otherwise.
 #[derive(Debug)]
 pub(crate) struct ClientCall {
     metrics: Metrics,
     method: Arc<Method>,
     start: Instant,
+    deadline: Option<Instant>,
+    /// The caller's scope: how it ended says why an unanswered call was
+    /// dropped.
+    scope: Option<Scope>,
     status: Option<tonic::Code>,
 }
 
@@ -141,6 +147,8 @@ impl ClientCall {
         metrics: &Metrics,
         method: Arc<Method>,
         start: Instant,
+        deadline: Option<Instant>,
+        scope: Option<Scope>,
         granted: Option<std::time::Duration>,
     ) -> Self {
         metrics.attempt_started(&method, granted);
@@ -148,6 +156,8 @@ impl ClientCall {
             metrics: metrics.clone(),
             method,
             start,
+            deadline,
+            scope,
             status: None,
         }
     }
@@ -160,9 +170,24 @@ impl ClientCall {
 
 impl Drop for ClientCall {
     fn drop(&mut self) {
-        let code = self.status.unwrap_or(tonic::Code::Cancelled);
-        self.metrics
-            .attempt_ended(&self.method, code, self.start.elapsed());
+        let now = Instant::now();
+        // Given up unanswered: by a deadline (the server layer drops an
+        // expired handler, and its calls with it), or by the caller.
+        let code = self.status.unwrap_or_else(|| {
+            let expired = self.scope.as_ref().and_then(Scope::cause)
+                == Some(Cause::DeadlineExceeded)
+                || self.deadline.is_some_and(|deadline| deadline <= now);
+            if expired {
+                tonic::Code::DeadlineExceeded
+            } else {
+                tonic::Code::Cancelled
+            }
+        });
+        self.metrics.attempt_ended(
+            &self.method,
+            code,
+            now.saturating_duration_since(self.start),
+        );
     }
 }
 
