@@ -14,6 +14,12 @@ use tonic::{Code, Status};
 
 use crate::scope::Cause;
 
+/// `grpc-status`, made once: a lookup by a `&str` parses the name first.
+pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
+/// `grpc-message`, made once.
+pub(crate) const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+
 /// The code for each cause. Exhaustive on purpose: a new cause must pick one.
 pub(crate) fn code_for(cause: Cause) -> Code {
     match cause {

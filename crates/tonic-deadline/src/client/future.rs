@@ -14,7 +14,7 @@ use super::transport::lost_connection_status;
 use crate::BoxError;
 use crate::observe::{ClientObserved, status_code};
 use crate::scope::{Cause, Scope};
-use crate::status::status_for;
+use crate::status::{GRPC_MESSAGE, GRPC_STATUS, status_for};
 
 pin_project! {
     /// The response future of [`ClientDeadline`](super::ClientDeadline).
@@ -202,12 +202,12 @@ impl Race {
     /// Our deadline passed, so a `CANCELLED` the server sent is really ours
     /// expiring (gRPC spec, "Client Cancellation"): report it as such.
     pub(crate) fn correct_late_cancel(&self, headers: &mut HeaderMap) {
-        if headers.get("grpc-status").is_some_and(|v| v == "1") && self.is_past_deadline() {
-            headers.insert("grpc-status", HeaderValue::from_static("4"));
-            headers.insert(
-                "grpc-message",
-                HeaderValue::from_static("deadline exceeded"),
-            );
+        if self.deadline.is_some()
+            && headers.get(GRPC_STATUS).is_some_and(|v| v == "1")
+            && self.is_past_deadline()
+        {
+            headers.insert(GRPC_STATUS, HeaderValue::from_static("4"));
+            headers.insert(GRPC_MESSAGE, HeaderValue::from_static("deadline exceeded"));
         }
     }
 

@@ -47,7 +47,7 @@ impl Stage {
 /// The `grpc-status` in `headers` (response headers of a trailers-only
 /// answer, or trailers), if any.
 pub(crate) fn status_code(headers: &HeaderMap) -> Option<tonic::Code> {
-    let value = headers.get("grpc-status")?;
+    let value = headers.get(crate::status::GRPC_STATUS)?;
     let n: i32 = value.to_str().ok()?.parse().ok()?;
     Some(tonic::Code::from_i32(n))
 }

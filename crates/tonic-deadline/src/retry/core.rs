@@ -243,7 +243,7 @@ pub(crate) enum Outcome<B> {
 pub(crate) fn classify<B>(result: Result<Response<B>, BoxError>) -> Outcome<B> {
     match result {
         Ok(response) => {
-            let Some(status) = response.headers().get("grpc-status") else {
+            let Some(status) = response.headers().get(crate::status::GRPC_STATUS) else {
                 return Outcome::Committed(response);
             };
             let code = status
