@@ -127,11 +127,14 @@ where
 impl<S: Service<Request<tonic::body::Body>>> Call<S> {
     fn report(&self) {
         if let Some(metrics) = self.core.metrics() {
-            metrics.resilient_call(CallReport {
-                attempts: self.sent,
-                hedged: true,
-                delay: Duration::ZERO,
-            });
+            metrics.resilient_call(
+                self.template.path(),
+                CallReport {
+                    attempts: self.sent,
+                    hedged: true,
+                    delay: Duration::ZERO,
+                },
+            );
         }
     }
 

@@ -90,6 +90,12 @@ async fn the_first_answer_wins_and_the_slow_attempt_is_dropped_at_once() {
     );
     assert_eq!(metrics.hedge_losers_cancelled(), 1);
     assert_eq!(metrics.call_hedges().sum, 1.0, "one hedge for this call");
+    let text = metrics.encode();
+    assert!(
+        text.lines().any(|line| line
+            .starts_with(r#"grpc_client_call_hedges_count{grpc_method="kv.Store/Get"} 1"#)),
+        "the hedge metric must be labelled with the method:\n{text}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

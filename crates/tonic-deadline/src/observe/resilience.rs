@@ -10,17 +10,22 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::Metrics;
 use super::histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Hist, Histogram};
+use super::{HistFamily, MethodLabel, Metrics};
 
 /// The retry and hedging block of [`Metrics`].
 #[derive(Debug)]
 pub(super) struct Resilience {
     calls: Counter,
     attempts: Counter,
+    /// All methods together, for the accessors.
     retries: Hist,
     hedges: Hist,
     retry_delay: Hist,
+    /// By `grpc_method`, as exposed.
+    retries_by: HistFamily<MethodLabel>,
+    hedges_by: HistFamily<MethodLabel>,
+    retry_delay_by: HistFamily<MethodLabel>,
     hedge_losers_cancelled: Counter,
     throttled: Counter,
     no_time_for_attempt: Counter,
@@ -37,6 +42,9 @@ impl Resilience {
             retries: Hist::new(COUNT_BOUNDS),
             hedges: Hist::new(COUNT_BOUNDS),
             retry_delay: Hist::new(DELAY_BOUNDS),
+            retries_by: HistFamily::new_with_constructor(|| Hist::new(COUNT_BOUNDS)),
+            hedges_by: HistFamily::new_with_constructor(|| Hist::new(COUNT_BOUNDS)),
+            retry_delay_by: HistFamily::new_with_constructor(|| Hist::new(DELAY_BOUNDS)),
             hedge_losers_cancelled: Counter::default(),
             throttled: Counter::default(),
             no_time_for_attempt: Counter::default(),
@@ -46,18 +54,18 @@ impl Resilience {
         registry.register(
             "grpc_client_call_retries",
             "Retries per call, for calls that retried at least once",
-            this.retries.clone(),
+            this.retries_by.clone(),
         );
         registry.register(
             "grpc_client_call_hedges",
             "Hedges (attempts after the first) per hedged call that sent any",
-            this.hedges.clone(),
+            this.hedges_by.clone(),
         );
         registry.register_with_unit(
             "grpc_client_call_retry_delay",
             "Time per retried call with no attempt in flight (backoff)",
             Unit::Seconds,
-            this.retry_delay.clone(),
+            this.retry_delay_by.clone(),
         );
         let counters = [
             (
@@ -173,18 +181,29 @@ impl Metrics {
         self.inner.resilience.committed_unreplayable.get()
     }
 
-    pub(crate) fn resilient_call(&self, report: CallReport) {
+    /// Reports a call to `path` through a retry or hedging layer as it
+    /// ends.
+    pub(crate) fn resilient_call(&self, path: &str, report: CallReport) {
         let r = &self.inner.resilience;
         r.calls.inc();
         r.attempts.inc_by(u64::from(report.attempts));
         let extra = report.attempts.saturating_sub(1);
-        if extra > 0 {
-            if report.hedged {
-                r.hedges.observe(f64::from(extra));
-            } else {
-                r.retries.observe(f64::from(extra));
-                r.retry_delay.observe(report.delay.as_secs_f64());
-            }
+        if extra == 0 {
+            return;
+        }
+        // Only calls that sent more than one attempt look their method up.
+        let label = MethodLabel {
+            grpc_method: self.method(path).name.clone(),
+        };
+        if report.hedged {
+            r.hedges.observe(f64::from(extra));
+            r.hedges_by.get_or_create(&label).observe(f64::from(extra));
+        } else {
+            let delay = report.delay.as_secs_f64();
+            r.retries.observe(f64::from(extra));
+            r.retries_by.get_or_create(&label).observe(f64::from(extra));
+            r.retry_delay.observe(delay);
+            r.retry_delay_by.get_or_create(&label).observe(delay);
         }
     }
 

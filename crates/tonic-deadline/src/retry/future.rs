@@ -138,11 +138,14 @@ where
 impl<S> Call<S> {
     fn report(&self) {
         if let Some(metrics) = self.core.metrics() {
-            metrics.resilient_call(CallReport {
-                attempts: self.attempts,
-                hedged: false,
-                delay: self.delay,
-            });
+            metrics.resilient_call(
+                self.template.path(),
+                CallReport {
+                    attempts: self.attempts,
+                    hedged: false,
+                    delay: self.delay,
+                },
+            );
         }
     }
 

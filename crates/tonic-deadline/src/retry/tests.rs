@@ -234,6 +234,17 @@ async fn a_call_retried_to_success_tells_the_server_less_at_each_attempt() {
     assert_eq!(metrics.call_attempts(), 3);
     assert_eq!(metrics.call_retries().count, 1);
     assert_eq!(metrics.call_retries().sum, 2.0, "two retries for this call");
+    let text = metrics.encode();
+    for series in [
+        r#"grpc_client_call_retries_count{grpc_method="kv.Store/Get"} 1"#,
+        r#"grpc_client_call_retries_sum{grpc_method="kv.Store/Get"} 2"#,
+        r#"grpc_client_call_retry_delay_seconds_count{grpc_method="kv.Store/Get"} 1"#,
+    ] {
+        assert!(
+            text.lines().any(|line| line.starts_with(series)),
+            "the retry metrics must be labelled with the method: {series}\n{text}"
+        );
+    }
     let delay = metrics.call_retry_delay();
     assert!(
         delay.sum <= 0.1 + 0.2,
