@@ -191,77 +191,27 @@ impl Drop for ClientCall {
     }
 }
 
-/// What one inbound call reports while it runs: its metrics record (a layer
-/// given [`Metrics`]) and its span (a layer with spans turned on). The
-/// server layer makes one only when either is on, so a layer with neither
-/// carries a null pointer and reads no extra clock.
+/// What one call reports while it runs: its metrics record (a layer given
+/// [`Metrics`]) and its span (a layer with spans turned on). A layer makes
+/// one only when either is on, so a layer with neither carries a null
+/// pointer and reads no extra clock.
 #[derive(Debug)]
-pub(crate) struct ServerObserved {
-    report: Option<ServerCall>,
+pub(crate) struct Observed<R> {
+    record: Option<R>,
     span: Ending,
 }
 
-impl ServerObserved {
+/// An inbound call's report.
+pub(crate) type ServerObserved = Observed<ServerCall>;
+
+/// An outbound call's report, ended once, by the first status the call
+/// sees.
+pub(crate) type ClientObserved = Observed<ClientCall>;
+
+impl<R> Observed<R> {
     /// `None` when there is nothing to report: no record, no span.
     #[inline]
-    pub(crate) fn new(
-        report: Option<ServerCall>,
-        span: Option<tracing::Span>,
-    ) -> Option<Box<Self>> {
-        if report.is_none() && span.is_none() {
-            return None;
-        }
-        Some(Box::new(Self {
-            report,
-            span: Ending::new(span.unwrap_or_else(tracing::Span::none)),
-        }))
-    }
-
-    pub(crate) fn span(&self) -> &tracing::Span {
-        &self.span
-    }
-
-    /// Records the status the answer carries (the first one seen wins).
-    pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
-        if let Some(report) = &mut self.report {
-            report.saw_status(headers);
-        }
-        spans::server_answered(&self.span, headers);
-    }
-
-    /// The answer failed without a status (a handler or body error).
-    pub(crate) fn failed(&mut self) {
-        if let Some(report) = &mut self.report {
-            report.failed();
-        }
-    }
-
-    /// The call's scope ended with `cause`: record it, close the span.
-    pub(crate) fn ended(self, scope: &Scope, cause: Cause) {
-        spans::server_ended(&self.span, scope, cause);
-        if let Some(report) = self.report {
-            report.ended(cause);
-        }
-    }
-}
-
-/// What one outbound call reports: its metrics record (a layer given
-/// [`Metrics`]) and its span (a layer with spans turned on), both ended
-/// once, by the first status the call sees. As on the server, a layer with
-/// neither carries a null pointer.
-#[derive(Debug)]
-pub(crate) struct ClientObserved {
-    record: Option<ClientCall>,
-    span: Ending,
-}
-
-impl ClientObserved {
-    /// `None` when there is nothing to report: no record, no span.
-    #[inline]
-    pub(crate) fn new(
-        record: Option<ClientCall>,
-        span: Option<tracing::Span>,
-    ) -> Option<Box<Self>> {
+    pub(crate) fn new(record: Option<R>, span: Option<tracing::Span>) -> Option<Box<Self>> {
         if record.is_none() && span.is_none() {
             return None;
         }
@@ -274,7 +224,34 @@ impl ClientObserved {
     pub(crate) fn span(&self) -> &tracing::Span {
         &self.span
     }
+}
 
+impl Observed<ServerCall> {
+    /// Records the status the answer carries (the first one seen wins).
+    pub(crate) fn saw_status(&mut self, headers: &HeaderMap) {
+        if let Some(report) = &mut self.record {
+            report.saw_status(headers);
+        }
+        spans::server_answered(&self.span, headers);
+    }
+
+    /// The answer failed without a status (a handler or body error).
+    pub(crate) fn failed(&mut self) {
+        if let Some(report) = &mut self.record {
+            report.failed();
+        }
+    }
+
+    /// The call's scope ended with `cause`: record it, close the span.
+    pub(crate) fn ended(self, scope: &Scope, cause: Cause) {
+        spans::server_ended(&self.span, scope, cause);
+        if let Some(report) = self.record {
+            report.ended(cause);
+        }
+    }
+}
+
+impl Observed<ClientCall> {
     /// Ends the call with `code`. `answered_in` is the caller's scope when
     /// the status came from the server: an answer that arrives after that
     /// scope ended outlived it.

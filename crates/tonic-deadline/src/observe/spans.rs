@@ -82,6 +82,14 @@ fn rpc_parts(path: &str) -> (&str, &str) {
     path.split_once('/').unwrap_or((path, ""))
 }
 
+/// Records OpenTelemetry's name and `rpc.*` fields of a call to `path`.
+fn record_rpc(span: &Span, path: &str) {
+    let (service, method) = rpc_parts(path);
+    span.record("otel.name", path.strip_prefix('/').unwrap_or(path));
+    span.record("rpc.service", service);
+    span.record("rpc.method", method);
+}
+
 /// The span of one inbound call, parented on the caller's span when the
 /// request carries its trace context.
 pub(crate) fn server(
@@ -107,10 +115,7 @@ pub(crate) fn server(
     if span.is_disabled() {
         return span;
     }
-    let (service, method) = rpc_parts(path);
-    span.record("otel.name", path.strip_prefix('/').unwrap_or(path));
-    span.record("rpc.service", service);
-    span.record("rpc.method", method);
+    record_rpc(&span, path);
     if let Some(requested) = requested {
         span.record("grpc_timeout_ms", ms(requested));
     }
@@ -176,13 +181,9 @@ pub(crate) fn client(path: &str) -> Span {
         outcome = Empty,
         outlived_parent_deadline = Empty,
     );
-    if span.is_disabled() {
-        return span;
+    if !span.is_disabled() {
+        record_rpc(&span, path);
     }
-    let (service, method) = rpc_parts(path);
-    span.record("otel.name", path.strip_prefix('/').unwrap_or(path));
-    span.record("rpc.service", service);
-    span.record("rpc.method", method);
     span
 }
 
