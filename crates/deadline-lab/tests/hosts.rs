@@ -8,6 +8,7 @@
 
 #![cfg(feature = "netns-tests")]
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -151,10 +152,17 @@ async fn an_interrupted_run_removes_its_namespaces() {
 
 #[test]
 fn without_root_the_experiment_fails_with_a_clear_message() {
-    // As an unprivileged user (this test runs as root, as CI does).
+    // As an unprivileged user (this test runs as root, as CI does). The
+    // build may sit under a directory only root can enter (a checkout in
+    // `mktemp -d`), so nobody runs a copy in a directory it can read.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("the directory must be opened to every user");
+    let lab = dir.path().join("deadline-lab");
+    std::fs::copy(env!("CARGO_BIN_EXE_deadline-lab"), &lab).expect("the lab must be copied");
     let out = Command::new("runuser")
         .args(["-u", "nobody", "--"])
-        .arg(env!("CARGO_BIN_EXE_deadline-lab"))
+        .arg(&lab)
         .args(["experiment", "hosts", "--json"])
         .output()
         .expect("runuser must start (util-linux)");
