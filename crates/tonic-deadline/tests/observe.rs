@@ -184,9 +184,14 @@ async fn a_call_dropped_with_its_expired_handler_is_counted_as_deadline_exceeded
     let (_events, tx) = Events::new();
     let slow = serve(ServerDeadlineLayer::new(), Node::new("B", &tx)).await;
     // Only A's outbound call reports: A's handler is dropped by A's server
-    // layer at the deadline, and its call to B with it, unanswered.
+    // layer at A's 100 ms cap, and its call to B with it, unanswered. The
+    // test's client has all the time it needs, so no reset of its own can
+    // reach A first and end A's scope as abandoned instead (on a loaded
+    // machine the client's timer could otherwise beat A's by a tick). B's
+    // deadline is A's plus the transit: if B's timer still wins, its
+    // answer is DEADLINE_EXCEEDED too.
     let entry = serve(
-        ServerDeadlineLayer::new(),
+        ServerDeadlineLayer::new().max_timeout(Duration::from_millis(100)),
         Node::new("A", &tx)
             .working(Duration::ZERO)
             .calling(client_with(slow, &metrics).await),
@@ -194,7 +199,7 @@ async fn a_call_dropped_with_its_expired_handler_is_counted_as_deadline_exceeded
     .await;
     let mut client = client_with(entry, &Metrics::new()).await;
     let outcome = Scope::background()
-        .with_timeout(Duration::from_millis(100))
+        .with_timeout(PATIENCE)
         .enter(client.call(work(2_000)))
         .await;
     assert_eq!(code(&outcome), tonic::Code::DeadlineExceeded);
