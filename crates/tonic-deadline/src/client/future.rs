@@ -278,17 +278,21 @@ where
                 Poll::Ready(Err(Box::new(status)))
             }
             StateProj::Running { inner, mut race } => {
-                if let Poll::Ready(status) = race.as_mut().poll_lost(cx) {
-                    race.as_mut().settle(status.code());
-                    race.abandon();
-                    return Poll::Ready(Err(Box::new(status)));
-                }
+                // The call first: a head that has arrived goes on to the
+                // body, whose first poll reads the clock and the scope (see
+                // `Race::for_body`), so a deadline or cancel that came with
+                // it is still reported; a call still pending asks the race.
                 let polled = {
                     let _entered = race.span().map(tracing::Span::enter);
                     inner.poll(cx)
                 };
                 match polled {
                     Poll::Pending => {
+                        if let Poll::Ready(status) = race.as_mut().poll_lost(cx) {
+                            race.as_mut().settle(status.code());
+                            race.abandon();
+                            return Poll::Ready(Err(Box::new(status)));
+                        }
                         if let Poll::Ready(status) = race.as_mut().arm(cx) {
                             race.as_mut().settle(status.code());
                             race.abandon();

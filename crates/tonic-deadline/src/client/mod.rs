@@ -152,7 +152,10 @@ where
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         let scope = Scope::try_current();
-        if scope.as_ref().is_some_and(Scope::is_ended) {
+        // No clock read here: an expired deadline is `call`'s to find (it
+        // reads the clock anyway), or the ready timer's, which fires on its
+        // first poll when the deadline has passed.
+        if scope.as_ref().is_some_and(Scope::is_cancelled) {
             // `call` will fail locally; no need to wait for a connection.
             self.ready_expired = true;
             return Poll::Ready(Ok(()));
@@ -217,7 +220,11 @@ where
             }
         };
         if let Some(scope) = &scope {
-            if let Some(cause) = scope.cause() {
+            // Cancelled: refused here. Expired: refused below, from the one
+            // clock reading the call makes.
+            if scope.is_cancelled()
+                && let Some(cause) = scope.cause()
+            {
                 self.count_refused(cause);
                 return failed(status_for(cause));
             }

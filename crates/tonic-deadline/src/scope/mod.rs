@@ -323,11 +323,14 @@ impl Scope {
         if self.is_cancelled() {
             return;
         }
-        // The time only tells a deadline that passed first from a cancel:
-        // a node with no deadline and no children (no token) needs none,
-        // and skips the clock. A child made from here on sees the end at once.
-        let at =
-            (self.inner.deadline.is_some() || self.inner.token.get().is_some()).then(Instant::now);
+        // The time only tells a deadline that passed first from a cancel.
+        // A node without children (no token) needs none when it has no
+        // deadline, or when it completed: an answer handed over in full is
+        // `Completed`, whatever the clock said since. Those skip the clock.
+        // A child made from here on sees the end at once.
+        let at = (self.inner.token.get().is_some()
+            || (self.inner.deadline.is_some() && cause != Cause::Completed))
+            .then(Instant::now);
         let _ = self.inner.ended.set((cause, at));
         // Pairs with the fence in `token`: either it sees `ended`, or this
         // sees its token (see there).
