@@ -296,11 +296,17 @@ fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
         (200.0..240.0).contains(&measured),
         "the PING round trip of a link delayed 100 ms each way: {rtt:?}"
     );
-    // The experiment's own figure is within 2 ms on an idle machine; the
-    // bound here is generous for a loaded test run.
+    // The experiment's own figure is within 2 ms on an idle machine. On a
+    // loaded one the PINGs wait for the CPU too, so the round trip reads
+    // long and half of it overpays the transit by what it read too much:
+    // the server then sees the one-way delay less half the measured round
+    // trip more than the client has. Exactly that, within 10 ms.
+    let one_way = rtt.delay_ms as f64;
+    let expected = one_way - measured / 2.0;
     assert!(
-        (server - client).abs() < 10.0,
-        "with half the measured round trip deducted, server and client must agree: {rtt:?}"
+        ((server - client) - expected).abs() < 10.0,
+        "with half the measured round trip deducted, the server must see what the client has, \
+         less what the measurement overpaid ({expected:.1} ms): {rtt:?}"
     );
 }
 
