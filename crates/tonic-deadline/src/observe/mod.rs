@@ -10,10 +10,11 @@
 //! `grpc_client_attempt_started_total`, `grpc_client_attempt_duration_seconds`,
 //! `grpc_client_call_duration_seconds`, labelled `grpc_method` and
 //! `grpc_status`; the retry metrics `grpc_client_call_retries`, `…_hedges`,
-//! `…_retry_delay_seconds`, labelled `grpc_method`), and ours, named `tonic_deadline_*`: where each
-//! request's budget went — how much it brought, how long it queued, how
-//! much each outbound call was granted, how its scope ended, what was
-//! refused as already expired, and what ran on after its scope had ended.
+//! `…_retry_delay_seconds`, labelled `grpc_method`), and ours, named
+//! `tonic_deadline_*`: where each request's budget went — how much it
+//! brought, how long it queued, how much each outbound call was granted,
+//! how its scope ended, what was refused as already expired, and what ran
+//! on after its scope had ended.
 //! The project's README lists them all, with their labels and units.
 //!
 //! ```
