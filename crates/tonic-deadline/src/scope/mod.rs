@@ -213,13 +213,20 @@ impl Scope {
     }
 
     /// Whether this node was cancelled (by itself or an ancestor).
+    ///
+    /// Asked of the nodes' `ended`, not of the token: a scope's token is
+    /// only ever cancelled by `end` on it or on an ancestor, after `ended`
+    /// is set, so the two agree, and the token would take its lock for
+    /// every question (the client asks several times a call).
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.inner.ended.get().is_some()
-            || self
-                .inner
-                .token
-                .get()
-                .is_some_and(CancellationToken::is_cancelled)
+        let mut node = Some(self);
+        while let Some(scope) = node {
+            if scope.inner.ended.get().is_some() {
+                return true;
+            }
+            node = scope.inner.parent.as_ref();
+        }
+        false
     }
 
     /// The current scope of this task, installed by the server layer or by
