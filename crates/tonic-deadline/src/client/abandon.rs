@@ -46,6 +46,11 @@ impl Drop for Abandon {
 }
 
 impl Abandoned {
+    /// Whether the call was given up, without registering for a wake-up.
+    pub(crate) fn is_given_up(&self) -> bool {
+        self.state.given_up.load(Ordering::Acquire)
+    }
+
     /// Ready once the call was given up; registers for a wake-up otherwise.
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
         if self.state.given_up.load(Ordering::Acquire) {

@@ -158,12 +158,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        if this.abandoned.poll(cx).is_ready() {
-            // hyper resets the stream with the h2 reason found in the error.
-            let reset = h2::Error::from(h2::Reason::CANCEL);
-            return Poll::Ready(Some(Err(Box::new(reset))));
+        // Registered for a wake-up only when the body waits: a unary
+        // request, ready at once, never registers.
+        if this.abandoned.is_given_up() {
+            return Poll::Ready(Some(Err(reset())));
         }
-        this.inner.poll_frame(cx).map_err(Into::into)
+        match this.inner.poll_frame(cx) {
+            Poll::Pending if this.abandoned.poll(cx).is_ready() => Poll::Ready(Some(Err(reset()))),
+            polled => polled.map_err(Into::into),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
@@ -173,4 +176,10 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// The error that makes hyper reset the stream with `CANCEL` (it resets with
+/// the h2 reason found in the error).
+fn reset() -> BoxError {
+    Box::new(h2::Error::from(h2::Reason::CANCEL))
 }
