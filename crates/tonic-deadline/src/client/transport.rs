@@ -81,6 +81,12 @@ pub(crate) struct MessageCursor {
 impl MessageCursor {
     /// Moves past the bytes of `data` (without consuming it).
     pub(crate) fn feed(&mut self, data: &impl Buf) {
+        let chunk = data.chunk();
+        if chunk.len() == data.remaining() {
+            // One contiguous chunk, as hyper hands out `Bytes`.
+            self.feed_bytes(chunk);
+            return;
+        }
         let mut slices = [IoSlice::new(&[]); 64];
         let n = data.chunks_vectored(&mut slices);
         let seen: usize = slices[..n].iter().map(|s| s.len()).sum();
@@ -100,6 +106,12 @@ impl MessageCursor {
                     .min(bytes.len());
                 self.payload_left -= take as u64;
                 bytes = &bytes[take..];
+                continue;
+            }
+            if let (0, [_, a, b, c, d, rest @ ..]) = (self.prefix_seen, bytes) {
+                // A whole prefix at once, the usual case at a boundary.
+                self.payload_left = u64::from(u32::from_be_bytes([*a, *b, *c, *d]));
+                bytes = rest;
                 continue;
             }
             let byte = bytes[0];
@@ -152,6 +164,23 @@ mod tests {
                     "chunk {chunk}, after {fed} bytes"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn cursor_reads_a_chunk_made_of_several_pieces() {
+        let mut wire = message(3);
+        wire.extend(message(300));
+        for split in 1..wire.len() {
+            let (head, tail) = wire.split_at(split);
+            let pieces = Bytes::copy_from_slice(head).chain(Bytes::copy_from_slice(tail));
+            let mut cursor = MessageCursor::default();
+            cursor.feed(&pieces);
+            assert!(!cursor.is_mid_message(), "split at {split}");
+            let (head, tail) = wire[..wire.len() - 1].split_at(split.min(wire.len() - 2));
+            let mut cut = MessageCursor::default();
+            cut.feed(&Bytes::copy_from_slice(head).chain(Bytes::copy_from_slice(tail)));
+            assert!(cut.is_mid_message(), "one byte short, split at {split}");
         }
     }
 
