@@ -270,12 +270,13 @@ where
     type Output = Result<Response<ClientBody<B>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
+        let mut state = self.project().state;
+        let lost = match state.as_mut().project() {
             StateProj::Failed { status } => {
                 let status = status
                     .take()
                     .expect("ResponseFuture polled after completion");
-                Poll::Ready(Err(Box::new(status)))
+                return Poll::Ready(Err(Box::new(status)));
             }
             StateProj::Running { inner, mut race } => {
                 // The call first: a head that has arrived goes on to the
@@ -288,31 +289,34 @@ where
                 };
                 match polled {
                     Poll::Pending => {
-                        if let Poll::Ready(status) = race.as_mut().poll_lost(cx) {
-                            race.as_mut().settle(status.code());
-                            race.abandon();
-                            return Poll::Ready(Err(Box::new(status)));
+                        let mut lost = race.as_mut().poll_lost(cx);
+                        if lost.is_pending() {
+                            lost = race.as_mut().arm(cx);
                         }
-                        if let Poll::Ready(status) = race.as_mut().arm(cx) {
-                            race.as_mut().settle(status.code());
-                            race.abandon();
-                            return Poll::Ready(Err(Box::new(status)));
-                        }
-                        Poll::Pending
+                        let Poll::Ready(status) = lost else {
+                            return Poll::Pending;
+                        };
+                        race.as_mut().settle(status.code());
+                        race.abandon();
+                        status
                     }
                     Poll::Ready(Err(err)) => {
                         let err = race.map_error(err.into(), false);
                         race.settle(error_code(&err));
-                        Poll::Ready(Err(err))
+                        return Poll::Ready(Err(err));
                     }
                     Poll::Ready(Ok(mut response)) => {
                         race.correct_late_cancel(response.headers_mut());
                         race.as_mut().settle_from(response.headers());
                         let race = race.for_body();
-                        Poll::Ready(Ok(response.map(|body| ClientBody::new(body, race))))
+                        return Poll::Ready(Ok(response.map(|body| ClientBody::new(body, race))));
                     }
                 }
             }
-        }
+        };
+        // Lost: let go of the stream now, so its reset goes out before the
+        // caller has even seen the status, not when it drops this future.
+        state.set(State::Failed { status: None });
+        Poll::Ready(Err(Box::new(lost)))
     }
 }
