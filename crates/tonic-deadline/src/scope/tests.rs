@@ -524,6 +524,90 @@ async fn enter_installs_the_current_scope() {
     );
 }
 
+/// Sends the current scope's deadline when dropped.
+struct SeesScopeOnDrop(std::sync::mpsc::Sender<Option<Option<Instant>>>);
+
+impl Drop for SeesScopeOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send(Scope::try_current().map(|s| s.deadline()));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entered_future_is_dropped_with_its_scope_current() {
+    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    let (tx, rx) = std::sync::mpsc::channel();
+
+    // Dropped before it ever ran to completion (the way hyper drops a
+    // handler): drop guards inside still see the scope.
+    let guard = SeesScopeOnDrop(tx.clone());
+    let pending = scope.enter(async move {
+        let _guard = guard;
+        std::future::pending::<()>().await;
+    });
+    let mut pending = Box::pin(pending);
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(pending.as_mut().poll(cx))).await;
+    assert!(polled.is_pending());
+    assert!(
+        Scope::try_current().is_none(),
+        "between polls no scope is current"
+    );
+    drop(pending);
+    assert_eq!(rx.recv().ok(), Some(Some(scope.deadline())));
+
+    // Finished: its state is dropped inside the scope too, at once.
+    let guard = SeesScopeOnDrop(tx);
+    scope
+        .enter(async move {
+            let _guard = guard;
+        })
+        .await;
+    assert_eq!(rx.recv().ok(), Some(Some(scope.deadline())));
+    assert!(Scope::try_current().is_none());
+}
+
+#[test]
+fn a_panic_inside_a_scope_restores_the_outer_one() {
+    let outer = Scope::background();
+    let inner = outer.child();
+    CURRENT.sync_scope(outer.clone(), || {
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            CURRENT.sync_scope(inner.clone(), || panic!("handler panicked"));
+        }));
+        assert!(panicked.is_err());
+        outer.cancel();
+        assert_eq!(
+            Scope::try_current().and_then(|s| s.cause()),
+            Some(Cause::Cancelled),
+            "the outer scope must be current again after the panic"
+        );
+    });
+    assert!(Scope::try_current().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_travels_with_its_task_across_threads() {
+    let scope = Scope::background().with_timeout(Duration::from_secs(5));
+    let expected = scope.deadline();
+    // A spawned task (not the test's own future): each yield may resume it
+    // on the other worker.
+    #[allow(clippy::disallowed_methods)]
+    let task = tokio::spawn(async move {
+        scope
+            .enter(async {
+                let mut seen = Vec::new();
+                for _ in 0..50 {
+                    tokio::task::yield_now().await;
+                    seen.push(Scope::try_current().map(|s| s.deadline()));
+                }
+                seen
+            })
+            .await
+    });
+    let seen = task.await.expect("the task must not panic");
+    assert!(seen.iter().all(|d| *d == Some(expected)), "{seen:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn run_returns_output_or_the_cause() {
     let scope = Scope::background().with_timeout(100 * MS);
