@@ -172,6 +172,10 @@ async fn benchmarks_report_both_variants() {
     for (name, figure) in [
         ("p50_us", cancel.p50_us),
         ("p99_us", cancel.p99_us),
+        ("aborted_p50_us", cancel.aborted_p50_us),
+        ("aborted_p99_us", cancel.aborted_p99_us),
+        ("spawned_p50_us", cancel.spawned_p50_us),
+        ("spawned_p99_us", cancel.spawned_p99_us),
         ("plain_p50_us", cancel.plain_p50_us),
         ("plain_p99_us", cancel.plain_p99_us),
     ] {
