@@ -556,8 +556,12 @@ impl Scope {
 
     /// Runs `future` with this scope as the current scope, without racing it.
     /// Outbound calls made inside carry this scope's budget.
-    pub async fn enter<F: Future>(&self, future: F) -> F::Output {
-        current::CURRENT.scope(self.clone(), future).await
+    ///
+    /// The future returned holds its own clone of the scope, and wraps
+    /// `future` where it is: no state machine around it, so a large future
+    /// (a call's) is not moved once more on its first poll.
+    pub fn enter<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
+        current::CURRENT.scope(self.clone(), future)
     }
 
     /// Runs `future` as the current scope and stops it when the scope ends.
