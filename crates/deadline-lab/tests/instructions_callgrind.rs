@@ -54,21 +54,23 @@ const BOUNDS: [Bound; 4] = [
         extra_allocs: CHAIN_ALLOCS,
     },
 ];
-/// `server layer, no header`: today 1.0435; goal 1.02.
-const SERVER_RATIO: f64 = 1.048;
-/// `server layer, header`: today 1.0525; goal 1.02.
-const SERVER_HEADER_RATIO: f64 = 1.058;
-/// `one hop, both layers`: today 1.0659; goal 1.03.
-const ONE_HOP_RATIO: f64 = 1.071;
-/// `3-hop chain` (ours propagates the budget, plain tonic does not): today 1.1008.
-const CHAIN_RATIO: f64 = 1.106;
+/// `server layer, no header`: today 1.0452; goal 1.02. Six builds whose
+/// changes were on the client's path measured it at 1.0421 to 1.0447
+/// (N = 1000): the layout of the binary moves it by ±0.002.
+const SERVER_RATIO: f64 = 1.050;
+/// `server layer, header`: today 1.0522; goal 1.02.
+const SERVER_HEADER_RATIO: f64 = 1.057;
+/// `one hop, both layers`: today 1.0611; goal 1.03.
+const ONE_HOP_RATIO: f64 = 1.066;
+/// `3-hop chain` (ours propagates the budget, plain tonic does not): today 1.0972.
+const CHAIN_RATIO: f64 = 1.102;
 /// Extra allocations per request, server layer without a header: today 2.0; goal 2.
 const SERVER_ALLOCS: f64 = 2.5;
-/// Extra allocations per request, server layer with a header: today 2.0; goal 2.
+/// Extra allocations per request, server layer with a header: today 2.04; goal 2.
 const SERVER_HEADER_ALLOCS: f64 = 2.5;
 /// Extra allocations per request, one hop: today 5.0; goal 2.
 const ONE_HOP_ALLOCS: f64 = 5.5;
-/// Extra allocations per request, 3-hop chain: today 19.2.
+/// Extra allocations per request, 3-hop chain: today 19.19.
 const CHAIN_ALLOCS: f64 = 19.7;
 
 fn release_lab() -> PathBuf {
