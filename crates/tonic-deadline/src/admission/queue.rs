@@ -73,6 +73,10 @@ pub struct Stats {
     pub would_not_finish: u64,
     /// Callers refused because the queue was full.
     pub queue_full: u64,
+    /// Callers admitted to an idle resource although the expected service
+    /// time said they could not finish: probes of an estimate that nothing
+    /// had refreshed for as long as it is (see [`Admission::acquire`]).
+    pub probes: u64,
     /// The current expected service time (EWMA of permit hold times).
     pub service_time: Option<Duration>,
 }
@@ -88,6 +92,8 @@ struct State {
     waiters: BTreeMap<u64, Waiter>,
     next_id: u64,
     ewma: Option<Duration>,
+    /// When `ewma` was last set: by a permit's release, or seeded.
+    sampled: Instant,
     stats: Stats,
 }
 
@@ -111,6 +117,22 @@ impl Shared {
         now + service + self.config.reserve <= deadline
     }
 
+    /// Whether a caller that does not fit may go in anyway, to measure the
+    /// service time again: nothing holds a permit, and the estimate is
+    /// older than itself.
+    ///
+    /// Only finished work refreshes the estimate. Without probes, an
+    /// estimate above every caller's budget (one slow spell is enough)
+    /// would refuse all of them, nothing would finish, and it would never
+    /// come down: the resource would stay idle and every caller refused.
+    fn may_probe(state: &State, now: Instant) -> bool {
+        state.stats.in_use == 0
+            && state.free > 0
+            && state
+                .ewma
+                .is_some_and(|service| now >= state.sampled + service)
+    }
+
     /// Returns a permit: hands it to the next waiter that can use it, or
     /// frees it.
     fn release(self: &Arc<Self>, held: Duration) {
@@ -125,6 +147,7 @@ impl Shared {
         state.stats.service_time = state.ewma;
         state.stats.in_use -= 1;
         let now = Instant::now();
+        state.sampled = now;
         while let Some(waiter) = self.next_waiter(&mut state, now) {
             if !self.fits(&state, waiter.deadline, now) {
                 state.stats.would_not_finish += 1;
@@ -213,6 +236,7 @@ impl Admission {
             waiters: BTreeMap::new(),
             next_id: 0,
             ewma: None,
+            sampled: Instant::now(),
             stats: Stats {
                 permits: config.permits,
                 ..Stats::default()
@@ -257,8 +281,11 @@ impl Admission {
     /// first callers are already judged by it (builder step).
     pub fn expected_service_time(self, service: Duration) -> Self {
         let admission = self.reconfigure(|_| {});
-        admission.shared.lock().ewma = Some(service);
-        admission.shared.lock().stats.service_time = Some(service);
+        let mut state = admission.shared.lock();
+        state.ewma = Some(service);
+        state.sampled = Instant::now();
+        state.stats.service_time = Some(service);
+        drop(state);
         admission
     }
 
@@ -300,6 +327,13 @@ impl Admission {
     }
 
     /// Waits for a permit under `scope`: the wait spends the scope's budget.
+    ///
+    /// A caller whose remaining budget is below the expected service time is
+    /// refused before it takes the resource — except one at a time while the
+    /// resource is idle and the estimate has not been refreshed for as long
+    /// as it is: that caller goes in as a probe (counted in
+    /// [`Stats::probes`]), so an estimate from a slow spell comes down once
+    /// the work is fast again instead of refusing every caller for good.
     ///
     /// # Errors
     ///
@@ -351,8 +385,17 @@ impl Admission {
         }
         let now = Instant::now();
         if !shared.fits(&state, scope.deadline(), now) {
-            state.stats.would_not_finish += 1;
-            return Err(Refused::new(Reason::WouldNotFinish));
+            if !Shared::may_probe(&state, now) {
+                state.stats.would_not_finish += 1;
+                return Err(Refused::new(Reason::WouldNotFinish));
+            }
+            // Its release refreshes the estimate; if it cannot finish
+            // after all, its scope stops it at the deadline.
+            state.stats.probes += 1;
+            tracing::debug!(
+                service_time = ?state.ewma,
+                "admitting a probe past a stale service-time estimate"
+            );
         }
         if state.free > 0 {
             state.free -= 1;

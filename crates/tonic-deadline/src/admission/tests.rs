@@ -151,6 +151,57 @@ async fn observed_hold_times_become_the_expected_service_time() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_estimate_from_a_slow_spell_comes_down_once_the_work_is_fast_again() {
+    let admission = Admission::new(2).smoothing(0.5);
+    // One slow spell: a permit held 400 ms sets the estimate above every
+    // caller's 100 ms budget.
+    let slow = admission
+        .acquire(&Scope::background())
+        .await
+        .expect("granted");
+    advance(400 * MS).await;
+    drop(slow);
+    assert_eq!(admission.stats().service_time, Some(400 * MS));
+    let refused = admission
+        .try_acquire(&scope(100 * MS))
+        .expect_err("a fresh 400 ms estimate refuses a 100 ms budget");
+    assert_eq!(refused.reason(), Reason::WouldNotFinish);
+
+    // The work is fast again (10 ms). Callers keep arriving; once the
+    // estimate is as old as itself, an idle resource admits one as a probe.
+    // Each probe halves the estimate (smoothing 0.5): 400, 205, 107, then
+    // 58 ms, which fits a 100 ms budget.
+    let mut served = Vec::new();
+    for _ in 0..200 {
+        advance(5 * MS).await;
+        let ok = match admission.try_acquire(&scope(100 * MS)) {
+            Ok(permit) => {
+                assert!(
+                    admission.try_acquire(&scope(100 * MS)).is_err()
+                        || admission.stats().service_time < Some(100 * MS),
+                    "while the estimate is stale, only one probe at a time"
+                );
+                advance(10 * MS).await;
+                drop(permit);
+                true
+            }
+            Err(_) => false,
+        };
+        served.push(ok);
+    }
+    let stats = admission.stats();
+    assert!(
+        stats.service_time < Some(20 * MS),
+        "the estimate must come down to the fast work: {stats:?}"
+    );
+    assert_eq!(stats.probes, 3, "{stats:?}");
+    assert!(
+        served[150..].iter().all(|ok| *ok),
+        "callers must be served again, not refused for good: {served:?}, {stats:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn dropping_a_granted_but_unclaimed_wait_hands_the_permit_on() {
     let admission = Admission::new(1);
     let held = admission
