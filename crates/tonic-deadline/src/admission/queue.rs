@@ -114,7 +114,9 @@ impl Shared {
         let (Some(deadline), Some(service)) = (deadline, state.ewma) else {
             return true;
         };
-        now + service + self.config.reserve <= deadline
+        // An estimate too large to add to a time can never fit.
+        now.checked_add(service.saturating_add(self.config.reserve))
+            .is_some_and(|done| done <= deadline)
     }
 
     /// Whether a caller that does not fit may go in anyway, to measure the
@@ -130,7 +132,8 @@ impl Shared {
             && state.free > 0
             && state
                 .ewma
-                .is_some_and(|service| now >= state.sampled + service)
+                .and_then(|service| state.sampled.checked_add(service))
+                .is_some_and(|stale| now >= stale)
     }
 
     /// Returns a permit: hands it to the next waiter that can use it, or
@@ -140,9 +143,10 @@ impl Shared {
         let sample = held.as_secs_f64();
         state.ewma = Some(match state.ewma {
             None => held,
-            Some(old) => Duration::from_secs_f64(
+            Some(old) => Duration::try_from_secs_f64(
                 old.as_secs_f64() * (1.0 - self.config.alpha) + sample * self.config.alpha,
-            ),
+            )
+            .unwrap_or(Duration::MAX),
         });
         state.stats.service_time = state.ewma;
         state.stats.in_use -= 1;
@@ -373,7 +377,7 @@ impl Admission {
     fn give_up_at(&self, scope: &Scope) -> Option<Instant> {
         let deadline = scope.deadline()?;
         let service = self.shared.lock().ewma?;
-        deadline.checked_sub(service + self.shared.config.reserve)
+        deadline.checked_sub(service.saturating_add(self.shared.config.reserve))
     }
 
     fn admit_or_enqueue(&self, scope: &Scope, wait: bool) -> Result<Admit, Refused> {

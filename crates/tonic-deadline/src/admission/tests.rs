@@ -202,6 +202,25 @@ async fn an_estimate_from_a_slow_spell_comes_down_once_the_work_is_fast_again() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_absurd_expected_service_time_refuses_deadlines_and_never_panics() {
+    let admission = Admission::new(1)
+        .expected_service_time(Duration::MAX)
+        .reserve(Duration::from_secs(1));
+    let refused = admission
+        .acquire(&scope(Duration::from_secs(3600)))
+        .await
+        .expect_err("no deadline fits an endless service time");
+    assert_eq!(refused.reason(), Reason::WouldNotFinish);
+    let permit = admission
+        .acquire(&Scope::background())
+        .await
+        .expect("work without a deadline always fits");
+    advance(MS).await;
+    drop(permit);
+    assert!(admission.stats().service_time.is_some());
+}
+
+#[tokio::test(start_paused = true)]
 async fn dropping_a_granted_but_unclaimed_wait_hands_the_permit_on() {
     let admission = Admission::new(1);
     let held = admission
