@@ -95,6 +95,8 @@ impl Probe for Watcher {
 }
 
 struct Rig {
+    /// Both layers on every hop (else plain tonic).
+    ours: bool,
     entry: Next,
     entered: mpsc::UnboundedReceiver<()>,
     noticed: mpsc::UnboundedReceiver<Noticed>,
@@ -128,6 +130,7 @@ async fn rig(ours: bool) -> anyhow::Result<Rig> {
         .await?;
     }
     Ok(Rig {
+        ours,
         entry: client(ours, addr).await?,
         entered,
         noticed,
@@ -161,7 +164,7 @@ enum GiveUp {
 }
 
 /// One cancel: start a call, wait until C runs, give up, time C noticing.
-async fn once(rig: &mut Rig, ours: bool, give_up: GiveUp) -> anyhow::Result<Timed> {
+async fn once(rig: &mut Rig, give_up: GiveUp) -> anyhow::Result<Timed> {
     let entry = rig.entry.clone();
     let scope = Scope::background();
     let in_scope = scope.clone();
@@ -185,7 +188,7 @@ async fn once(rig: &mut Rig, ours: bool, give_up: GiveUp) -> anyhow::Result<Time
         noticed.scope_ended,
         "C's handler was dropped before its scope ended"
     );
-    let spawned = if ours {
+    let spawned = if rig.ours {
         let at = tokio::time::timeout(Duration::from_secs(5), rig.spawned.recv())
             .await?
             .ok_or_else(|| anyhow::anyhow!("the task spawned under C's scope never noticed"))?;
@@ -231,21 +234,19 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
     let mut plain_rig = rig(false).await?;
     // Warm-up: connections and code paths.
     for _ in 0..20 {
-        once(&mut ours_rig, true, GiveUp::Cancel).await?;
-        once(&mut ours_rig, true, GiveUp::Abort).await?;
-        once(&mut plain_rig, false, GiveUp::Abort).await?;
+        once(&mut ours_rig, GiveUp::Cancel).await?;
+        once(&mut ours_rig, GiveUp::Abort).await?;
+        once(&mut plain_rig, GiveUp::Abort).await?;
     }
     let (mut ours, mut aborted, mut spawned, mut plain) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     for _ in 0..runs {
-        let timed = once(&mut ours_rig, true, GiveUp::Cancel).await?;
+        let timed = once(&mut ours_rig, GiveUp::Cancel).await?;
         ours.push(us(timed.dropped));
         spawned.extend(timed.spawned.map(us));
-        aborted.push(us(once(&mut ours_rig, true, GiveUp::Abort).await?.dropped));
-        plain.push(us(once(&mut plain_rig, false, GiveUp::Abort)
-            .await?
-            .dropped));
+        aborted.push(us(once(&mut ours_rig, GiveUp::Abort).await?.dropped));
+        plain.push(us(once(&mut plain_rig, GiveUp::Abort).await?.dropped));
     }
     for figures in [&mut ours, &mut aborted, &mut spawned, &mut plain] {
         figures.sort_by(f64::total_cmp);

@@ -115,8 +115,13 @@ impl Shared {
             return true;
         };
         // An estimate too large to add to a time can never fit.
-        now.checked_add(service.saturating_add(self.config.reserve))
+        now.checked_add(self.needed(service))
             .is_some_and(|done| done <= deadline)
+    }
+
+    /// The budget work needs: the service time and the reserve after it.
+    fn needed(&self, service: Duration) -> Duration {
+        service.saturating_add(self.config.reserve)
     }
 
     /// Whether a caller that does not fit may go in anyway, to measure the
@@ -377,7 +382,7 @@ impl Admission {
     fn give_up_at(&self, scope: &Scope) -> Option<Instant> {
         let deadline = scope.deadline()?;
         let service = self.shared.lock().ewma?;
-        deadline.checked_sub(service.saturating_add(self.shared.config.reserve))
+        deadline.checked_sub(self.shared.needed(service))
     }
 
     fn admit_or_enqueue(&self, scope: &Scope, wait: bool) -> Result<Admit, Refused> {
