@@ -48,8 +48,13 @@ class Downstream(relay_grpc.DownstreamServicer):
                 emit(event="cancelled", tag=request.tag, t_ns=now)
             ended.set()
 
+        # The callback goes in before "entered" is told: a test that cancels
+        # as soon as it reads "entered" must not find the call unwatched
+        # (grpcio runs a callback added after the call ended never, and says
+        # so by returning False).
+        if not context.add_callback(on_end):
+            on_end()
         emit(event="entered", tag=request.tag, remaining_us=remaining_us, t_ns=entered)
-        context.add_callback(on_end)
         # The work: waits, and stops as soon as the call ends.
         if ended.wait(request.work_ms / 1000):
             return relay_pb2.WorkReply()

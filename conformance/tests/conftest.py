@@ -89,7 +89,11 @@ class Process:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                pytest.fail(f"{self.name}: no {kind!r} event for {tag} within {timeout} s", pytrace=False)
+                seen = [e.get("event") for e in self.backlog if e.get("tag") == tag]
+                pytest.fail(
+                    f"{self.name}: no {kind!r} event for {tag} within {timeout} s (its events: {seen})",
+                    pytrace=False,
+                )
             try:
                 event = self.events.get(timeout=left)
             except queue.Empty:
