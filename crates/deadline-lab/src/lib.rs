@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod capture;
+pub mod cli;
 pub mod clock;
 pub mod demo;
 pub mod experiments;

@@ -1,0 +1,704 @@
+//! The `deadline-lab` command line: its arguments and what each command runs.
+//!
+//! It lives in the library, not in the binary, so that the futures it awaits
+//! are compiled once: a release binary instantiates again every generic
+//! future it polls that the library already compiled.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::report::Outcome;
+use crate::{bench, experiments, systems};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "deadline-lab",
+    about = "Measures deadline propagation and cancellation on real gRPC services"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs every experiment and benchmark, prints the tables and writes an
+    /// HTML report.
+    Demo {
+        /// Where to write the HTML report.
+        #[arg(long, default_value = "target/deadline-lab/report.html")]
+        report: std::path::PathBuf,
+    },
+    /// A TCP proxy that prints every HTTP/2 frame going through it, both ways.
+    Capture {
+        /// Where to listen (the first line printed is the bound address).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// The server to forward to.
+        #[arg(long)]
+        upstream: std::net::SocketAddr,
+        /// Delay each chunk the client sends by this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+        /// Delay each chunk the server sends back by this many milliseconds.
+        #[arg(long, default_value_t = 0)]
+        reply_delay_ms: u64,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Print only the address: forward (and delay) without decoding.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Serves one of the systems until killed; the first line is its address.
+    Serve {
+        #[command(subcommand)]
+        system: System,
+        /// Serve the metrics of every layer at `http://ADDR/metrics`
+        /// (Prometheus text); the second line names the address.
+        #[arg(long, global = true, value_name = "ADDR")]
+        metrics_listen: Option<String>,
+        /// Export spans over OTLP/gRPC to this collector (`http://HOST:PORT`).
+        #[arg(long, global = true)]
+        otlp_endpoint: Option<String>,
+    },
+    /// Runs one experiment.
+    Experiment {
+        #[command(subcommand)]
+        which: Experiment,
+        /// Print exactly one JSON object instead of the table.
+        #[arg(long, global = true)]
+        json: bool,
+        /// Export spans over OTLP/gRPC to this collector (`http://HOST:PORT`).
+        #[arg(long, global = true)]
+        otlp_endpoint: Option<String>,
+    },
+    /// Runs one benchmark (plain tonic and ours, interleaved in one process).
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+        /// Print exactly one JSON object instead of the table.
+        #[arg(long, global = true)]
+        json: bool,
+    },
+    /// One side of one `bench instructions` variant (run by the bench itself).
+    #[command(hide = true)]
+    BenchChild(bench::instructions::ChildArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum System {
+    /// A → B → C, each spending `--hop-ms` before calling the next.
+    Chain {
+        /// A's address (or the role's, with `--role`).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long, default_value_t = 100)]
+        hop_ms: u64,
+        /// Run only this hop (A, B or C); it calls `--next`.
+        #[arg(long)]
+        role: Option<String>,
+        /// The address of the hop this one calls.
+        #[arg(long)]
+        next: Option<std::net::SocketAddr>,
+        /// Transit compensation: tell the next hop this many milliseconds
+        /// less than what is left (0: none).
+        #[arg(long, default_value_t = 0)]
+        transit_allowance_ms: u64,
+        /// Transit compensation: half the round trip measured with HTTP/2
+        /// PINGs on the connection to the next hop.
+        #[arg(long)]
+        transit_from_round_trip: bool,
+    },
+    /// grpc.health.v1.Health/Check, behind our server layer unless `--plain`.
+    Echo {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        #[arg(long)]
+        plain: bool,
+    },
+    /// The IM chain gateway → logic → route / push (roles: push, route, logic, gateway).
+    Im(Split),
+    /// The API in front of inventory, pricing and cache (roles: inventory, pricing, cache, api).
+    Shop(Split),
+    /// Orders (SQLite) calling payments (roles: payments, orders).
+    Orders {
+        #[command(flatten)]
+        split: Split,
+        /// An SQLite file instead of the in-memory database.
+        #[arg(long)]
+        db: Option<std::path::PathBuf>,
+    },
+    /// One worker of the PostgreSQL job queue (no address; first line:
+    /// `ready NAME`).
+    JobsWorker {
+        /// The PostgreSQL server holding the queue.
+        #[arg(long)]
+        pg_url: String,
+        /// The queue's table (effects go to `<table>_effects`).
+        #[arg(long, default_value = "lab_jobs")]
+        table: String,
+        /// The name this worker's effects carry.
+        #[arg(long)]
+        name: String,
+        /// How long a claim stands without renewal.
+        #[arg(long, default_value_t = 600)]
+        lease_ms: u64,
+        /// How long each job works.
+        #[arg(long, default_value_t = 100)]
+        job_ms: u64,
+    },
+}
+
+/// Where a system listens, and which part of it runs in this process.
+#[derive(Debug, clap::Args)]
+struct Split {
+    /// The entry service's address (or the role's, with `--role`).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// Run only this service; the services it calls come from `--peer`.
+    #[arg(long)]
+    role: Option<String>,
+    /// `name=addr` of a service this role calls (repeatable).
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+    /// Transit compensation: tell every peer this many milliseconds less
+    /// than what is left (0: none).
+    #[arg(long, default_value_t = 0)]
+    transit_allowance_ms: u64,
+    /// Transit compensation: half the round trip measured with HTTP/2 PINGs
+    /// on each peer's connection.
+    #[arg(long)]
+    transit_from_round_trip: bool,
+}
+
+impl Split {
+    fn peers(&self) -> anyhow::Result<systems::Peers> {
+        Ok(
+            systems::Peers::parse(self.peers.iter().map(String::as_str))?.with_transit(
+                crate::net::Transit::from_flags(
+                    self.transit_allowance_ms,
+                    self.transit_from_round_trip,
+                ),
+            ),
+        )
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Experiment {
+    /// grpc-timeout on the wire for budgets from 50 ms to 100 h.
+    Wire,
+    /// Remaining budget on entry at A, B and C.
+    Chain {
+        #[arg(long, default_value_t = 100)]
+        hop_ms: u64,
+    },
+    /// Completions downstream after the client gives up: propagate vs detach.
+    Propagation,
+    /// An already-expired call: status, time, frames on the wire.
+    Expired,
+    /// A 5 s query under a 200 ms deadline, on SQLite and PostgreSQL.
+    DbCancel,
+    /// A handler that watches its scope vs one that ignores it.
+    Handler,
+    /// Relative timeouts under injected client → server delay.
+    Drift,
+    /// The IM chain's per-hop budgets, normal and with route stalling.
+    Im,
+    /// The API's 900 ms shared by inventory and pricing, the cache cap, fan-out.
+    Shop,
+    /// CreateOrder with a payment that stalls past the deadline.
+    Orders,
+    /// Every way code moves work or makes a call: budget kept, or the break reported.
+    Seams,
+    /// An axum edge → tonic → sqlx query (and → reqwest → REST) under one
+    /// 900 ms budget, the client giving up at 300 ms (needs PostgreSQL).
+    Edge,
+    /// Debian's nginx (grpc_pass) between two hops: the header it forwards,
+    /// the transit, and whether a client's cancel reaches the hop behind it.
+    Proxy,
+    /// A downstream process killed, a connection cut mid-message, a
+    /// downstream hung: the upstream hop's answer and what it released.
+    Faults,
+    /// Retries inside one deadline: succeeding on the 3rd attempt, the
+    /// deadline ending the backoff, pushback, outcome-unknown codes.
+    Retry,
+    /// Hedging against a 5 % slow tail: none, ours, tower::hedge.
+    Hedge,
+    /// Every service in its own network namespace with one-way latency:
+    /// what each hop's deadline gains over its parent's (needs root).
+    Hosts {
+        /// One-way latency of every link, in milliseconds (repeatable).
+        #[arg(long = "one-way-ms", default_values_t = experiments::hosts::ONE_WAY_MS)]
+        one_way_ms: Vec<u64>,
+    },
+    /// Jobs on PostgreSQL, two worker processes, one killed mid-job.
+    Jobs,
+    /// One request through the IM chain, traced: every hop's span, budget
+    /// and outcome, normal and with route stalling.
+    Waterfall,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Unary throughput and latency, plain tonic vs both layers.
+    Overhead {
+        #[arg(long, default_value_t = 8)]
+        rounds: usize,
+        #[arg(long, default_value_t = 500)]
+        round_ms: u64,
+    },
+    /// Cancel propagation latency across three hops.
+    Cancel {
+        #[arg(long, default_value_t = 1000)]
+        runs: usize,
+        /// Runtime worker threads; 1 runs everything on one scheduler thread.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+    /// Instructions and allocations per request under callgrind, ours vs plain tonic.
+    Instructions {
+        /// N: every variant runs with N and with 5N requests.
+        #[arg(long, default_value_t = 2000)]
+        requests: u64,
+        /// Client connections.
+        #[arg(long, default_value_t = 4)]
+        connections: usize,
+        /// Calls in flight per connection.
+        #[arg(long, default_value_t = 16)]
+        streams: usize,
+        /// Measure only these cases (repeatable; all by default).
+        #[arg(long = "case", value_enum)]
+        cases: Vec<bench::instructions::Case>,
+        /// Children run at the same time.
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
+        /// Keep callgrind's output files in this directory, for callgrind_annotate.
+        #[arg(long)]
+        keep: Option<std::path::PathBuf>,
+        /// Our layers report to a metrics handle (the cost of turning it on).
+        #[arg(long)]
+        metrics: bool,
+    },
+    /// The overload setup at 2x capacity with a downstream failing 10 % of
+    /// calls: no retries, naive retries, ours.
+    RetryStorm {
+        /// Seconds of open-loop load per variant.
+        #[arg(long, default_value_t = 2.0)]
+        window_s: f64,
+    },
+    /// Goodput at 1x, 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
+    Overload {
+        /// Seconds of open-loop load per server and level.
+        #[arg(long, default_value_t = 3.0)]
+        window_s: f64,
+    },
+    /// Many calls through A -> B -> C with random deadlines and client
+    /// cancels; then memory, tasks, permits and connections left over.
+    Soak {
+        /// Calls in all, warm-up (a tenth) included.
+        #[arg(long, default_value_t = 1_000_000)]
+        calls: u64,
+        /// Stop issuing calls after this many seconds, whatever is left.
+        #[arg(long, default_value_t = 900)]
+        max_seconds: u64,
+        /// Client loops calling at the same time.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Streams a client may have reset before the server accepted them,
+        /// at one time on one connection, before the server closes it
+        /// (hyper's rapid-reset guard). 0 keeps hyper's default, 20.
+        #[arg(long, default_value_t = bench::soak::PENDING_ACCEPT_RESETS)]
+        max_pending_accept_resets: usize,
+        /// Streams each client connection remembers having reset, so that
+        /// late frames on them are ignored; a late frame on a forgotten one
+        /// counts toward h2's limit of 1024 protocol errors, after which the
+        /// client closes the connection. 0 keeps h2's default, 50.
+        #[arg(long, default_value_t = bench::soak::REMEMBERED_RESETS)]
+        remembered_resets: usize,
+    },
+}
+
+fn print(outcome: &Outcome, json: bool) {
+    if json {
+        println!("{}", outcome.json);
+    } else {
+        println!("{}", outcome.table());
+    }
+}
+
+/// The entry service of a started system: the last one started.
+fn entry(started: &[systems::Started]) -> anyhow::Result<std::net::SocketAddr> {
+    started
+        .last()
+        .map(|s| s.addr)
+        .ok_or_else(|| anyhow::anyhow!("nothing was started"))
+}
+
+/// Runs the capture proxy until killed, printing every frame as it passes.
+async fn capture(
+    listen: String,
+    upstream: std::net::SocketAddr,
+    (delay_ms, reply_delay_ms): (u64, u64),
+    json: bool,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    use crate::capture::{Capture, Listening, Options, Record};
+    use std::io::Write;
+    let observer = std::sync::Arc::new(move |record: &Record| {
+        let line = if json {
+            crate::report::to_json(&record.json()).to_string()
+        } else {
+            record.line()
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    });
+    let capture = Capture::start_with(
+        upstream,
+        Options {
+            listen: Some(listen),
+            delay: Duration::from_millis(delay_ms),
+            reply_delay: Duration::from_millis(reply_delay_ms),
+            observer: (!quiet).then_some(observer as crate::capture::Observer),
+            forget: true,
+            ..Options::default()
+        },
+    )
+    .await?;
+    if json {
+        let listening = Listening {
+            listen: capture.addr().to_string(),
+            upstream: upstream.to_string(),
+        };
+        println!("{}", crate::report::to_json(&listening));
+    } else {
+        println!("{}", capture.addr());
+    }
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
+
+/// Runs `work` until it finishes or Ctrl-C; on Ctrl-C the work is dropped,
+/// so whatever it made (processes, network namespaces) is removed.
+async fn interruptible<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::select! {
+        out = work => out,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; everything it started was stopped and removed"),
+    }
+}
+
+/// Runs the `deadline-lab` command line: parses the process's arguments and
+/// runs the command they name.
+///
+/// `allocated` reads the binary's counting allocator (only the binary can
+/// install a global allocator), for `bench instructions`.
+///
+/// # Errors
+///
+/// When the command fails.
+pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let command = match cli.command {
+        // A single-threaded runtime of its own, so its count is repeatable.
+        Command::BenchChild(args) => return bench::instructions::child(args, allocated),
+        command => command,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let metrics = match &command {
+        Command::Serve {
+            metrics_listen: Some(_),
+            ..
+        } => Some(tonic_deadline::observe::Metrics::new()),
+        _ => None,
+    };
+    let mut telemetry = {
+        let _runtime = runtime.enter();
+        let (service, endpoint, own_receiver) = telemetry_plan(&command);
+        crate::otlp::Telemetry::install(&service, endpoint, own_receiver)?
+    };
+    let traces = &telemetry;
+    let out = runtime.block_on(crate::metrics::maybe_with(metrics, async move {
+        match command {
+            Command::BenchChild(_) => anyhow::bail!("bench-child runs before the runtime starts"),
+            Command::Demo { report } => crate::demo::run(&report).await,
+            Command::Capture {
+                listen,
+                upstream,
+                delay_ms,
+                reply_delay_ms,
+                json,
+                quiet,
+            } => capture(listen, upstream, (delay_ms, reply_delay_ms), json, quiet).await,
+            Command::Serve {
+                system,
+                metrics_listen,
+                ..
+            } => {
+                let addr = match system {
+                    System::Chain {
+                        listen,
+                        hop_ms,
+                        role,
+                        next,
+                        transit_allowance_ms,
+                        transit_from_round_trip,
+                    } => {
+                        let plan = systems::chain::Plan {
+                            work: Duration::from_millis(hop_ms),
+                            ..Default::default()
+                        };
+                        match role {
+                            Some(role) => {
+                                let name = systems::chain::hop_name(&role)?;
+                                systems::chain::start_hop(
+                                    name,
+                                    &listen,
+                                    plan,
+                                    next,
+                                    crate::net::Transit::from_flags(
+                                        transit_allowance_ms,
+                                        transit_from_round_trip,
+                                    ),
+                                    true,
+                                )
+                                .await?
+                                .0
+                            }
+                            None => systems::chain::start(&listen, [plan; 3], true).await?.entry,
+                        }
+                    }
+                    System::Echo { listen, plain } => systems::echo::start(&listen, plain).await?,
+                    System::Im(split) => {
+                        let journal = systems::trace::Journal::new();
+                        let started = match &split.role {
+                            Some(role) => vec![
+                                systems::im::start_role(
+                                    role,
+                                    &split.listen,
+                                    &split.peers()?,
+                                    &journal,
+                                )
+                                .await?,
+                            ],
+                            None => systems::im::start(&split.listen, &journal).await?,
+                        };
+                        entry(&started)?
+                    }
+                    System::Shop(split) => {
+                        let journal = systems::trace::Journal::new();
+                        let started = match &split.role {
+                            Some(role) => vec![
+                                systems::shop::start_role(
+                                    role,
+                                    &split.listen,
+                                    &split.peers()?,
+                                    &journal,
+                                )
+                                .await?,
+                            ],
+                            None => systems::shop::start(&split.listen, &journal).await?,
+                        };
+                        entry(&started)?
+                    }
+                    System::Orders { split, db } => {
+                        let mut shared = systems::orders::Shared::in_memory()?;
+                        if let Some(path) = db {
+                            shared.db = systems::orders::Db::open(&path)?;
+                        }
+                        let started = match &split.role {
+                            Some(role) => vec![
+                                systems::orders::start_role(
+                                    role,
+                                    &split.listen,
+                                    &split.peers()?,
+                                    &shared,
+                                )
+                                .await?,
+                            ],
+                            None => systems::orders::start(&split.listen, &shared).await?,
+                        };
+                        entry(&started)?
+                    }
+                    System::JobsWorker {
+                        pg_url,
+                        table,
+                        name,
+                        lease_ms,
+                        job_ms,
+                    } => {
+                        let setup = systems::jobs::Setup {
+                            url: pg_url,
+                            table,
+                            lease: Duration::from_millis(lease_ms),
+                            job_time: Duration::from_millis(job_ms),
+                        };
+                        return systems::jobs::serve_worker(setup, &name).await;
+                    }
+                };
+                println!("{addr}");
+                if let (Some(listen), Some(metrics)) = (metrics_listen, crate::metrics::current()) {
+                    let at = crate::metrics::serve(&listen, metrics).await?;
+                    println!("metrics: http://{at}/metrics");
+                }
+                tokio::signal::ctrl_c().await?;
+                Ok(())
+            }
+            Command::Experiment { which, json, .. } => {
+                let outcome = match which {
+                    Experiment::Wire => experiments::wire::run().await?,
+                    Experiment::Chain { hop_ms } => {
+                        experiments::chain::run(Duration::from_millis(hop_ms)).await?
+                    }
+                    Experiment::Propagation => experiments::propagation::run().await?,
+                    Experiment::Expired => experiments::expired::run().await?,
+                    Experiment::DbCancel => experiments::db_cancel::run().await?,
+                    Experiment::Handler => experiments::handler::run().await?,
+                    Experiment::Drift => experiments::drift::run().await?,
+                    Experiment::Im => experiments::im::run().await?,
+                    Experiment::Shop => experiments::shop::run().await?,
+                    Experiment::Orders => experiments::orders::run().await?,
+                    Experiment::Seams => experiments::seams::run().await?,
+                    Experiment::Edge => experiments::edge::run().await?,
+                    Experiment::Proxy => experiments::proxy::outcome(
+                        &interruptible(experiments::proxy::measure()).await?,
+                    ),
+                    Experiment::Faults => experiments::faults::outcome(
+                        &interruptible(experiments::faults::measure()).await?,
+                    ),
+                    Experiment::Retry => experiments::retry::run().await?,
+                    Experiment::Hedge => experiments::hedge::run().await?,
+                    Experiment::Hosts { one_way_ms } => experiments::hosts::outcome(
+                        &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
+                    ),
+                    Experiment::Jobs => experiments::jobs::run().await?.outcome()?,
+                    Experiment::Waterfall => experiments::waterfall::run(traces.receiver()).await?,
+                };
+                print(&outcome, json);
+                Ok(())
+            }
+            Command::Bench { which, json } => {
+                let outcome = match which {
+                    Bench::Overhead { rounds, round_ms } => {
+                        bench::overhead::run(bench::overhead::Load {
+                            rounds,
+                            round: Duration::from_millis(round_ms),
+                            ..Default::default()
+                        })
+                        .await?
+                    }
+                    Bench::Cancel { runs, threads } => {
+                        bench::cancel::run_on_own_runtime(runs, threads).await?
+                    }
+                    Bench::Instructions {
+                        requests,
+                        connections,
+                        streams,
+                        cases,
+                        jobs,
+                        keep,
+                        metrics,
+                    } => {
+                        let options = bench::instructions::Options {
+                            requests,
+                            connections,
+                            streams,
+                            cases: if cases.is_empty() {
+                                bench::instructions::Case::ALL.to_vec()
+                            } else {
+                                cases
+                            },
+                            jobs,
+                            keep,
+                            exe: None,
+                            metrics,
+                        };
+                        // Runs valgrind child processes; no request is involved.
+                        #[allow(clippy::disallowed_methods)]
+                        tokio::task::spawn_blocking(move || bench::instructions::measure(&options))
+                            .await??
+                            .outcome()?
+                    }
+                    Bench::RetryStorm { window_s } => {
+                        bench::retry_storm::run(bench::overload::Load {
+                            window: Duration::from_secs_f64(window_s.clamp(0.5, 30.0)),
+                            ..Default::default()
+                        })
+                        .await?
+                    }
+                    Bench::Overload { window_s } => {
+                        bench::overload::run(bench::overload::Load {
+                            window: Duration::from_secs_f64(window_s.clamp(0.5, 30.0)),
+                            ..Default::default()
+                        })
+                        .await?
+                    }
+                    Bench::Soak {
+                        calls,
+                        max_seconds,
+                        concurrency,
+                        max_pending_accept_resets,
+                        remembered_resets,
+                    } => bench::soak::run_on_own_runtime(bench::soak::Load {
+                        calls,
+                        max: Duration::from_secs(max_seconds),
+                        concurrency: concurrency.clamp(1, 4096),
+                        pending_accept_resets: (max_pending_accept_resets > 0)
+                            .then_some(max_pending_accept_resets),
+                        remembered_resets: (remembered_resets > 0).then_some(remembered_resets),
+                        ..Default::default()
+                    })
+                    .await?
+                    .outcome()?,
+                };
+                print(&outcome, json);
+                Ok(())
+            }
+        }
+    }));
+    telemetry.shutdown();
+    out
+}
+
+/// The `service.name` spans are exported as, where to (`--otlp-endpoint`),
+/// and whether the command collects its own spans (`experiment waterfall`).
+fn telemetry_plan(command: &Command) -> (String, Option<&str>, bool) {
+    match command {
+        Command::Serve {
+            system,
+            otlp_endpoint,
+            ..
+        } => (service_name(system), otlp_endpoint.as_deref(), false),
+        Command::Experiment {
+            which,
+            otlp_endpoint,
+            ..
+        } => (
+            "deadline-lab experiment".to_owned(),
+            otlp_endpoint.as_deref(),
+            matches!(which, Experiment::Waterfall),
+        ),
+        _ => (String::new(), None, false),
+    }
+}
+
+/// `im-gateway`, `chain-B`, `im` (the whole system in one process).
+fn service_name(system: &System) -> String {
+    let (name, role) = match system {
+        System::Chain { role, .. } => ("chain", role.as_deref()),
+        System::Echo { .. } => ("echo", None),
+        System::Im(split) => ("im", split.role.as_deref()),
+        System::Shop(split) => ("shop", split.role.as_deref()),
+        System::Orders { split, .. } => ("orders", split.role.as_deref()),
+        System::JobsWorker { name, .. } => ("jobs-worker", Some(name.as_str())),
+    };
+    match role {
+        Some(role) => format!("{name}-{role}"),
+        None => name.to_owned(),
+    }
+}
