@@ -27,6 +27,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -172,6 +173,9 @@ fn seconds(bytes: &[u8]) -> Option<Duration> {
 /// A deadline header that breaks its format, or one sent twice.
 ///
 /// Its `Display` names the header and the value, ready for a `400` body.
+/// As a gRPC status it is `INTERNAL`, what gRPC maps a `400` to and what a
+/// malformed `grpc-timeout` gets: converted, that text as the message;
+/// boxed (through tonic's `Status::from_error`), a fixed message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedDeadline {
     header: DeadlineHeader,
@@ -191,7 +195,21 @@ impl fmt::Display for MalformedDeadline {
     }
 }
 
-impl std::error::Error for MalformedDeadline {}
+/// The status a boxed `MalformedDeadline` names as its source, so tonic's
+/// `Status::from_error` answers `INTERNAL`, not `UNKNOWN`.
+impl std::error::Error for MalformedDeadline {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        static MALFORMED: LazyLock<tonic::Status> =
+            LazyLock::new(|| tonic::Status::internal("malformed deadline header"));
+        Some(&*MALFORMED)
+    }
+}
+
+impl From<MalformedDeadline> for tonic::Status {
+    fn from(malformed: MalformedDeadline) -> tonic::Status {
+        tonic::Status::internal(malformed.message)
+    }
+}
 
 /// The budget the `accepted` headers of a request ask for: the smallest one
 /// present, `None` when none is.

@@ -58,7 +58,7 @@ use reqwest_middleware::{Middleware, Next};
 use crate::BoxError;
 use crate::deadline_headers::DeadlineHeader;
 use crate::scope::{Cause, Scope};
-use crate::status::Ended;
+use crate::status::{Ended, chain};
 
 /// Bounds every outbound request by the current scope. See the
 /// [module docs](self).
@@ -100,14 +100,7 @@ pub fn ended(err: &reqwest_middleware::Error) -> Option<Ended> {
 
 /// The [`Ended`] in the source chain of `err` (reqwest wraps body errors).
 pub fn ended_in(err: &(dyn std::error::Error + 'static)) -> Option<Ended> {
-    let mut next = Some(err);
-    while let Some(err) = next {
-        if let Some(ended) = err.downcast_ref::<Ended>() {
-            return Some(*ended);
-        }
-        next = err.source();
-    }
-    None
+    chain(err).find_map(|err| err.downcast_ref::<Ended>().copied())
 }
 
 fn fail(cause: Cause) -> reqwest_middleware::Error {

@@ -258,6 +258,9 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// A config error is the service's own mistake, found when a layer is
+/// built, not the answer to a request: it names no status, and boxed it is
+/// `UNKNOWN` like any other error.
 impl std::error::Error for ConfigError {}
 
 // The raw shapes, as JSON gives them. Every policy field is optional here so

@@ -37,7 +37,43 @@ pub(crate) fn code_for(cause: Cause) -> Code {
 /// assert_eq!(status.message(), "deadline exceeded");
 /// ```
 pub fn status_for(cause: Cause) -> Status {
-    Status::new(code_for(cause), cause.to_string())
+    cause_status(cause).clone()
+}
+
+/// The status of each cause, made once. Every error that stands for an
+/// ended scope names one of these as (the end of) its
+/// [`source`](Error::source) chain, so tonic's `Status::from_error` finds
+/// the same code and message that [`status_for`] gives.
+pub(crate) fn cause_status(cause: Cause) -> &'static Status {
+    static STATUSES: LazyLock<[Status; 4]> = LazyLock::new(|| {
+        [
+            Cause::DeadlineExceeded,
+            Cause::Cancelled,
+            Cause::Abandoned,
+            Cause::Completed,
+        ]
+        .map(|cause| Status::new(code_for(cause), cause.to_string()))
+    });
+    &STATUSES[index_of(cause)]
+}
+
+/// Where each cause sits in the per-cause tables. Exhaustive on purpose.
+const fn index_of(cause: Cause) -> usize {
+    match cause {
+        Cause::DeadlineExceeded => 0,
+        Cause::Cancelled => 1,
+        Cause::Abandoned => 2,
+        Cause::Completed => 3,
+    }
+}
+
+/// `err` and then each error in its source chain. The one walk of a source
+/// chain: [`from_error`], the HTTP client's `ended_in` and the client's
+/// lost-connection test all look through errors with it.
+pub(crate) fn chain<'a>(
+    err: &'a (dyn Error + 'static),
+) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
+    std::iter::successors(Some(err), |&err| err.source())
 }
 
 /// The error of work stopped because its scope ended.
@@ -70,6 +106,18 @@ impl Ended {
     pub fn cause(&self) -> Cause {
         self.cause
     }
+
+    /// The `Ended` of `cause` as a constant, for errors that name it as
+    /// their [`source`](Error::source) without holding one.
+    pub(crate) fn of(cause: Cause) -> &'static Ended {
+        static ENDED: [Ended; 4] = [
+            Ended::new(Cause::DeadlineExceeded),
+            Ended::new(Cause::Cancelled),
+            Ended::new(Cause::Abandoned),
+            Ended::new(Cause::Completed),
+        ];
+        &ENDED[index_of(cause)]
+    }
 }
 
 impl fmt::Display for Ended {
@@ -78,11 +126,6 @@ impl fmt::Display for Ended {
     }
 }
 
-/// The statuses an [`Ended`] reports as its [`source`](Error::source), one
-/// per code. Constant data, built once.
-static DEADLINE_EXCEEDED: LazyLock<Status> = LazyLock::new(|| status_for(Cause::DeadlineExceeded));
-static CANCELLED: LazyLock<Status> = LazyLock::new(|| status_for(Cause::Cancelled));
-
 /// An `Ended` names its status as its source, so anything that looks for a
 /// [`Status`] in an error's source chain finds the right one — tonic's own
 /// `Status::from_error` included. Without it, an `Ended` that travelled as a
@@ -90,11 +133,7 @@ static CANCELLED: LazyLock<Status> = LazyLock::new(|| status_for(Cause::Cancelle
 /// `UNKNOWN`.
 impl Error for Ended {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        let status: &Status = match code_for(self.cause) {
-            Code::DeadlineExceeded => &DEADLINE_EXCEEDED,
-            _ => &CANCELLED,
-        };
-        Some(status)
+        Some(cause_status(self.cause))
     }
 }
 
@@ -124,19 +163,17 @@ impl Error for Ended {
 /// assert_eq!(from_error(&err).code(), tonic::Code::Cancelled);
 /// ```
 pub fn from_error(err: &(dyn Error + 'static)) -> Status {
-    let mut next = Some(err);
-    while let Some(err) = next {
-        if let Some(ended) = err.downcast_ref::<Ended>() {
-            return Status::from(*ended);
-        }
-        if let Some(status) = err.downcast_ref::<Status>() {
+    chain(err)
+        .find_map(|err| {
+            if let Some(ended) = err.downcast_ref::<Ended>() {
+                return Some(Status::from(*ended));
+            }
+            let status = err.downcast_ref::<Status>()?;
             let mut copy = Status::new(status.code(), status.message());
             *copy.metadata_mut() = status.metadata().clone();
-            return copy;
-        }
-        next = err.source();
-    }
-    Status::unknown(err.to_string())
+            Some(copy)
+        })
+        .unwrap_or_else(|| Status::unknown(err.to_string()))
 }
 
 impl From<Ended> for Status {
@@ -146,77 +183,4 @@ impl From<Ended> for Status {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_cause_maps_to_deadline_or_cancelled_never_unknown() {
-        let table = [
-            (Cause::DeadlineExceeded, Code::DeadlineExceeded),
-            (Cause::Cancelled, Code::Cancelled),
-            (Cause::Abandoned, Code::Cancelled),
-            (Cause::Completed, Code::Cancelled),
-        ];
-        for (cause, code) in table {
-            assert_eq!(Status::from(Ended::new(cause)).code(), code, "{cause}");
-        }
-    }
-
-    #[test]
-    fn boxed_ended_becomes_its_status_through_tonic_from_error() {
-        for (cause, code) in [
-            (Cause::DeadlineExceeded, Code::DeadlineExceeded),
-            (Cause::Cancelled, Code::Cancelled),
-            (Cause::Abandoned, Code::Cancelled),
-            (Cause::Completed, Code::Cancelled),
-        ] {
-            let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(Ended::new(cause));
-            let status = Status::from_error(boxed);
-            assert_eq!(
-                status.code(),
-                code,
-                "{cause}: an Ended boxed by `?` must not become UNKNOWN"
-            );
-        }
-    }
-
-    #[test]
-    fn from_error_finds_ended_or_status_deep_in_the_chain() {
-        #[derive(Debug)]
-        struct Wrap(Box<dyn Error + Send + Sync>);
-        impl fmt::Display for Wrap {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("wrapped")
-            }
-        }
-        impl Error for Wrap {
-            fn source(&self) -> Option<&(dyn Error + 'static)> {
-                Some(&*self.0)
-            }
-        }
-        let ended = Wrap(Box::new(Wrap(Box::new(Ended::new(
-            Cause::DeadlineExceeded,
-        )))));
-        assert_eq!(from_error(&ended).code(), Code::DeadlineExceeded);
-        let status = Wrap(Box::new(Status::unavailable("down")));
-        assert_eq!(from_error(&status).code(), Code::Unavailable);
-        assert_eq!(from_error(&status).message(), "down");
-        let other = Wrap(Box::new(std::io::Error::other("disk")));
-        assert_eq!(
-            from_error(&other).code(),
-            Code::Unknown,
-            "an error that holds neither keeps tonic's answer"
-        );
-    }
-
-    #[test]
-    fn ended_boxed_as_error_is_recognised_by_tonic() {
-        let boxed: Box<dyn std::error::Error + Send + Sync> =
-            Box::new(Status::from(Ended::new(Cause::DeadlineExceeded)));
-        assert_eq!(
-            Status::from_error(boxed).code(),
-            Code::DeadlineExceeded,
-            "a status crossing a service boundary as BoxError must keep its code"
-        );
-    }
-}
+mod tests;

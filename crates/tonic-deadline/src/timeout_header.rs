@@ -22,6 +22,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// The largest value the header may carry: eight decimal digits.
@@ -153,8 +154,10 @@ pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
 
 /// A `grpc-timeout` value that breaks the wire rules.
 ///
-/// Its `Display` names the header and the offending value, so it can go
-/// straight into an `INTERNAL` status message.
+/// Its `Display` names the header and the offending value. It converts into
+/// the `INTERNAL` status a gRPC server answers such a request with (as gRPC's
+/// own servers do), that text as the message; boxed, it still answers
+/// `INTERNAL` through tonic's `Status::from_error`, with a fixed message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedTimeout {
     reason: Reason,
@@ -209,7 +212,21 @@ impl fmt::Display for MalformedTimeout {
     }
 }
 
-impl std::error::Error for MalformedTimeout {}
+/// The status a boxed `MalformedTimeout` names as its source, so tonic's
+/// `Status::from_error` answers `INTERNAL`, not `UNKNOWN`.
+impl std::error::Error for MalformedTimeout {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        static MALFORMED: LazyLock<tonic::Status> =
+            LazyLock::new(|| tonic::Status::internal("malformed grpc-timeout"));
+        Some(&*MALFORMED)
+    }
+}
+
+impl From<MalformedTimeout> for tonic::Status {
+    fn from(malformed: MalformedTimeout) -> tonic::Status {
+        tonic::Status::internal(malformed.to_string())
+    }
+}
 
 /// Reads the one `grpc-timeout` header of a request, if any.
 ///

@@ -66,12 +66,13 @@ mod limit;
 mod queue;
 
 use std::fmt;
+use std::sync::LazyLock;
 
 pub use limit::{AdmissionLayer, Admitted, AdmittedBody};
 pub use queue::{Admission, Discipline, Permit, Stats};
 
 use crate::scope::{Cause, Scope};
-use crate::status::status_for;
+use crate::status::cause_status;
 
 /// Why a caller was not given a permit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -131,15 +132,35 @@ impl fmt::Display for Refused {
     }
 }
 
-impl std::error::Error for Refused {}
+impl Refused {
+    /// The status of this refusal, made once per kind.
+    fn status(&self) -> &'static tonic::Status {
+        static OVERLOADED: LazyLock<tonic::Status> =
+            LazyLock::new(|| tonic::Status::resource_exhausted("overloaded"));
+        match self.reason {
+            Reason::Ended(cause) => cause_status(cause),
+            Reason::WouldNotFinish => cause_status(Cause::DeadlineExceeded),
+            Reason::QueueFull => &OVERLOADED,
+        }
+    }
+}
+
+/// A refusal names what it stands for as its source: the [`Ended`](crate::Ended)
+/// of a scope that ended (whose own source is its status), else its status.
+/// So a `Refused` boxed by `?` still answers the right code through tonic's
+/// `Status::from_error`, not `UNKNOWN`.
+impl std::error::Error for Refused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self.reason {
+            Reason::Ended(cause) => Some(crate::Ended::of(cause)),
+            _ => Some(self.status()),
+        }
+    }
+}
 
 impl From<Refused> for tonic::Status {
     fn from(refused: Refused) -> tonic::Status {
-        match refused.reason {
-            Reason::Ended(cause) => status_for(cause),
-            Reason::WouldNotFinish => status_for(Cause::DeadlineExceeded),
-            Reason::QueueFull => tonic::Status::resource_exhausted("overloaded"),
-        }
+        refused.status().clone()
     }
 }
 

@@ -13,6 +13,8 @@ use std::io::IoSlice;
 
 use bytes::Buf;
 
+use crate::status::chain;
+
 /// The status for `err` if it is a lost connection, given whether the
 /// response body stopped in the middle of a message; `None` for any other
 /// error (a stream reset with a reason, a status, a protocol error), which
@@ -42,25 +44,18 @@ pub(crate) fn lost_connection_status(
 /// Whether `err` (or what caused it) is the connection going away: an I/O
 /// failure of the socket, seen directly or through h2.
 fn is_connection_lost(err: &(dyn Error + 'static)) -> bool {
-    let mut next = Some(err);
-    while let Some(err) = next {
-        if let Some(h2) = err.downcast_ref::<h2::Error>()
-            && h2.is_io()
-        {
-            return true;
+    use std::io::ErrorKind::*;
+    chain(err).any(|err| {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_io();
         }
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            if matches!(
+        err.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
                 io.kind(),
                 BrokenPipe | ConnectionReset | ConnectionAborted | UnexpectedEof | NotConnected
-            ) {
-                return true;
-            }
-        }
-        next = err.source();
-    }
-    false
+            )
+        })
+    })
 }
 
 /// Where a response body is in gRPC's length-prefixed framing: each

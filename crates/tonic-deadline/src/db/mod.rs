@@ -31,6 +31,7 @@ pub mod sqlx_postgres;
 pub mod sqlx_sqlite;
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::BoxError;
 use crate::admission::Refused;
@@ -66,7 +67,9 @@ pub struct Error {
 enum Kind {
     NotAdmitted(Refused),
     Ended(Cause),
-    Database(BoxError),
+    /// The database's error, and the `INTERNAL` status it answers, which
+    /// holds the error as its own source.
+    Database(Arc<dyn std::error::Error + Send + Sync>, tonic::Status),
 }
 
 impl Error {
@@ -77,8 +80,11 @@ impl Error {
     }
 
     pub(crate) fn database(err: impl Into<BoxError>) -> Self {
+        let err: Arc<dyn std::error::Error + Send + Sync> = Arc::from(err.into());
+        let mut status = tonic::Status::internal("database error");
+        status.set_source(err.clone());
         Self {
-            kind: Kind::Database(err.into()),
+            kind: Kind::Database(err, status),
         }
     }
 
@@ -91,7 +97,7 @@ impl Error {
                 crate::admission::Reason::Ended(cause) => Some(cause),
                 _ => None,
             },
-            Kind::Database(_) => None,
+            Kind::Database(..) => None,
         }
     }
 
@@ -106,7 +112,7 @@ impl Error {
     /// The database's own error, if that is what happened.
     pub fn database_error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
         match &self.kind {
-            Kind::Database(err) => Some(err.as_ref()),
+            Kind::Database(err, _) => Some(err.as_ref()),
             _ => None,
         }
     }
@@ -131,16 +137,23 @@ impl fmt::Display for Error {
         match &self.kind {
             Kind::NotAdmitted(refused) => refused.fmt(f),
             Kind::Ended(cause) => write!(f, "query stopped: {cause}"),
-            Kind::Database(err) => write!(f, "database error: {err}"),
+            Kind::Database(err, _) => write!(f, "database error: {err}"),
         }
     }
 }
 
+/// Every kind names its status in its source chain, so an `Error` boxed by
+/// `?` answers the same code through tonic's `Status::from_error` as through
+/// `From`: a refusal is its [`Refused`], a stopped query the
+/// [`Ended`](crate::Ended) of its cause, a database failure an `INTERNAL`
+/// status whose own source is the database's error (so that error is still
+/// in the chain, one step further, and in [`Error::database_error`]).
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            Kind::Database(err) => Some(err.as_ref()),
-            _ => None,
+            Kind::NotAdmitted(refused) => Some(refused),
+            Kind::Ended(cause) => Some(crate::Ended::of(*cause)),
+            Kind::Database(_, status) => Some(status),
         }
     }
 }
@@ -150,9 +163,9 @@ impl From<Error> for tonic::Status {
         match err.kind {
             Kind::NotAdmitted(refused) => refused.into(),
             Kind::Ended(cause) => status_for(cause),
-            Kind::Database(err) => {
+            Kind::Database(err, status) => {
                 tracing::warn!(error = %err, "database error");
-                tonic::Status::internal("database error")
+                status
             }
         }
     }

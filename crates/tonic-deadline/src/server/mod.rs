@@ -203,7 +203,7 @@ where
                 if let Some(report) = report {
                     report.answered(tonic::Code::Internal);
                 }
-                return ResponseFuture::answer(tonic::Status::internal(malformed.to_string()));
+                return ResponseFuture::answer(tonic::Status::from(malformed));
             }
         };
         let budget = self.config.budget(requested);
