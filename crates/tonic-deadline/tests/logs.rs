@@ -3,8 +3,11 @@
 //!
 //! Alone in its own test binary: `tracing` caches per call site whether
 //! anyone listens, and tests on other threads of the same process (with no
-//! subscriber) would race this one's thread-local subscriber for it.
+//! subscriber) would race this one's thread-local subscriber for it. The
+//! `it` binary is such a process: its tests run on many threads, and its
+//! `seams` module installs a global subscriber of its own.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::io::Write;

@@ -1,7 +1,7 @@
 //! Streams under a deadline, and failures that are not deadlines: a refused
 //! connection fails fast as UNAVAILABLE, a cut message is INTERNAL.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

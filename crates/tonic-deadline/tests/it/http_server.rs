@@ -6,9 +6,8 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(feature = "http")]
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

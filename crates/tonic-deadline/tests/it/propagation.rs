@@ -2,7 +2,7 @@
 //! previous one had left, never more; the server's safety limits apply; the
 //! only way out of the chain is an explicit `detach`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,6 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(all(feature = "reqwest", feature = "http"))]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

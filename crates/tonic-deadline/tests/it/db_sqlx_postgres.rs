@@ -9,7 +9,6 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(all(feature = "postgres-tests", feature = "sqlx-postgres"))]
 
 use std::time::Duration;
 

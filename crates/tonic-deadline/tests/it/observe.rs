@@ -1,7 +1,7 @@
 //! Metrics of real tonic services: where each request's budget went,
 //! counted in a handle the test makes itself.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

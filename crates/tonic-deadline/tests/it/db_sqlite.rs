@@ -3,7 +3,6 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(feature = "sqlite")]
 
 use std::time::Duration;
 

@@ -4,7 +4,6 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(feature = "sqlx-sqlite")]
 
 use std::time::Duration;
 

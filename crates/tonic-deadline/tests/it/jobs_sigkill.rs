@@ -2,12 +2,12 @@
 //! SIGKILL mid-way; after a restart no accepted job is lost, and no job runs
 //! twice unless it says it is idempotent.
 //!
-//! The test re-runs its own binary as the child process (`child_role` with
-//! `JOBS_CHILD_DB` set), so the crash is a real process dying.
+//! The test re-runs its own binary as the child process
+//! (`jobs_sigkill::child_role` with `JOBS_CHILD_DB` set), so the crash is a
+//! real process dying.
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(feature = "jobs")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -92,7 +92,13 @@ async fn child_role() {
 
 fn spawn_child(db: &Path, log: &Path, mode: &str) -> std::process::Child {
     Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
+        // The harness names a test by its module path in the `it` binary.
+        .args([
+            "--exact",
+            "jobs_sigkill::child_role",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("JOBS_CHILD_DB", db)
         .env("JOBS_CHILD_LOG", log)
         .env("JOBS_CHILD_MODE", mode)

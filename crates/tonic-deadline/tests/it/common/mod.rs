@@ -5,7 +5,7 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-// Each test binary compiles this module and uses a different subset of it.
+// Each feature set, and the `logs` binary, uses a different subset of it.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

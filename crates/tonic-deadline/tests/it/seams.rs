@@ -2,7 +2,7 @@
 //! carries the right budget and cancellation, or the library says so —
 //! never silently. Real tonic servers on loopback.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -5,9 +5,9 @@
 //! idempotent one is run again by the survivor once the lease has expired.
 //!
 //! Needs a live server at `TONIC_DEADLINE_PG_URL` (scripts/test-all starts
-//! one). The workers are this test binary run again (`child_role` with
-//! `JOBS_PG_CHILD_TABLE` set), so each crash is a real process dying.
-#![cfg(feature = "postgres-tests")]
+//! one). The workers are this test binary run again
+//! (`jobs_postgres::child_role` with `JOBS_PG_CHILD_TABLE` set), so each
+//! crash is a real process dying.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -130,7 +130,13 @@ impl Drop for Process {
 
 fn spawn_worker(table: &str, name: &str) -> Process {
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
+        // The harness names a test by its module path in the `it` binary.
+        .args([
+            "--exact",
+            "jobs_postgres::child_role",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("JOBS_PG_CHILD_TABLE", table)
         .env("JOBS_PG_CHILD_NAME", name)
         .stdout(Stdio::piped())
