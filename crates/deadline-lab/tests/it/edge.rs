@@ -7,7 +7,6 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(feature = "postgres-tests")]
 
 use std::process::Command;
 

@@ -4,8 +4,6 @@
 //! (`scripts/test-all` installs nginx and enables it through
 //! `--all-features`); there a missing nginx fails these tests.
 
-#![cfg(feature = "nginx-tests")]
-
 use std::process::Command;
 use std::sync::OnceLock;
 

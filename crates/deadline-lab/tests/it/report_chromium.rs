@@ -5,8 +5,6 @@
 //! feature (`scripts/test-all` installs the browser and enables it through
 //! `--all-features`); there a missing browser fails this test.
 
-#![cfg(feature = "chromium-tests")]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -6,8 +6,6 @@
 //! `--all-features`); there, a machine where namespaces cannot be made fails
 //! these tests.
 
-#![cfg(feature = "netns-tests")]
-
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -10,8 +10,6 @@
 //! it through `--all-features`); there a missing one fails this test with
 //! the command that installs it.
 
-#![cfg(feature = "callgrind-tests")]
-
 use std::path::PathBuf;
 use std::process::Command;
 
