@@ -5,6 +5,8 @@
 //! (PostgreSQL, root for network namespaces, valgrind, Prometheus, nginx,
 //! Chromium); `scripts/test-all` installs them and enables every feature.
 
+mod common;
+
 mod experiments;
 mod faults;
 mod resilience;
