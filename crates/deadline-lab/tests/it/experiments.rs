@@ -852,10 +852,21 @@ fn seams_every_way_keeps_the_budget_or_reports_the_break() {
             .find(|r| r.way == way)
             .unwrap_or_else(|| panic!("the experiment must have a row {way:?}"))
     };
+    let budget = deadline_lab::experiments::seams::BUDGET.as_secs_f64() * 1000.0;
+    // A call that waits 100 ms for its connection has about 100 ms left when
+    // it reaches the next hop; on a loaded machine the rest of its way may
+    // take longer, and the client's deadline ends first. Nothing is lost
+    // then: the next hop never ran, and the client gave up at its deadline.
+    let expired_on_the_way = |r: &deadline_lab::experiments::seams::Row| {
+        r.next_hop_stopped_ms.is_none()
+            && !r.next_hop_completed
+            && r.client_status == "DEADLINE_EXCEEDED"
+            && r.client_ms >= budget - 1.0
+    };
     for r in &seams.rows {
         assert!(
-            r.next_hop_remaining_ms.is_some() || r.reported,
-            "{}: a call that lost its budget must be reported",
+            r.next_hop_remaining_ms.is_some() || r.reported || expired_on_the_way(r),
+            "{}: a call that lost its budget must be reported: {r:?}",
             r.way
         );
     }
@@ -873,6 +884,13 @@ fn seams_every_way_keeps_the_budget_or_reports_the_break() {
     ];
     for way in kept {
         let r = row(way);
+        if way.starts_with("lazy connect") || way == "reconnect" {
+            // Only these wait for a connection (see `expired_on_the_way`).
+            if expired_on_the_way(r) {
+                assert!(!r.reported, "{way}: nothing was broken, nothing to report");
+                continue;
+            }
+        }
         let excess = r
             .excess_ms
             .unwrap_or_else(|| panic!("{way}: the next hop must get a deadline"));
