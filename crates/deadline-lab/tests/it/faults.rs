@@ -3,26 +3,16 @@
 //! stopped. The upstream answers with the right status, in time, and
 //! releases everything it held.
 
-use std::process::Command;
 use std::sync::OnceLock;
 
 use deadline_lab::experiments::faults::{Case, Faults, KILL_DETECTED_WITHIN_MS};
 
+use crate::common::timed;
+
 /// One run of `experiment faults --json`, shared by the tests below.
 fn faults() -> &'static Faults {
     static RUN: OnceLock<Faults> = OnceLock::new();
-    RUN.get_or_init(|| {
-        let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
-            .args(["experiment", "faults", "--json"])
-            .output()
-            .expect("deadline-lab must start");
-        assert!(
-            out.status.success(),
-            "experiment faults must run: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("--json must print the Faults result")
-    })
+    RUN.get_or_init(|| timed(&["experiment", "faults", "--json"]))
 }
 
 fn case(name: &str) -> &'static Case {

@@ -5,8 +5,6 @@
 //! feature (`scripts/test-all` installs the browser and enables it through
 //! `--all-features`); there a missing browser fails this test.
 
-#![cfg(feature = "chromium-tests")]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -47,7 +45,9 @@ async fn report_charts_render_in_headless_chromium() {
          install it with `apt-get update && apt-get install -y chromium` (scripts/test-all does)",
     );
 
-    // Real measurements for the charts (the quick experiments).
+    // Real measurements for the charts (the quick experiments), in this
+    // process: the report renders their outcomes.
+    let _alone = crate::common::alone_async().await;
     let mut steps = Vec::new();
     let (chain, im, drift, propagation, handler) = tokio::join!(
         experiments::chain::run(Duration::from_millis(100)),
@@ -57,9 +57,7 @@ async fn report_charts_render_in_headless_chromium() {
         experiments::handler::run(),
     );
     let shop = experiments::shop::run().await;
-    let waterfall =
-        experiments::waterfall::run_exe(std::path::Path::new(env!("CARGO_BIN_EXE_deadline-lab")))
-            .await;
+    let waterfall = experiments::waterfall::run_exe(crate::common::debug_lab()).await;
     // Short windows: the plot needs every variant at every load, not a
     // precise figure.
     let overload = bench::overload::run(bench::overload::Load {

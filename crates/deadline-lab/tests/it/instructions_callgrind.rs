@@ -10,12 +10,11 @@
 //! it through `--all-features`); there a missing one fails this test with
 //! the command that installs it.
 
-#![cfg(feature = "callgrind-tests")]
-
-use std::path::PathBuf;
 use std::process::Command;
 
 use deadline_lab::bench::instructions::{Case, Instructions};
+
+use crate::common::{alone, release_lab};
 
 /// The bounds of one case: its instruction ratio ours / plain and its
 /// allocations per request above plain tonic.
@@ -73,29 +72,6 @@ const ONE_HOP_ALLOCS: f64 = 5.5;
 /// Extra allocations per request, 3-hop chain: today 19.19.
 const CHAIN_ALLOCS: f64 = 19.7;
 
-fn release_lab() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "deadline-lab",
-            "--bin",
-            "deadline-lab",
-        ])
-        .status()
-        .expect("cargo must start to build the release lab");
-    assert!(
-        status.success(),
-        "the release build of deadline-lab must succeed"
-    );
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    target.join("release/deadline-lab")
-}
-
 #[test]
 fn layer_instruction_ratios_stay_under_their_bounds() {
     let valgrind = Command::new("valgrind").arg("--version").output();
@@ -105,7 +81,10 @@ fn layer_instruction_ratios_stay_under_their_bounds() {
          `apt-get update && apt-get install -y valgrind faketime` (scripts/test-all does)"
     );
     let lab = release_lab();
-    let out = Command::new(&lab)
+    // The counts do not depend on the machine's load, but valgrind's
+    // children are load for the runs that time things.
+    let _alone = alone();
+    let out = Command::new(lab)
         .args(["bench", "instructions", "--json", "--requests", "200"])
         .output()
         .expect("the release lab must run");

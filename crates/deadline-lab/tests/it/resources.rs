@@ -1,26 +1,11 @@
 //! Long-running resources: the soak leaves nothing behind, and jobs handed
 //! to PostgreSQL survive a worker killed mid-job.
 
-use std::process::Command;
-
 use deadline_lab::bench::soak::Soak;
 
-/// Runs the lab binary and reads its `--json` line into `T`.
-fn lab<T: serde::de::DeserializeOwned>(args: &[&str]) -> T {
-    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
-        .args(args)
-        .output()
-        .expect("deadline-lab must start");
-    assert!(
-        out.status.success(),
-        "deadline-lab {args:?} must succeed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("stdout must be UTF-8");
-    serde_json::from_str(stdout.trim()).expect("--json must print one result object")
-}
+use crate::common::timed as lab;
 
-/// In its own process, so that resident memory and the task count are the
+/// In its own lab process, so that resident memory and the task count are the
 /// soak's alone. Eight calls in flight, not the default 32: a debug build
 /// with 32 queued behind C's permits answers none of its 1–50 ms deadlines
 /// in time, and the soak must see answers as well as expiries.

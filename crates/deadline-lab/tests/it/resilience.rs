@@ -3,33 +3,11 @@
 //! measured on real loopback services and read back into the
 //! experiments' own result types.
 
-use std::process::Command;
-
 use deadline_lab::bench::retry_storm::Storm;
 use deadline_lab::experiments::hedge::HedgeRows;
 use deadline_lab::experiments::retry::{self, RetryCases};
 
-/// The three runs measure time on a 2-core machine: one at a time, so that
-/// they do not measure each other.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn lab<T: serde::de::DeserializeOwned>(args: &[&str]) -> T {
-    let _alone = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
-        .args(args)
-        .output()
-        .expect("deadline-lab must start");
-    assert!(
-        out.status.success(),
-        "deadline-lab {args:?} must succeed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("stdout must be UTF-8");
-    assert_eq!(stdout.trim().lines().count(), 1, "--json prints one line");
-    serde_json::from_str(&stdout).expect("the JSON must be the experiment's own type")
-}
+use crate::common::timed as lab;
 
 #[test]
 fn retry_experiment_every_attempt_lives_inside_the_callers_deadline() {
@@ -147,9 +125,15 @@ fn hedge_experiment_cuts_the_tail_and_resets_every_loser() {
         ours.p99_ms * 2.0 <= none.p99_ms,
         "hedging must cut the p99: {ours:?} vs {none:?}"
     );
+    // A hedge goes out for a call not answered within the hedging delay
+    // (20 ms), two at most: the extra load is bounded by twice the share of
+    // calls that, unhedged in the same run, took longer than that. That is
+    // the slow 5 % on an idle machine, more on a loaded one.
+    let late = none.cdf_ms.iter().filter(|ms| **ms > 20.0).count() as f64 / 100.0;
     assert!(
-        ours.extra_load <= 0.25,
-        "at a few per cent of extra load: {ours:?}"
+        ours.extra_load <= 2.0 * late + 0.1,
+        "at a few per cent of extra load ({:.0} % of unhedged calls took over 20 ms): {ours:?}",
+        late * 100.0
     );
     assert!(ours.losers > 0, "some calls were hedged: {ours:?}");
     assert_eq!(

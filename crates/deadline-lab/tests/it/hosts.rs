@@ -6,8 +6,6 @@
 //! `--all-features`); there, a machine where namespaces cannot be made fails
 //! these tests.
 
-#![cfg(feature = "netns-tests")]
-
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -16,21 +14,24 @@ use deadline_lab::experiments::hosts::{COMPENSATED_EXCESS_MAX_MS, Hosts, ONE_WAY
 use deadline_lab::netns::namespaces_of;
 
 /// How much more than the link's latency a hop may gain on this loaded
-/// two-core machine (processes, proxies and debug builds on the way).
+/// two-core machine (processes and proxies on the way).
 const SLACK_MS: f64 = 10.0;
 
-/// The runs measure transit on a two-core machine: one at a time, so one
-/// run's processes are not another's latency.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn lab() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+/// The release lab, for the runs that measure transit (built on a blocking
+/// thread: the first build takes minutes).
+async fn lab() -> Command {
+    #[allow(clippy::disallowed_methods)] // builds the release lab, no request
+    let exe = tokio::task::spawn_blocking(crate::common::release_lab)
+        .await
+        .expect("the release lab must be built");
+    Command::new(exe)
 }
 
 #[tokio::test]
 async fn deadline_excess_is_the_one_way_transit_and_compensation_removes_it() {
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let child = lab()
+    let mut lab = lab().await;
+    let _alone = crate::common::alone_async().await;
+    let child = lab
         .args(["experiment", "hosts", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -70,7 +71,7 @@ async fn deadline_excess_is_the_one_way_transit_and_compensation_removes_it() {
         );
         let one_way = row.one_way_ms as f64;
         if row.compensation {
-            // What compensation leaves is processing (debug builds here, in
+            // What compensation leaves is processing (in
             // processes that share two cores with the rest of the suite): the
             // best call shows it without the machine in the way, the median
             // must still have lost most of the transit.
@@ -117,8 +118,9 @@ async fn deadline_excess_is_the_one_way_transit_and_compensation_removes_it() {
 
 #[tokio::test]
 async fn an_interrupted_run_removes_its_namespaces() {
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let child = lab()
+    let mut lab = lab().await;
+    let _alone = crate::common::alone_async().await;
+    let child = lab
         .args(["experiment", "hosts", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -167,7 +169,7 @@ fn without_root_the_experiment_fails_with_a_clear_message() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("the directory must be opened to every user");
     let lab = dir.path().join("deadline-lab");
-    std::fs::copy(env!("CARGO_BIN_EXE_deadline-lab"), &lab).expect("the lab must be copied");
+    std::fs::copy(crate::common::debug_lab(), &lab).expect("the lab must be copied");
     let out = Command::new("runuser")
         .args(["-u", "nobody", "--"])
         .arg(&lab)

@@ -7,25 +7,13 @@
 
 // Tests start servers, peers and drivers that belong to no request.
 #![allow(clippy::disallowed_methods)]
-#![cfg(feature = "postgres-tests")]
-
-use std::process::Command;
 
 use deadline_lab::experiments::edge::{EDGE_BUDGET, Edge, LAYERS};
 
+use crate::common::timed;
+
 fn edge() -> Edge {
-    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
-        .args(["experiment", "edge", "--json"])
-        .output()
-        .expect("deadline-lab must start");
-    assert!(
-        out.status.success(),
-        "experiment edge must succeed (it needs PostgreSQL): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("stdout must be UTF-8");
-    assert_eq!(stdout.trim().lines().count(), 1, "--json prints one line");
-    serde_json::from_str(&stdout).expect("the JSON must be the experiment's Edge struct")
+    timed(&["experiment", "edge", "--json"])
 }
 
 #[test]

@@ -6,8 +6,6 @@
 //! `prometheus-tests` feature (`scripts/test-all` installs the package and
 //! enables it through `--all-features`); there a missing binary fails it.
 
-#![cfg(feature = "prometheus-tests")]
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

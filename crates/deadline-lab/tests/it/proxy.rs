@@ -4,28 +4,19 @@
 //! (`scripts/test-all` installs nginx and enables it through
 //! `--all-features`); there a missing nginx fails these tests.
 
-#![cfg(feature = "nginx-tests")]
-
 use std::process::Command;
 use std::sync::OnceLock;
 
 use deadline_lab::experiments::proxy::Proxy;
 use tonic_deadline::timeout_header::decode;
 
+use crate::common::{debug_lab, timed};
+
+/// One run of `experiment proxy --json` (it needs nginx installed), shared
+/// by the tests below.
 fn proxy() -> &'static Proxy {
     static RUN: OnceLock<Proxy> = OnceLock::new();
-    RUN.get_or_init(|| {
-        let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
-            .args(["experiment", "proxy", "--json"])
-            .output()
-            .expect("deadline-lab must start");
-        assert!(
-            out.status.success(),
-            "experiment proxy must run (nginx installed): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("--json must print the Proxy result")
-    })
+    RUN.get_or_init(|| timed(&["experiment", "proxy", "--json"]))
 }
 
 #[test]
@@ -93,7 +84,7 @@ fn nginx_read_timeout_below_the_deadline_cuts_the_call_early() {
 
 #[test]
 fn missing_nginx_fails_with_a_clear_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+    let out = Command::new(debug_lab())
         .args(["experiment", "proxy", "--json"])
         .env(deadline_lab::nginx::NGINX_ENV, "/nonexistent/nginx")
         .output()

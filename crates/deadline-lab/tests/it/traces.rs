@@ -14,7 +14,7 @@ use deadline_lab::process::Spawned;
 use deadline_lab::systems::im;
 use tonic_deadline::Scope;
 
-const LAB: &str = env!("CARGO_BIN_EXE_deadline-lab");
+use crate::common::{alone_async, debug_lab, release_lab};
 
 /// How long spans may take to reach the receiver (they leave every 100 ms).
 const ARRIVE_WITHIN: Duration = Duration::from_secs(15);
@@ -31,7 +31,7 @@ async fn im_processes(receiver: &Receiver) -> (Vec<Spawned>, std::net::SocketAdd
     let mut peers: Vec<(&str, std::net::SocketAddr)> = Vec::new();
     let mut running = Vec::new();
     for role in im::ROLES {
-        let mut command = Command::new(LAB);
+        let mut command = Command::new(debug_lab());
         command.args([
             "serve",
             "im",
@@ -145,6 +145,7 @@ fn push(route_ms: u64, route_blocks: bool) -> PushReq {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn im_request_is_one_trace_across_four_processes_on_a_real_otlp_receiver() {
+    let _alone = alone_async().await;
     let receiver = Receiver::start().expect("the OTLP receiver must listen");
     let (_running, gateway) = im_processes(&receiver).await;
     let mut client = im::client(gateway)
@@ -282,8 +283,13 @@ fn hop<'a>(spans: &'a [Hop], service: &str) -> &'a Hop {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waterfall_draws_both_cases_and_also_exports_to_the_given_endpoint() {
+    #[allow(clippy::disallowed_methods)] // builds the release lab, no request
+    let lab = tokio::task::spawn_blocking(release_lab)
+        .await
+        .expect("the release lab must be built");
+    let _alone = alone_async().await;
     let receiver = Receiver::start().expect("the OTLP receiver must listen");
-    let out = tokio::process::Command::new(LAB)
+    let out = tokio::process::Command::new(lab)
         .args(["experiment", "waterfall", "--json", "--otlp-endpoint"])
         .arg(receiver.url())
         .output()

@@ -7,38 +7,13 @@ use std::time::Duration;
 use deadline_lab::capture::{Direction, Listening, RecordLine};
 use deadline_lab::experiments::im::{self, Case, Hop};
 use deadline_lab::{bench, experiments};
-use serde::de::DeserializeOwned;
 use tonic_deadline::timeout_header::decode;
 
-/// Runs `deadline-lab ARGS` (which must print one JSON line) and reads the
-/// line as the experiment's result type.
-fn lab<T: DeserializeOwned>(args: &[&str]) -> T {
-    let out = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
-        .args(args)
-        .output()
-        .expect("deadline-lab must start");
-    assert!(
-        out.status.success(),
-        "deadline-lab {args:?} must succeed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("stdout must be UTF-8");
-    assert_eq!(
-        stdout.trim().lines().count(),
-        1,
-        "--json must print exactly one line: {stdout}"
-    );
-    serde_json::from_str(&stdout).expect("--json must print the experiment's result type")
-}
-
-/// An in-process outcome's JSON as the experiment's result type.
-fn typed<T: DeserializeOwned>(json: serde_json::Value) -> T {
-    serde_json::from_value(json).expect("the JSON must be the experiment's result type")
-}
+use crate::common::{alone_async, debug_lab, timed};
 
 #[test]
 fn wire_experiment_reports_headers_as_received() {
-    let wire: experiments::wire::Wire = lab(&["experiment", "wire", "--json"]);
+    let wire: experiments::wire::Wire = timed(&["experiment", "wire", "--json"]);
     let rows = &wire.rows;
     let budgets = [
         ("50ms", Duration::from_millis(50)),
@@ -83,39 +58,40 @@ fn wire_experiment_reports_headers_as_received() {
     assert_eq!(rows[6].header, None, "no deadline must mean no header");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chain_experiment_budget_shrinks_by_each_hop() {
-    let outcome = experiments::chain::run(Duration::from_millis(100))
-        .await
-        .expect("the chain must run");
-    let chain: experiments::chain::Chain = typed(outcome.json);
+#[test]
+fn chain_experiment_budget_shrinks_by_each_hop() {
+    let chain: experiments::chain::Chain =
+        timed(&["experiment", "chain", "--hop-ms", "100", "--json"]);
     assert_eq!(chain.status, "OK");
+    let (budget, work) = (chain.budget_ms as f64, chain.hop_ms as f64);
     let hops: Vec<f64> = chain.hops.iter().map(|h| h.remaining_ms).collect();
     assert_eq!(hops.len(), 3, "A, B and C must report");
     assert!(
-        hops[0] <= 1000.0 && hops[0] > 950.0,
-        "A sees about the full budget: {hops:?}"
+        hops[0] <= budget,
+        "A cannot see more than the client's budget: {hops:?}"
+    );
+    // What a hop loses beyond its work is transit and processing: less than
+    // the work itself even on a loaded machine (a hop that lost a whole
+    // extra hop's work would be counting it twice).
+    assert!(
+        hops[0] > budget - work,
+        "A sees about the full budget, less than a hop's work gone: {hops:?}"
     );
     for pair in hops.windows(2) {
         assert!(
-            pair[1] <= pair[0] - 100.0,
+            pair[1] <= pair[0] - work,
             "each hop must see at least its predecessor's work less: {hops:?}"
         );
         assert!(
-            pair[1] > pair[0] - 150.0,
-            "and not much less on loopback: {hops:?}"
+            pair[1] > pair[0] - 2.0 * work,
+            "and less than twice the work less: {hops:?}"
         );
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn propagation_experiment_stops_downstream_unless_detached() {
-    let p: experiments::propagation::Propagation = typed(
-        experiments::propagation::run()
-            .await
-            .expect("both chains must run")
-            .json,
-    );
+#[test]
+fn propagation_experiment_stops_downstream_unless_detached() {
+    let p: experiments::propagation::Propagation = timed(&["experiment", "propagation", "--json"]);
     assert_eq!(p.propagate.client_status, "DEADLINE_EXCEEDED");
     assert_eq!(
         p.propagate.b_completed, 0,
@@ -130,14 +106,9 @@ async fn propagation_experiment_stops_downstream_unless_detached() {
     assert_eq!(p.detached.c_completed, 1, "a detached call runs to the end");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_experiment_sends_zero_frames() {
-    let e: experiments::expired::Expired = typed(
-        experiments::expired::run()
-            .await
-            .expect("the experiment must run")
-            .json,
-    );
+#[test]
+fn expired_experiment_sends_zero_frames() {
+    let e: experiments::expired::Expired = timed(&["experiment", "expired", "--json"]);
     assert_eq!(e.status, "DEADLINE_EXCEEDED");
     assert_eq!(
         e.frames, 0,
@@ -146,29 +117,29 @@ async fn expired_experiment_sends_zero_frames() {
     assert!(e.elapsed_ms < 50.0, "it fails locally, at once");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn benchmarks_report_both_variants() {
-    let load = bench::overhead::Load {
-        connections: 1,
-        streams: 2,
-        rounds: 2,
-        round: Duration::from_millis(100),
-    };
-    let overhead: bench::overhead::Overhead = typed(
-        bench::overhead::run(load)
-            .await
-            .expect("the overhead bench must run")
-            .json,
-    );
+#[test]
+fn benchmarks_report_both_variants() {
+    let overhead: bench::overhead::Overhead = timed(&[
+        "bench",
+        "overhead",
+        "--rounds",
+        "2",
+        "--round-ms",
+        "100",
+        "--json",
+    ]);
     assert!(overhead.plain_rps > 0.0, "{overhead:?}");
     assert!(overhead.layered_rps > 0.0, "{overhead:?}");
     assert_eq!(overhead.layered_failed, 0, "no layered call may fail");
-    let cancel: bench::cancel::Cancel = typed(
-        bench::cancel::run_on_own_runtime(10, 1)
-            .await
-            .expect("the cancel bench must run")
-            .json,
-    );
+    let cancel: bench::cancel::Cancel = timed(&[
+        "bench",
+        "cancel",
+        "--runs",
+        "10",
+        "--threads",
+        "1",
+        "--json",
+    ]);
     for (name, figure) in [
         ("p50_us", cancel.p50_us),
         ("p99_us", cancel.p99_us),
@@ -185,7 +156,7 @@ async fn benchmarks_report_both_variants() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_chain_prints_its_address_first_and_answers() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+    let mut child = Command::new(debug_lab())
         .args(["serve", "chain", "--hop-ms", "10"])
         .stdout(Stdio::piped())
         .spawn()
@@ -223,13 +194,17 @@ async fn serve_chain_prints_its_address_first_and_answers() {
 
 #[test]
 fn handler_experiment_watching_stops_ignoring_is_a_detected_zombie() {
-    let handler: experiments::handler::Handler = lab(&["experiment", "handler", "--json"]);
+    let handler: experiments::handler::Handler = timed(&["experiment", "handler", "--json"]);
     let (watching, ignoring) = (&handler.watching, &handler.ignoring);
+    let (budget, work) = (handler.budget_ms as f64, handler.work_ms as f64);
+    // Every figure is read on the client's clock from the start of the call;
+    // the server's deadline is the client's moved by the transit, so it
+    // cannot come before the client's (a millisecond for rounding).
     for v in [watching, ignoring] {
         assert_eq!(v.client_status, "DEADLINE_EXCEEDED", "{handler:?}");
         assert!(
-            (145.0..400.0).contains(&v.client_ms),
-            "the client gives up at its 150 ms deadline: {handler:?}"
+            v.client_ms >= budget - 1.0 && v.client_ms < work,
+            "the client gives up at its deadline, not before and not at the end of the work: {handler:?}"
         );
     }
     assert_eq!(
@@ -240,16 +215,28 @@ fn handler_experiment_watching_stops_ignoring_is_a_detected_zombie() {
         .server_noticed_ms
         .expect("the watching server must notice the end of its scope");
     assert!(
-        (140.0..400.0).contains(&noticed),
+        noticed >= budget - 1.0 && noticed < work,
         "the server notices at the deadline, not after its 1 s of work: {handler:?}"
     );
     assert_eq!(
         ignoring.completed, 1,
         "ignoring work runs to the end: {handler:?}"
     );
+    let (ended, done) = (
+        ignoring
+            .scope_ended_ms
+            .expect("the ignoring handler's scope must end"),
+        ignoring
+            .work_done_ms
+            .expect("the ignoring work must finish"),
+    );
     assert!(
-        ignoring.zombie_ms.is_some_and(|z| z > 500.0),
-        "it outlives its scope by most of the second: {handler:?}"
+        ended < work && done >= work,
+        "its scope ends at the deadline, its work a full second after it began: {handler:?}"
+    );
+    assert!(
+        ignoring.zombie_ms.is_some_and(|z| z >= work - ended - 1.0),
+        "it outlives its scope by the rest of its second: {handler:?}"
     );
     assert!(
         ignoring.outlived_detected.is_some_and(|n| n >= 1),
@@ -264,9 +251,34 @@ fn handler_experiment_watching_stops_ignoring_is_a_detected_zombie() {
     );
 }
 
+/// What a budget figure may be off by: the server's is rounded to 0.1 ms,
+/// `grpc-timeout` rounds up to its unit, and the call's start is read an
+/// instant after its scope was made.
+const SLACK_MS: f64 = 2.0;
+
+/// The budget the server received in `row`'s `grpc-timeout`, in ms.
+fn header_ms(row: &experiments::drift::Row) -> f64 {
+    let header = row
+        .header
+        .as_deref()
+        .unwrap_or_else(|| panic!("the call must carry grpc-timeout: {row:?}"));
+    decode(header.as_bytes())
+        .unwrap_or_else(|e| panic!("the header must be valid ({e}): {row:?}"))
+        .as_secs_f64()
+        * 1000.0
+}
+
+// The client's deadline is fixed when the call begins; the server's is set
+// from `grpc-timeout` when the header arrives. So, within one call, the
+// server sees more than the client has by the transit between the two
+// (less any allowance the client deducted), and the transit is at least the
+// delay the proxy injects and at most how late the request reached the
+// handler. Both bounds are measured in the same call: a loaded machine
+// moves them, not the law.
 #[test]
 fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
-    let drift: experiments::drift::Drift = lab(&["experiment", "drift", "--json"]);
+    let drift: experiments::drift::Drift = timed(&["experiment", "drift", "--json"]);
+    let budget = drift.budget_ms as f64;
     let delays: Vec<u64> = drift.rows.iter().map(|r| r.delay_ms).collect();
     assert_eq!(delays, [0, 100, 300]);
     let server_sees = |r: &experiments::drift::Row| {
@@ -277,40 +289,74 @@ fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
         let delay = row.delay_ms as f64;
         let (server, client) = (server_sees(row), row.client_left_ms);
         assert!(
-            server > 950.0 && server <= 1000.0,
-            "the server sees about the full second whatever the delay: {row:?}"
+            row.arrived_late_ms >= delay,
+            "the proxy delays the request by {delay} ms: {row:?}"
         );
         assert!(
-            client <= 1000.0 - delay && client > 1000.0 - delay - 100.0,
+            server <= budget + SLACK_MS,
+            "the server cannot see more than the budget: {row:?}"
+        );
+        assert!(
+            budget - server <= row.arrived_late_ms - delay + SLACK_MS,
+            "the server loses only the time spent on this machine, never the delay: {row:?}"
+        );
+        assert!(
+            client <= budget - delay,
             "the client really has the delay less: {row:?}"
         );
+        let gap = server - client;
+        assert!(
+            gap >= delay - SLACK_MS && gap <= row.arrived_late_ms + SLACK_MS,
+            "the server sees more than the client has by the transit ({gap:.1} ms), \
+             at least the delay and at most the request's lateness: {row:?}"
+        );
     }
+
     let compensated = &drift.compensated;
-    let (server, client) = (server_sees(compensated), compensated.client_left_ms);
-    assert!(
-        (server - client).abs() < 30.0,
-        "with the one-way delay as transit allowance, server and client must agree: {compensated:?}"
+    let allowance = compensated.transit_allowance_ms as f64;
+    assert_eq!(
+        allowance, compensated.delay_ms as f64,
+        "the allowance is the known one-way delay: {compensated:?}"
     );
+    assert!(
+        header_ms(compensated) <= budget - allowance + SLACK_MS,
+        "the client must deduct its allowance from the header: {compensated:?}"
+    );
+    let gap = server_sees(compensated) - compensated.client_left_ms;
+    assert!(
+        gap >= -SLACK_MS && gap <= compensated.arrived_late_ms - allowance + SLACK_MS,
+        "with the one-way delay as transit allowance, server and client must agree \
+         up to the time the request spent on this machine ({gap:.1} ms): {compensated:?}"
+    );
+
     let rtt = &drift.rtt_compensated;
-    let (server, client) = (server_sees(rtt), rtt.client_left_ms);
+    let one_way = rtt.delay_ms as f64;
     let measured = rtt
         .measured_rtt_ms
         .expect("the round trip must be measured");
     assert!(
-        (200.0..240.0).contains(&measured),
-        "the PING round trip of a link delayed 100 ms each way: {rtt:?}"
+        measured >= 2.0 * one_way,
+        "a PING cannot come back faster than the link's delay both ways: {rtt:?}"
     );
-    // The experiment's own figure is within 2 ms on an idle machine. On a
-    // loaded one the PINGs wait for the CPU too, so the round trip reads
-    // long and half of it overpays the transit by what it read too much:
-    // the server then sees the one-way delay less half the measured round
-    // trip more than the client has. Exactly that, within 10 ms.
-    let one_way = rtt.delay_ms as f64;
-    let expected = one_way - measured / 2.0;
+    // The estimate is the least round trip seen so far, so the half the
+    // client deducted when it sent the call is at least half the figure
+    // read afterwards.
     assert!(
-        ((server - client) - expected).abs() < 10.0,
+        header_ms(rtt) <= budget - measured / 2.0 + SLACK_MS,
+        "the client must deduct half the measured round trip from the header: {rtt:?}"
+    );
+    // On a loaded machine the PINGs wait for the CPU too, so half the round
+    // trip may overpay the transit: the server may then see less than the
+    // client has, by what the measurement read too much. A second PING may
+    // have lowered the estimate after the call was sent; a quarter of the
+    // round trip covers that, and a deduction of the whole round trip
+    // (twice the transit) would still be far outside.
+    let gap = server_sees(rtt) - rtt.client_left_ms;
+    assert!(
+        gap >= one_way - measured / 2.0 - measured / 4.0 - SLACK_MS
+            && gap <= rtt.arrived_late_ms - measured / 2.0 + SLACK_MS,
         "with half the measured round trip deducted, the server must see what the client has, \
-         less what the measurement overpaid ({expected:.1} ms): {rtt:?}"
+         less what the measurement overpaid ({gap:.1} ms): {rtt:?}"
     );
 }
 
@@ -333,7 +379,7 @@ fn gave(case: &Case, service: &str, to: &str) -> f64 {
 
 #[test]
 fn im_experiment_every_hop_hands_on_less_than_it_had() {
-    let result: im::Im = lab(&["experiment", "im", "--json"]);
+    let result: im::Im = timed(&["experiment", "im", "--json"]);
     let normal = &result.normal;
     assert_eq!(normal.status, "OK", "{normal:?}");
     let gateway = entry(&normal.hops, "gateway");
@@ -351,9 +397,17 @@ fn im_experiment_every_hop_hands_on_less_than_it_had() {
         "logic caps route at 200 ms: {normal:?}"
     );
     let to_push = gave(normal, "logic", "push");
+    // Logic calls push after route answered: what it hands on is what it
+    // had on entry, less the time since (measured in the same run), less
+    // its 50 ms reserve.
+    let pushed_at = hop(&normal.hops, "logic")
+        .gave_to("push")
+        .and_then(|g| g.at_ms)
+        .unwrap_or_else(|| panic!("logic must say when it called push: {normal:?}"));
+    let expected = logic - pushed_at - 50.0;
     assert!(
-        to_push <= logic - 50.0 && to_push > logic - 150.0,
-        "logic keeps 50 ms for itself: {normal:?}"
+        to_push <= expected + 1.0 && to_push > expected - 10.0,
+        "logic keeps 50 ms for itself ({expected:.1} ms expected): {normal:?}"
     );
     let stall = &result.route_stall;
     assert_eq!(stall.status, "DEADLINE_EXCEEDED", "{stall:?}");
@@ -371,7 +425,7 @@ fn im_experiment_every_hop_hands_on_less_than_it_had() {
 
 #[test]
 fn shop_experiment_pricing_gets_what_is_left_not_a_fresh_budget() {
-    let shop: experiments::shop::Shop = lab(&["experiment", "shop", "--json"]);
+    let shop: experiments::shop::Shop = timed(&["experiment", "shop", "--json"]);
     assert_eq!(shop.propagated.status, "OK", "{shop:?}");
     let figure = |v: Option<f64>, what: &str| {
         v.unwrap_or_else(|| panic!("{what} must have a deadline on entry: {shop:?}"))
@@ -379,9 +433,12 @@ fn shop_experiment_pricing_gets_what_is_left_not_a_fresh_budget() {
     let inventory = figure(shop.inventory_budget_ms, "inventory");
     assert!(inventory <= 900.0 && inventory > 800.0, "{shop:?}");
     let pricing = figure(shop.pricing_budget_ms, "pricing");
+    // Pricing is called after inventory's work, with the reserve kept back:
+    // it can have at most what inventory had less both.
+    let most = inventory - shop.inventory_ms as f64 - shop.reserve_ms as f64;
     assert!(
-        pricing <= 200.0 && pricing > 120.0,
-        "pricing gets 900 − 650 − 50 ms, about 200: {shop:?}"
+        pricing <= most + 1.0 && pricing > most - 80.0,
+        "pricing gets 900 − 650 − 50 ms, about 200 (at most {most:.1}): {shop:?}"
     );
     let cache = figure(shop.cache_budget_ms, "the cache");
     assert!(
@@ -397,15 +454,17 @@ fn shop_experiment_pricing_gets_what_is_left_not_a_fresh_budget() {
     assert_eq!(quotes.len(), 3, "{shop:?}");
     let spread = quotes.iter().copied().fold(f64::MIN, f64::max)
         - quotes.iter().copied().fold(f64::MAX, f64::min);
+    // Quotes made one after another would differ by a quote's work each
+    // (100 ms); parallel ones only by when each was sent.
     assert!(
-        spread < 20.0,
+        spread < 50.0,
         "parallel children share one deadline: {quotes:?}"
     );
 }
 
 #[test]
 fn orders_experiment_stalled_payment_is_cancelled_and_writes_nothing() {
-    let orders: experiments::orders::Orders = lab(&["experiment", "orders", "--json"]);
+    let orders: experiments::orders::Orders = timed(&["experiment", "orders", "--json"]);
     assert_eq!(orders.client_status, "DEADLINE_EXCEEDED", "{orders:?}");
     assert!(orders.payment_cancelled, "{orders:?}");
     assert!(!orders.order_written, "{orders:?}");
@@ -431,7 +490,7 @@ struct Lab {
 
 impl Lab {
     fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+        let mut child = Command::new(debug_lab())
             .args(args)
             .stdout(Stdio::piped())
             .spawn()
@@ -472,6 +531,7 @@ impl Drop for Lab {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn im_runs_as_separate_processes_through_the_capture_proxy() {
+    let _alone = alone_async().await;
     let route = Lab::spawn(&["serve", "im", "--role", "route"]);
     let push = Lab::spawn(&["serve", "im", "--role", "push"]);
     let (route_addr, push_addr) = (route.addr(), push.addr());
@@ -553,6 +613,7 @@ async fn im_runs_as_separate_processes_through_the_capture_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
+    let _alone = alone_async().await;
     let c = Lab::spawn(&["serve", "chain", "--role", "C", "--hop-ms", "20"]);
     let c_addr = c.addr().to_string();
     let b = Lab::spawn(&[
@@ -688,6 +749,7 @@ fn first_wire_timeout(capture: &Lab) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shop_runs_as_separate_processes_through_the_capture_proxy() {
+    let _alone = alone_async().await;
     let inventory = Lab::spawn(&["serve", "shop", "--role", "inventory"]);
     let pricing = Lab::spawn(&["serve", "shop", "--role", "pricing"]);
     let cache = Lab::spawn(&["serve", "shop", "--role", "cache"]);
@@ -737,6 +799,7 @@ async fn shop_runs_as_separate_processes_through_the_capture_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_runs_as_separate_processes_through_the_capture_proxy() {
+    let _alone = alone_async().await;
     let payments = Lab::spawn(&["serve", "orders", "--role", "payments"]);
     let peer = format!("payments={}", payments.addr());
     let orders = Lab::spawn(&["serve", "orders", "--role", "orders", "--peer", &peer]);
@@ -781,7 +844,7 @@ async fn orders_runs_as_separate_processes_through_the_capture_proxy() {
 
 #[test]
 fn seams_every_way_keeps_the_budget_or_reports_the_break() {
-    let seams: deadline_lab::experiments::seams::Seams = lab(&["experiment", "seams", "--json"]);
+    let seams: deadline_lab::experiments::seams::Seams = timed(&["experiment", "seams", "--json"]);
     let row = |way: &str| {
         seams
             .rows
@@ -789,10 +852,21 @@ fn seams_every_way_keeps_the_budget_or_reports_the_break() {
             .find(|r| r.way == way)
             .unwrap_or_else(|| panic!("the experiment must have a row {way:?}"))
     };
+    let budget = deadline_lab::experiments::seams::BUDGET.as_secs_f64() * 1000.0;
+    // A call that waits 100 ms for its connection has about 100 ms left when
+    // it reaches the next hop; on a loaded machine the rest of its way may
+    // take longer, and the client's deadline ends first. Nothing is lost
+    // then: the next hop never ran, and the client gave up at its deadline.
+    let expired_on_the_way = |r: &deadline_lab::experiments::seams::Row| {
+        r.next_hop_stopped_ms.is_none()
+            && !r.next_hop_completed
+            && r.client_status == "DEADLINE_EXCEEDED"
+            && r.client_ms >= budget - 1.0
+    };
     for r in &seams.rows {
         assert!(
-            r.next_hop_remaining_ms.is_some() || r.reported,
-            "{}: a call that lost its budget must be reported",
+            r.next_hop_remaining_ms.is_some() || r.reported || expired_on_the_way(r),
+            "{}: a call that lost its budget must be reported: {r:?}",
             r.way
         );
     }
@@ -810,6 +884,13 @@ fn seams_every_way_keeps_the_budget_or_reports_the_break() {
     ];
     for way in kept {
         let r = row(way);
+        if way.starts_with("lazy connect") || way == "reconnect" {
+            // Only these wait for a connection (see `expired_on_the_way`).
+            if expired_on_the_way(r) {
+                assert!(!r.reported, "{way}: nothing was broken, nothing to report");
+                continue;
+            }
+        }
         let excess = r
             .excess_ms
             .unwrap_or_else(|| panic!("{way}: the next hop must get a deadline"));

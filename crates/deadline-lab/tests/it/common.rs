@@ -1,0 +1,94 @@
+//! What the test modules share: the lab binaries, and one lock for the runs
+//! that measure time.
+//!
+//! The tests of this binary run in parallel threads on a two-core machine.
+//! A run that times things (an experiment, a bench, a system whose budgets
+//! are read back) takes [`alone`] or [`alone_async`] first, so that no other
+//! run's processes are part of its latency; and it runs the release build of
+//! the lab, whose figures are the ones the lab reports (a debug build spends
+//! milliseconds on what the release build does in microseconds).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde::de::DeserializeOwned;
+
+/// Held by every run that measures time, one at a time. A `tokio` mutex so
+/// that async tests can hold it across `.await`; it does not poison, so one
+/// failed test does not fail the rest.
+static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The lock of the timed runs, for a synchronous test.
+pub(crate) fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    TIMED.blocking_lock()
+}
+
+/// The lock of the timed runs, for an async test.
+pub(crate) async fn alone_async() -> tokio::sync::MutexGuard<'static, ()> {
+    TIMED.lock().await
+}
+
+/// The debug build cargo made for this test binary.
+pub(crate) fn debug_lab() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_deadline-lab"))
+}
+
+/// The release build of the lab, built once per test process (`cargo build
+/// --release -p deadline-lab --bin deadline-lab` in this workspace; a build
+/// that is up to date costs a second).
+pub(crate) fn release_lab() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "deadline-lab",
+                "--bin",
+                "deadline-lab",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo must start to build the release lab");
+        assert!(
+            status.success(),
+            "the release build of deadline-lab must succeed"
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+        target.join("release/deadline-lab")
+    })
+}
+
+/// Runs `exe ARGS`, which must succeed and print one JSON line, and reads
+/// the line as the experiment's result type.
+pub(crate) fn json<T: DeserializeOwned>(exe: &Path, args: &[&str]) -> T {
+    let out = Command::new(exe)
+        .args(args)
+        .output()
+        .expect("deadline-lab must start");
+    assert!(
+        out.status.success(),
+        "deadline-lab {args:?} must succeed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("stdout must be UTF-8");
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "--json must print exactly one line: {stdout}"
+    );
+    serde_json::from_str(&stdout).expect("--json must print the experiment's result type")
+}
+
+/// Runs `ARGS` (an experiment or a bench with `--json`) on the release lab,
+/// alone, and reads its result.
+pub(crate) fn timed<T: DeserializeOwned>(args: &[&str]) -> T {
+    let lab = release_lab();
+    let _alone = alone();
+    json(lab, args)
+}

@@ -1,0 +1,27 @@
+//! The lab's integration tests, in one binary so that the lab and the
+//! helpers are linked once.
+//!
+//! The modules behind a feature need a peer the machine may not have
+//! (PostgreSQL, root for network namespaces, valgrind, Prometheus, nginx,
+//! Chromium); `scripts/test-all` installs them and enables every feature.
+
+mod common;
+
+mod experiments;
+mod faults;
+mod resilience;
+mod resources;
+mod traces;
+
+#[cfg(feature = "postgres-tests")]
+mod edge;
+#[cfg(feature = "netns-tests")]
+mod hosts;
+#[cfg(feature = "callgrind-tests")]
+mod instructions_callgrind;
+#[cfg(feature = "prometheus-tests")]
+mod prometheus;
+#[cfg(feature = "nginx-tests")]
+mod proxy;
+#[cfg(feature = "chromium-tests")]
+mod report_chromium;
