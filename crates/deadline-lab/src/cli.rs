@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::registry::{self, Params, Spans};
 use crate::report::Outcome;
 use crate::{bench, experiments, systems};
 
@@ -186,59 +187,77 @@ impl Split {
     }
 }
 
+/// One subcommand per experiment of the registry, for its flags; what each
+/// does and how it runs are the registry's (`crate::registry`).
 #[derive(Debug, Subcommand)]
 enum Experiment {
-    /// grpc-timeout on the wire for budgets from 50 ms to 100 h.
+    #[command(about = about("wire"))]
     Wire,
-    /// Remaining budget on entry at A, B and C.
+    #[command(about = about("chain"))]
     Chain {
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = experiments::chain::DEFAULT_HOP_MS)]
         hop_ms: u64,
     },
-    /// Completions downstream after the client gives up: propagate vs detach.
+    #[command(about = about("propagation"))]
     Propagation,
-    /// An already-expired call: status, time, frames on the wire.
+    #[command(about = about("expired"))]
     Expired,
-    /// A 5 s query under a 200 ms deadline, on SQLite and PostgreSQL.
+    #[command(about = about("db-cancel"))]
     DbCancel,
-    /// A handler that watches its scope vs one that ignores it.
+    #[command(about = about("handler"))]
     Handler,
-    /// Relative timeouts under injected client → server delay.
+    #[command(about = about("drift"))]
     Drift,
-    /// The IM chain's per-hop budgets, normal and with route stalling.
+    #[command(about = about("im"))]
     Im,
-    /// The API's 900 ms shared by inventory and pricing, the cache cap, fan-out.
+    #[command(about = about("shop"))]
     Shop,
-    /// CreateOrder with a payment that stalls past the deadline.
+    #[command(about = about("orders"))]
     Orders,
-    /// Every way code moves work or makes a call: budget kept, or the break reported.
+    #[command(about = about("seams"))]
     Seams,
-    /// An axum edge → tonic → sqlx query (and → reqwest → REST) under one
-    /// 900 ms budget, the client giving up at 300 ms (needs PostgreSQL).
+    #[command(about = about("edge"))]
     Edge,
-    /// Debian's nginx (grpc_pass) between two hops: the header it forwards,
-    /// the transit, and whether a client's cancel reaches the hop behind it.
+    #[command(about = about("proxy"))]
     Proxy,
-    /// A downstream process killed, a connection cut mid-message, a
-    /// downstream hung: the upstream hop's answer and what it released.
+    #[command(about = about("faults"))]
     Faults,
-    /// Retries inside one deadline: succeeding on the 3rd attempt, the
-    /// deadline ending the backoff, pushback, outcome-unknown codes.
+    #[command(about = about("retry"))]
     Retry,
-    /// Hedging against a 5 % slow tail: none, ours, tower::hedge.
+    #[command(about = about("hedge"))]
     Hedge,
-    /// Every service in its own network namespace with one-way latency:
-    /// what each hop's deadline gains over its parent's (needs root).
+    #[command(about = about("hosts"))]
     Hosts {
         /// One-way latency of every link, in milliseconds (repeatable).
         #[arg(long = "one-way-ms", default_values_t = experiments::hosts::ONE_WAY_MS)]
         one_way_ms: Vec<u64>,
     },
-    /// Jobs on PostgreSQL, two worker processes, one killed mid-job.
+    #[command(about = about("jobs"))]
     Jobs,
-    /// One request through the IM chain, traced: every hop's span, budget
-    /// and outcome, normal and with route stalling.
+    #[command(about = about("waterfall"))]
     Waterfall,
+}
+
+impl Experiment {
+    /// What the flags say; everything else as the demo runs it, except the
+    /// waterfall, which collects its spans in this process.
+    fn params(&self, spans: Option<&crate::otlp::Receiver>) -> Params {
+        let mut params = Params {
+            spans: Spans::Collected(spans.cloned()),
+            ..Params::default()
+        };
+        match self {
+            Experiment::Chain { hop_ms } => params.hop = Duration::from_millis(*hop_ms),
+            Experiment::Hosts { one_way_ms } => params.one_way_ms.clone_from(one_way_ms),
+            _ => {}
+        }
+        params
+    }
+}
+
+/// The registry's line on the experiment called `name`.
+fn about(name: &str) -> &'static str {
+    registry::experiment(name).map_or("", |e| e.about)
 }
 
 #[derive(Debug, Subcommand)]
@@ -401,7 +420,13 @@ async fn interruptible<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyh
 ///
 /// When the command fails.
 pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // `experiment NAME`: the name the registry knows it by.
+    let experiment = matches
+        .subcommand_matches("experiment")
+        .and_then(|m| m.subcommand_name())
+        .map(str::to_owned);
     let command = match cli.command {
         // A single-threaded runtime of its own, so its count is repeatable.
         Command::BenchChild(args) => return bench::instructions::child(args, allocated),
@@ -550,35 +575,10 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                 Ok(())
             }
             Command::Experiment { which, json, .. } => {
-                let outcome = match which {
-                    Experiment::Wire => experiments::wire::run().await?,
-                    Experiment::Chain { hop_ms } => {
-                        experiments::chain::run(Duration::from_millis(hop_ms)).await?
-                    }
-                    Experiment::Propagation => experiments::propagation::run().await?,
-                    Experiment::Expired => experiments::expired::run().await?,
-                    Experiment::DbCancel => experiments::db_cancel::run().await?,
-                    Experiment::Handler => experiments::handler::run().await?,
-                    Experiment::Drift => experiments::drift::run().await?,
-                    Experiment::Im => experiments::im::run().await?,
-                    Experiment::Shop => experiments::shop::run().await?,
-                    Experiment::Orders => experiments::orders::run().await?,
-                    Experiment::Seams => experiments::seams::run().await?,
-                    Experiment::Edge => experiments::edge::run().await?,
-                    Experiment::Proxy => experiments::proxy::outcome(
-                        &interruptible(experiments::proxy::measure()).await?,
-                    ),
-                    Experiment::Faults => experiments::faults::outcome(
-                        &interruptible(experiments::faults::measure()).await?,
-                    ),
-                    Experiment::Retry => experiments::retry::run().await?,
-                    Experiment::Hedge => experiments::hedge::run().await?,
-                    Experiment::Hosts { one_way_ms } => experiments::hosts::outcome(
-                        &interruptible(experiments::hosts::measure(&one_way_ms)).await?,
-                    ),
-                    Experiment::Jobs => experiments::jobs::run().await?.outcome()?,
-                    Experiment::Waterfall => experiments::waterfall::run(traces.receiver()).await?,
-                };
+                let name = experiment.unwrap_or_default();
+                let entry = registry::experiment(&name)
+                    .ok_or_else(|| anyhow::anyhow!("no experiment called {name:?}"))?;
+                let outcome = interruptible(entry.run(which.params(traces.receiver()))).await?;
                 print(&outcome, json);
                 Ok(())
             }
@@ -700,5 +700,59 @@ fn service_name(system: &System) -> String {
     match role {
         Some(role) => format!("{name}-{role}"),
         None => name.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_experiment_of_the_registry_has_its_subcommand_and_no_other() {
+        let cli = Cli::command();
+        let experiment = cli
+            .find_subcommand("experiment")
+            .expect("`experiment` must be a subcommand");
+        let mut subcommands: Vec<&str> = experiment
+            .get_subcommands()
+            .map(|c| c.get_name())
+            .filter(|name| *name != "help")
+            .collect();
+        let mut registered: Vec<&str> = registry::ENTRIES
+            .iter()
+            .filter(|e| e.kind == registry::Kind::Experiment)
+            .map(|e| e.name)
+            .collect();
+        subcommands.sort_unstable();
+        registered.sort_unstable();
+        assert_eq!(
+            subcommands, registered,
+            "`experiment NAME` must offer exactly the registry's experiments"
+        );
+        for sub in experiment.get_subcommands() {
+            assert!(
+                sub.get_about().is_some_and(|a| !a.to_string().is_empty()),
+                "{} must have the registry's line as its help",
+                sub.get_name()
+            );
+        }
+    }
+
+    #[test]
+    fn the_benchmarks_of_the_demo_are_benchmarks_on_the_command_line() {
+        let cli = Cli::command();
+        let bench = cli
+            .find_subcommand("bench")
+            .expect("`bench` must be a subcommand");
+        for entry in registry::ENTRIES
+            .iter()
+            .filter(|e| e.kind == registry::Kind::Bench)
+        {
+            assert!(
+                bench.find_subcommand(entry.name).is_some(),
+                "the demo's `bench {}` must also run as a command",
+                entry.name
+            );
+        }
     }
 }

@@ -46,6 +46,71 @@ impl Step {
     }
 }
 
+/// A step the demo did not run: an optional tool it needs is missing.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    /// The step's name.
+    pub name: String,
+    /// What it needs and how to get it (`needs nginx: apt-get install nginx`).
+    pub needs: String,
+}
+
+/// A step of the report's list of tables: run (done or failed) or skipped.
+#[derive(Debug, Clone, Copy)]
+enum Listed<'a> {
+    Ran(&'a Step),
+    Skipped(&'a Skipped),
+}
+
+impl Listed<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Listed::Ran(step) => &step.name,
+            Listed::Skipped(skipped) => &skipped.name,
+        }
+    }
+}
+
+/// The steps that ran and those skipped, in the demo's order (steps the
+/// registry does not know keep their order, after the others).
+fn in_demo_order<'a>(steps: &'a [Step], skipped: &'a [Skipped]) -> Vec<Listed<'a>> {
+    let mut listed: Vec<Listed<'a>> = steps
+        .iter()
+        .map(Listed::Ran)
+        .chain(skipped.iter().map(Listed::Skipped))
+        .collect();
+    let position = |name: &str| {
+        crate::registry::ENTRIES
+            .iter()
+            .position(|e| e.step() == name)
+            .unwrap_or(usize::MAX)
+    };
+    listed.sort_by_key(|l| position(l.name()));
+    listed
+}
+
+/// What the step measures, as the registry says, if it knows the step.
+fn about(step: &str) -> String {
+    crate::registry::by_step(step).map_or_else(String::new, |e| {
+        format!("<p class=\"muted\">{}</p>", escape(e.about))
+    })
+}
+
+/// A line for each of `names` that was skipped.
+fn skipped_notes(skipped: &[Skipped], names: &[&str]) -> String {
+    skipped
+        .iter()
+        .filter(|s| names.contains(&s.name.as_str()))
+        .map(|s| {
+            format!(
+                "<p class=\"skipped\">{}: skipped ({})</p>",
+                escape(&s.name),
+                escape(&s.needs)
+            )
+        })
+        .collect()
+}
+
 /// Escapes text for HTML.
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -760,7 +825,7 @@ svg .grid{stroke:#e4e7ec}svg .line{fill:none;stroke-width:2.5}svg .line.s0{strok
 svg .point.s0{fill:#6b7280}svg .point.s1{fill:#e76f51}svg .point.s2{fill:#8ab17d}svg .point.s3{fill:#2a9d8f}
 pre.wire{background:#111827;color:#d1d5db;padding:10px;border-radius:6px;overflow-x:auto;font-size:12px}
 pre.wire .rst{color:#f87171}pre.wire .timeout{color:#fbbf24}pre.wire .status{color:#34d399}
-.failed{color:#b91c1c}.muted{color:#667}
+.failed{color:#b91c1c}.skipped{color:#92400e}.muted{color:#667}
 "#;
 
 /// Stamps every chart with its laid-out size and its bar and point counts
@@ -828,10 +893,21 @@ fn resources_section(body: &mut String, soak: Option<&Soak>, jobs: Option<&JobsR
 
 /// Renders the report for the finished demo `steps`.
 pub fn render(steps: &[Step], wall_seconds: f64) -> String {
+    render_with_skipped(steps, &[], wall_seconds)
+}
+
+/// Renders the report for the finished demo `steps` and the steps it
+/// `skipped`.
+pub fn render_with_skipped(steps: &[Step], skipped: &[Skipped], wall_seconds: f64) -> String {
     let mut body = String::new();
+    let skipped_count = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} skipped)", skipped.len())
+    };
     let _ = write!(
         body,
-        "<h1>deadline-lab report</h1><p class=\"muted\">Every figure measured on real tonic services over loopback in one process; {} steps in {:.1} s. Dark ticks mark the seeds' figures: grpc-go's measurements, and the per-hop budgets the seeds prescribe.</p>",
+        "<h1>deadline-lab report</h1><p class=\"muted\">Every figure measured on real tonic services over loopback in one process; {} steps{skipped_count} in {:.1} s. Dark ticks mark the seeds' figures: grpc-go's measurements, and the per-hop budgets the seeds prescribe.</p>",
         steps.len(),
         wall_seconds
     );
@@ -912,8 +988,11 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     let hosts = typed::<Hosts>(steps, "hosts");
     let proxy = typed::<Proxy>(steps, "proxy");
     let faults = typed::<Faults>(steps, "faults");
-    if hosts.is_some() || proxy.is_some() || faults.is_some() {
+    let across = ["hosts", "proxy", "faults"];
+    let across_skipped = skipped_notes(skipped, &across);
+    if hosts.is_some() || proxy.is_some() || faults.is_some() || !across_skipped.is_empty() {
         body.push_str("<h2>Across hosts, proxies and faults</h2><section>");
+        body.push_str(&across_skipped);
         if let Some(hosts) = &hosts {
             body.push_str("<h3>hosts: every service in its own network namespace</h3>");
             body.push_str(&hosts_section(hosts));
@@ -974,13 +1053,33 @@ pub fn render(steps: &[Step], wall_seconds: f64) -> String {
     );
 
     body.push_str("<h2>Every table</h2>");
-    for step in steps {
+    for listed in in_demo_order(steps, skipped) {
+        let step = match listed {
+            Listed::Ran(step) => step,
+            Listed::Skipped(s) => {
+                let _ = write!(
+                    body,
+                    "<section data-step=\"{name}\" data-status=\"skipped\"><h3>{name} <span class=\"muted\">(skipped)</span></h3>{about}<p class=\"skipped\">skipped: {}</p></section>",
+                    escape(&s.needs),
+                    name = escape(&s.name),
+                    about = about(&s.name),
+                );
+                continue;
+            }
+        };
+        let status = if step.outcome.is_ok() {
+            "done"
+        } else {
+            "failed"
+        };
         let _ = write!(
             body,
-            "<section><h3>{} <span class=\"muted\">({:.1} s)</span></h3>",
+            "<section data-step=\"{}\" data-status=\"{status}\"><h3>{} <span class=\"muted\">({:.1} s)</span></h3>",
+            escape(&step.name),
             escape(&step.name),
             step.seconds
         );
+        body.push_str(&about(&step.name));
         match &step.outcome {
             Ok(outcome) => {
                 let _ = write!(body, "<p><b>{}</b></p>", escape(&outcome.title));
@@ -1116,6 +1215,36 @@ mod tests {
             "two charts, one bar per layer"
         );
         assert!(html.contains("sqlx query") && html.contains("kept running"));
+    }
+
+    #[test]
+    fn a_skipped_step_is_shown_as_skipped_not_failed() {
+        let ran = Step {
+            name: "faults".into(),
+            outcome: Err("the downstream did not start".into()),
+            seconds: 1.0,
+        };
+        let skipped = Skipped {
+            name: "proxy".into(),
+            needs: "needs nginx: apt-get install nginx".into(),
+        };
+        let html = render_with_skipped(&[ran], &[skipped], 1.0);
+        assert!(
+            html.contains(r#"data-step="proxy" data-status="skipped""#),
+            "the skipped step must be listed as skipped"
+        );
+        assert!(
+            html.contains("proxy: skipped (needs nginx: apt-get install nginx)"),
+            "its section must say what it needs"
+        );
+        assert!(
+            !html.contains("failed: needs nginx"),
+            "a missing tool must not read as a failure"
+        );
+        assert!(html.contains(r#"data-step="faults" data-status="failed""#));
+        let faults = html.find(r#"data-step="faults""#).expect("faults listed");
+        let proxy = html.find(r#"data-step="proxy""#).expect("proxy listed");
+        assert!(proxy < faults, "steps are listed in the demo's order");
     }
 
     #[test]

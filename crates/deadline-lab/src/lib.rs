@@ -19,5 +19,6 @@ pub mod nginx;
 pub mod otlp;
 pub mod pb;
 pub mod process;
+pub mod registry;
 pub mod report;
 pub mod systems;

@@ -6,9 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tracing::field::{Field, Visit};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
+
+/// The target prefix of the library's own events.
+const LIBRARY: &str = "tonic_deadline";
 
 /// The library's warnings seen so far, as `target: message` lines.
 #[derive(Debug, Default)]
@@ -44,7 +48,11 @@ pub fn install_with(extra: Option<Extra>) {
                     .with_writer(std::io::stderr)
                     .with_filter(filter),
             )
-            .with(LibraryWarnings)
+            // Filtered to what it counts: without a filter of its own the
+            // layer would enable every callsite (h2's and hyper's TRACE
+            // events included) for the whole subscriber, and each request
+            // would pay for building and dispatching events nobody prints.
+            .with(LibraryWarnings.with_filter(library_warnings_filter()))
             .try_init();
     });
 }
@@ -57,12 +65,19 @@ pub fn library_warnings() -> (u64, Vec<String>) {
     (seen.count.load(Ordering::Relaxed), lines)
 }
 
+/// What [`LibraryWarnings`] is shown: the library's events at `WARN` and
+/// above; its level hint keeps every callsite below `WARN` disabled unless
+/// another layer (`RUST_LOG`, the span exporter) asks for it.
+fn library_warnings_filter() -> Targets {
+    Targets::new().with_target(LIBRARY, tracing::Level::WARN)
+}
+
 struct LibraryWarnings;
 
 impl<S: tracing::Subscriber> Layer<S> for LibraryWarnings {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         let meta = event.metadata();
-        if *meta.level() != tracing::Level::WARN || !meta.target().starts_with("tonic_deadline") {
+        if *meta.level() != tracing::Level::WARN || !meta.target().starts_with(LIBRARY) {
             return;
         }
         let mut text = Text(String::new());
@@ -87,5 +102,45 @@ impl Visit for Text {
         } else {
             self.0.push_str(&format!("{}={value:?}", field.name()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing::Level;
+    use tracing::level_filters::LevelFilter;
+
+    use super::library_warnings_filter;
+
+    #[test]
+    fn the_warning_counter_sees_only_the_library_at_warn_and_above() {
+        let filter = library_warnings_filter();
+        assert!(
+            filter.would_enable("tonic_deadline::client::unscoped", &Level::WARN),
+            "the library's warnings must reach the counter"
+        );
+        assert!(filter.would_enable("tonic_deadline", &Level::ERROR));
+        assert!(
+            !filter.would_enable("tonic_deadline::server", &Level::INFO),
+            "the library's quieter events must stay disabled"
+        );
+        for target in ["h2::proto::streams", "hyper::proto", "tonic::transport"] {
+            assert!(
+                !filter.would_enable(target, &Level::TRACE)
+                    && !filter.would_enable(target, &Level::WARN),
+                "{target} must stay disabled for the counter"
+            );
+        }
+    }
+
+    #[test]
+    fn the_warning_counter_hints_warn_so_trace_callsites_stay_off() {
+        use tracing_subscriber::Registry;
+        use tracing_subscriber::layer::Filter;
+        assert_eq!(
+            Filter::<Registry>::max_level_hint(&library_warnings_filter()),
+            Some(LevelFilter::WARN),
+            "no callsite below WARN may be enabled for the counter"
+        );
     }
 }

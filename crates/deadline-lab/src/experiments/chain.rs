@@ -10,6 +10,9 @@ use crate::experiments::layered_client;
 use crate::report::{Outcome, code_name};
 use crate::systems::chain::{self, Plan};
 
+/// Each hop's work unless `--hop-ms` says otherwise.
+pub const DEFAULT_HOP_MS: u64 = 100;
+
 /// The seed's figures (grpc-go) for a 1 s budget and 100 ms hops.
 const SEED_MS: [u32; 3] = [999, 898, 797];
 

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
 use crate::capture::{Capture, Direction, Options};
-use crate::experiments::{status_name, wire_lines};
+use crate::experiments::{status_name, wire_lines, without_deadline};
 use crate::net;
 use crate::pb::WorkReq;
 use crate::pb::worker_client::WorkerClient;
@@ -115,7 +115,7 @@ async fn row(delay_ms: u64, compensation: Compensation) -> anyhow::Result<Row> {
         _ => 0,
     };
     let mut client = WorkerClient::new(layer.layer(channel));
-    client.work(WorkReq::default()).await?;
+    without_deadline(client.work(WorkReq::default())).await?;
     if let Some(round_trip) = &round_trip {
         // The first PING left right after the connection opened.
         let waited = tokio::time::timeout(Duration::from_secs(5), async {

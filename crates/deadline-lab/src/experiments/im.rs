@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 
-use crate::experiments::status_name;
+use crate::experiments::{status_name, without_deadline};
 use crate::pb::{PushReq, Trace};
 use crate::report::{Outcome, ms};
 use crate::systems::im::{self, CLIENT_BUDGET};
@@ -207,7 +207,11 @@ pub async fn measure() -> anyhow::Result<Im> {
             .enter(client.push(push(STALL_MS))),
     )
     .await;
-    let no_deadline = case(&journal, logic_client.push(push(NORMAL_MS))).await;
+    let no_deadline = case(
+        &journal,
+        without_deadline(logic_client.push(push(NORMAL_MS))),
+    )
+    .await;
     Ok(Im {
         client_budget_ms: CLIENT_BUDGET.as_millis() as u64,
         normal,

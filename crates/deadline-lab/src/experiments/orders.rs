@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tonic_deadline::Scope;
 
 use crate::experiments::im::{Hop, hops};
-use crate::experiments::status_name;
+use crate::experiments::{status_name, without_deadline};
 use crate::pb::{CreateOrderReq, GetOrderReq};
 use crate::report::{Outcome, ms};
 use crate::systems::orders::{self, Shared};
@@ -117,11 +117,10 @@ pub async fn measure() -> anyhow::Result<Orders> {
         .await;
     let client_ms = ms(t.elapsed());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let lookup = client
-        .get_order(GetOrderReq {
-            order_id: "o-stall".into(),
-        })
-        .await;
+    let lookup = without_deadline(client.get_order(GetOrderReq {
+        order_id: "o-stall".into(),
+    }))
+    .await;
     let stall = Stall {
         client_status: status_name(&result).to_owned(),
         client_ms,
@@ -139,11 +138,10 @@ pub async fn measure() -> anyhow::Result<Orders> {
         .enter(client.create_order(create("o-late", PAYMENT_MS, SLOW_REPLY_MS)))
         .await;
     let client_ms = ms(t.elapsed());
-    let lookup = client
-        .get_order(GetOrderReq {
-            order_id: "o-late".into(),
-        })
-        .await;
+    let lookup = without_deadline(client.get_order(GetOrderReq {
+        order_id: "o-late".into(),
+    }))
+    .await;
     // The client retries the same order id: found, not charged again.
     let retry = scope()
         .enter(client.create_order(create("o-late", PAYMENT_MS, 0)))

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::experiments::im::{Hop, cell, find, hops};
-use crate::experiments::status_name;
+use crate::experiments::{status_name, without_deadline};
 use crate::pb::{BrowseReq, CheckoutReq};
 use crate::report::{Outcome, ms};
 use crate::systems::shop::{self, API_DEADLINE, CACHE_CAP, FIXED_TIMEOUT, PRICING_RESERVE};
@@ -123,13 +123,12 @@ pub async fn measure() -> anyhow::Result<Shop> {
         .ok_or_else(|| anyhow::anyhow!("api started"))?;
     let mut client = shop::client(api).await?;
     // Warm every connection.
-    client.checkout(CheckoutReq::default()).await?;
-    client
-        .browse(BrowseReq {
-            items: ITEMS,
-            ..BrowseReq::default()
-        })
-        .await?;
+    without_deadline(client.checkout(CheckoutReq::default())).await?;
+    without_deadline(client.browse(BrowseReq {
+        items: ITEMS,
+        ..BrowseReq::default()
+    }))
+    .await?;
 
     // The public client sends no deadline: the API's own 900 ms applies.
     let settle = Duration::from_millis(50);
@@ -143,23 +142,23 @@ pub async fn measure() -> anyhow::Result<Shop> {
     let propagated = case(
         &journal,
         settle,
-        client.checkout(checkout(false, PRICING_MS)),
+        without_deadline(client.checkout(checkout(false, PRICING_MS))),
     )
     .await;
     let fixed = case(
         &journal,
         Duration::from_millis(300),
-        client.checkout(checkout(true, SLOW_PRICING_MS)),
+        without_deadline(client.checkout(checkout(true, SLOW_PRICING_MS))),
     )
     .await;
     let browse = case(
         &journal,
         settle,
-        client.browse(BrowseReq {
+        without_deadline(client.browse(BrowseReq {
             items: ITEMS,
             pricing_ms: PRICING_MS,
             cache_ms: SLOW_CACHE_MS,
-        }),
+        })),
     )
     .await;
 
