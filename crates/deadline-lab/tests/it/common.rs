@@ -37,9 +37,17 @@ pub(crate) fn debug_lab() -> &'static Path {
 /// The release build of the lab, built once per test process (`cargo build
 /// --release -p deadline-lab --bin deadline-lab` in this workspace; a build
 /// that is up to date costs a second).
+///
+/// `DEADLINE_LAB_RELEASE_TARGET_DIR` names the target directory to build it
+/// in: `scripts/test-all` builds the release lab there while other tests
+/// run, so this build finds it done, or waits for that build's lock.
 pub(crate) fn release_lab() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
+        let target = std::env::var_os("DEADLINE_LAB_RELEASE_TARGET_DIR")
+            .or_else(|| std::env::var_os("CARGO_TARGET_DIR"))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let status = Command::new(cargo)
             .args([
@@ -49,7 +57,9 @@ pub(crate) fn release_lab() -> &'static Path {
                 "deadline-lab",
                 "--bin",
                 "deadline-lab",
+                "--target-dir",
             ])
+            .arg(&target)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("cargo must start to build the release lab");
@@ -57,9 +67,6 @@ pub(crate) fn release_lab() -> &'static Path {
             status.success(),
             "the release build of deadline-lab must succeed"
         );
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
         target.join("release/deadline-lab")
     })
 }

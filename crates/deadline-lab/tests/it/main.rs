@@ -9,6 +9,7 @@ mod common;
 
 mod experiments;
 mod faults;
+mod peers;
 mod resilience;
 mod resources;
 mod traces;
