@@ -27,14 +27,16 @@ pub enum Unscoped {
     /// Send it as it is: no deadline, no cancellation, no report.
     Allow,
     /// Send it, and report it: counted in the layer's
-    /// [`Metrics`](crate::observe::Metrics), and — in a process that serves
-    /// requests through a [`ServerDeadlineLayer`](crate::ServerDeadlineLayer)
-    /// — logged as a `WARN` naming the method (at most one line every ten
-    /// seconds per client, with the number of such calls since the last).
+    /// [`Metrics`](crate::observe::Metrics), and logged as a `WARN` naming
+    /// the method (at most one line every ten seconds per client, with the
+    /// number of such calls since the last).
     ///
-    /// A process that serves nothing (a command-line client, a batch job)
-    /// is not warned: there, a call without a scope is simply a call
-    /// without a deadline.
+    /// The default in every process, server or not: a call without a scope
+    /// carries no deadline and nothing cancels it, which inside a server
+    /// means a request's scope was lost. Code whose call is meant to have
+    /// no deadline says so, as Go code passes `context.Background()`: per
+    /// call with `Scope::background().enter(call)`, or for a whole client
+    /// with [`Unscoped::Allow`].
     #[default]
     Warn,
     /// Refuse it locally with `FAILED_PRECONDITION`, sending nothing; the
@@ -101,9 +103,7 @@ impl Config {
             tracing::warn!(method, "refused an outbound call made outside any scope");
             return Err(tonic::Status::failed_precondition(UNSCOPED_REFUSED));
         }
-        if crate::server::serving()
-            && let Some(similar) = self.warnings.admit()
-        {
+        if let Some(similar) = self.warnings.admit() {
             tracing::warn!(
                 method,
                 similar_since_last_warning = similar,

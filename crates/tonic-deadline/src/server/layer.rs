@@ -94,7 +94,6 @@ impl<S> Layer<S> for ServerDeadlineLayer {
     type Service = ServerDeadline<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        super::SERVING.store(true, std::sync::atomic::Ordering::Relaxed);
         ServerDeadline {
             inner,
             config: Arc::new(self.config.clone()),

@@ -52,7 +52,6 @@ mod layer;
 mod timer;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -82,20 +81,6 @@ pub(crate) use timer::LazyTimer;
 /// wrong code. Firing one tick early makes ours always first; the client's
 /// own timer, not ours, decides when it gives up.
 const TONIC_TIMER_LEAD: Duration = Duration::from_millis(1);
-
-/// Whether this process serves requests through a [`ServerDeadlineLayer`].
-///
-/// The one process-wide fact the library keeps, and it counts nothing: it
-/// only tells the client layer whether an outbound call without a scope is
-/// suspicious (inside a server it has almost always lost its request's
-/// scope) or ordinary (a command-line client). Set once a layer is put on a
-/// service; never cleared.
-static SERVING: AtomicBool = AtomicBool::new(false);
-
-/// See [`SERVING`].
-pub(crate) fn serving() -> bool {
-    SERVING.load(Ordering::Relaxed)
-}
 
 /// The limits and forwarding rules of a server layer (shared with the
 /// plain-HTTP server layer).

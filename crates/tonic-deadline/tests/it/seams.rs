@@ -436,25 +436,48 @@ async fn unscoped_call_is_refused_under_deny_with_a_status_naming_the_fix() {
 }
 
 #[tokio::test]
-async fn a_process_that_serves_nothing_is_not_warned_but_still_counted() {
-    // A client used outside any server: the call carries no deadline, which
-    // is ordinary there. This test binary does run servers, so the rule is
-    // shown on the policy directly: `Allow` neither counts nor warns.
-    let metrics = Metrics::new();
+async fn the_unscoped_policy_is_the_clients_setting_not_the_process() {
+    // Two clients in one process, calling one server: what each does with a
+    // call that finds no scope is its own layer's setting, nothing else.
+    capture_logs();
     let (_events, tx) = Events::new();
     let sink = serve(ServerDeadlineLayer::new(), Node::new("B", &tx)).await;
+    let reported = Metrics::new();
+    let mut default = layered(sink, ClientDeadlineLayer::new().metrics(&reported)).await;
+    default
+        .call(CallRequest::default())
+        .await
+        .expect("an unscoped call goes out under the default policy");
+    assert_eq!(reported.unscoped_calls(), 1, "the default counts it");
+    assert!(
+        warnings_about("without a scope")
+            .iter()
+            .any(|w| w.contains("/Call")),
+        "and warns, naming the method"
+    );
+    Scope::background()
+        .enter(default.call(CallRequest::default()))
+        .await
+        .expect("a call in an explicit scope without a deadline goes out");
+    assert_eq!(
+        reported.unscoped_calls(),
+        1,
+        "a call entered in Scope::background() chose to have no deadline: not reported"
+    );
+
+    let quiet_metrics = Metrics::new();
     let mut quiet = layered(
         sink,
         ClientDeadlineLayer::new()
             .unscoped(Unscoped::Allow)
-            .metrics(&metrics),
+            .metrics(&quiet_metrics),
     )
     .await;
     quiet
         .call(CallRequest::default())
         .await
         .expect("an allowed unscoped call goes out");
-    assert_eq!(metrics.unscoped_calls(), 0, "Allow reports nothing");
+    assert_eq!(quiet_metrics.unscoped_calls(), 0, "Allow reports nothing");
 }
 
 // ---------------------------------------------------------------------------
