@@ -40,7 +40,12 @@ pub type Extra = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 pub fn install_with(extra: Option<Extra>) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+        // sqlx warns of every statement slower than a second and of each
+        // server notice; the experiments make statements slow and cancel
+        // them on purpose, so its lines would read as failures. RUST_LOG
+        // still shows them.
+        let filter =
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,sqlx=error"));
         let _ = tracing_subscriber::registry()
             .with(extra)
             .with(
