@@ -74,8 +74,9 @@ pub struct Stats {
     /// Callers refused because the queue was full.
     pub queue_full: u64,
     /// Callers admitted to an idle resource although the expected service
-    /// time said they could not finish: probes of an estimate that nothing
-    /// had refreshed for as long as it is (see [`Admission::acquire`]).
+    /// time said they could not finish: probes of an estimate that has
+    /// refused callers for as long as it is, with nothing finishing in
+    /// between (see [`Admission::acquire`]).
     pub probes: u64,
     /// The current expected service time (EWMA of permit hold times).
     pub service_time: Option<Duration>,
@@ -92,8 +93,9 @@ struct State {
     waiters: BTreeMap<u64, Waiter>,
     next_id: u64,
     ewma: Option<Duration>,
-    /// When `ewma` was last set: by a permit's release, or seeded.
-    sampled: Instant,
+    /// Since when the estimate has refused callers with nothing finishing
+    /// in between; `None` once a permit's release refreshes it.
+    refusing_since: Option<Instant>,
     stats: Stats,
 }
 
@@ -125,8 +127,10 @@ impl Shared {
     }
 
     /// Whether a caller that does not fit may go in anyway, to measure the
-    /// service time again: nothing holds a permit, and the estimate is
-    /// older than itself.
+    /// service time again: nothing holds a permit, and the estimate has
+    /// refused callers for as long as itself without anything finishing.
+    /// A seeded estimate is judged the same way: its first callers are
+    /// refused however long the resource has been idle.
     ///
     /// Only finished work refreshes the estimate. Without probes, an
     /// estimate above every caller's budget (one slow spell is enough)
@@ -137,7 +141,8 @@ impl Shared {
             && state.free > 0
             && state
                 .ewma
-                .and_then(|service| state.sampled.checked_add(service))
+                .zip(state.refusing_since)
+                .and_then(|(service, since)| since.checked_add(service))
                 .is_some_and(|stale| now >= stale)
     }
 
@@ -155,8 +160,8 @@ impl Shared {
         });
         state.stats.service_time = state.ewma;
         state.stats.in_use -= 1;
+        state.refusing_since = None;
         let now = Instant::now();
-        state.sampled = now;
         while let Some(waiter) = self.next_waiter(&mut state, now) {
             if !self.fits(&state, waiter.deadline, now) {
                 state.stats.would_not_finish += 1;
@@ -245,7 +250,7 @@ impl Admission {
             waiters: BTreeMap::new(),
             next_id: 0,
             ewma: None,
-            sampled: Instant::now(),
+            refusing_since: None,
             stats: Stats {
                 permits: config.permits,
                 ..Stats::default()
@@ -292,7 +297,6 @@ impl Admission {
         let admission = self.reconfigure(|_| {});
         let mut state = admission.shared.lock();
         state.ewma = Some(service);
-        state.sampled = Instant::now();
         state.stats.service_time = Some(service);
         drop(state);
         admission
@@ -339,8 +343,9 @@ impl Admission {
     ///
     /// A caller whose remaining budget is below the expected service time is
     /// refused before it takes the resource — except one at a time while the
-    /// resource is idle and the estimate has not been refreshed for as long
-    /// as it is: that caller goes in as a probe (counted in
+    /// resource is idle and the estimate has refused callers for as long as
+    /// it is, with nothing finishing since: that caller goes in as a probe
+    /// (counted in
     /// [`Stats::probes`]), so an estimate from a slow spell comes down once
     /// the work is fast again instead of refusing every caller for good.
     ///
@@ -395,6 +400,7 @@ impl Admission {
         let now = Instant::now();
         if !shared.fits(&state, scope.deadline(), now) {
             if !Shared::may_probe(&state, now) {
+                state.refusing_since.get_or_insert(now);
                 state.stats.would_not_finish += 1;
                 return Err(Refused::new(Reason::WouldNotFinish));
             }

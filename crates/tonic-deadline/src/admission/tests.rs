@@ -202,6 +202,30 @@ async fn an_estimate_from_a_slow_spell_comes_down_once_the_work_is_fast_again() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_seeded_estimate_refuses_its_first_caller_however_long_the_resource_was_idle() {
+    let admission = Admission::new(1).expected_service_time(200 * MS);
+    advance(Duration::from_secs(60)).await;
+    let refused = admission
+        .try_acquire(&scope(100 * MS))
+        .expect_err("an idle minute is no evidence against the seed");
+    assert_eq!(refused.reason(), Reason::WouldNotFinish);
+    advance(199 * MS).await;
+    admission
+        .try_acquire(&scope(100 * MS))
+        .expect_err("refusing for less than the estimate: still no probe");
+    advance(MS).await;
+    let probe = admission
+        .try_acquire(&scope(100 * MS))
+        .expect("refusing for as long as the estimate: one probe goes in");
+    assert_eq!(admission.stats().probes, 1);
+    advance(10 * MS).await;
+    drop(probe);
+    let stats = admission.stats();
+    assert!(stats.service_time < Some(200 * MS), "{stats:?}");
+    assert_eq!(stats.would_not_finish, 2, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_absurd_expected_service_time_refuses_deadlines_and_never_panics() {
     let admission = Admission::new(1)
         .expected_service_time(Duration::MAX)
