@@ -1,14 +1,30 @@
-//! gRPC service config: the `retryPolicy`, `hedgingPolicy` and
-//! `retryThrottling` parts, parsed and validated once.
+//! gRPC service config: each `methodConfig`'s `timeout`, `waitForReady`,
+//! `retryPolicy` and `hedgingPolicy`, and the channel's `retryThrottling`,
+//! parsed and validated once.
 //!
 //! The JSON is the one every gRPC stack reads (grpc-java, grpc-go, the
-//! `grpc.service_config` channel argument): a list of `methodConfig`, each
-//! naming the methods it applies to and carrying at most one of a retry
-//! policy and a hedging policy, plus an optional `retryThrottling` for the
-//! whole channel. Other fields (`timeout`, `waitForReady`, load balancing)
-//! are accepted and ignored: the deadline comes from the caller's
-//! [`Scope`](crate::Scope), never from configuration.
+//! `grpc.service_config` channel argument), and a config written for one
+//! of them parses unchanged and means what it means there: a list of
+//! `methodConfig`, each naming the methods it applies to and carrying at
+//! most one of a retry policy and a hedging policy, plus an optional
+//! `retryThrottling` for the whole channel. Field names match without
+//! regard to case, as grpc-go's decoder matches them (its examples write
+//! `"MaxAttempts"`), and durations read as grpc-go reads them (`".01s"`).
+//! Fields this crate does not use (load balancing, message sizes) are
+//! accepted and ignored.
 //!
+//! What the fields do, through [`RetryLayer`](crate::retry::RetryLayer) or
+//! [`HedgeLayer`](crate::hedge::HedgeLayer):
+//! - `timeout` caps the call's deadline: the call ends at the earlier of the
+//!   caller's [`Scope`](crate::Scope) deadline and `timeout` after the call,
+//!   retries and hedges included, and the server is told that budget;
+//! - `waitForReady: true` makes the call wait for the channel to connect —
+//!   bounded by the deadline, `DEADLINE_EXCEEDED` if it never does — where
+//!   the default fails fast with `UNAVAILABLE`; it takes a
+//!   [`ReadyChannel`](crate::client::ReadyChannel) below the client layer
+//!   (a plain tonic `Channel` always fails fast);
+//! - `retryPolicy` and `hedgingPolicy` as gRPC's retry design (A6) says.
+
 //! ```
 //! use std::time::Duration;
 //! use tonic_deadline::service_config::{Policy, ServiceConfig};
@@ -50,16 +66,16 @@
 //!
 //! `DEADLINE_EXCEEDED` and `CANCELLED` mean *outcome unknown*: the server may
 //! have done the work. A `methodConfig` may say `"idempotent": true` (other
-//! gRPC stacks ignore the field); only then are those codes retried, and
-//! only then may the method be hedged. Listing them as retryable for a
-//! method not declared idempotent is accepted with a warning, and they are
-//! not retried.
+//! gRPC stacks ignore the field); only then are those codes retried. Listing
+//! them as retryable for a method not declared idempotent is accepted with
+//! a warning, and they are not retried. A `hedgingPolicy` needs no such
+//! declaration: as in every gRPC stack, configuring hedging for a method is
+//! the statement that sending it more than once is harmless.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::Value;
 use tonic::Code;
 
@@ -79,11 +95,17 @@ pub struct ServiceConfig {
     pub idempotent_methods: Vec<MethodName>,
 }
 
-/// What applies to one method: its policy and whether it is idempotent.
+/// What applies to one method: its policy, its timeout, whether it waits
+/// for the channel, and whether it is idempotent.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Resolved<'a> {
     /// The policy of the most specific `methodConfig` naming the method.
     pub policy: Option<&'a Policy>,
+    /// Its `timeout`: a cap on the call's deadline.
+    pub timeout: Option<Duration>,
+    /// Its `waitForReady`: wait for the channel to connect, bounded by the
+    /// deadline, instead of failing at once with `UNAVAILABLE`.
+    pub wait_for_ready: bool,
     /// Declared idempotent, in the JSON or in code.
     pub idempotent: bool,
 }
@@ -96,8 +118,14 @@ pub struct MethodConfig {
     /// Its retry or hedging policy, if any.
     pub policy: Option<Policy>,
     /// Our extension: the methods may be repeated without harm, so
-    /// outcome-unknown codes may be retried and the methods may be hedged.
+    /// outcome-unknown codes may be retried.
     pub idempotent: bool,
+    /// `timeout`: the call's deadline is the smaller of the caller's and
+    /// this long from the call (retries and hedges included).
+    pub timeout: Option<Duration>,
+    /// `waitForReady`: `Some(true)` waits for the channel to connect,
+    /// bounded by the deadline; unset or `false` fails fast.
+    pub wait_for_ready: Option<bool>,
 }
 
 /// Which methods a [`MethodConfig`] names.
@@ -263,38 +291,6 @@ impl fmt::Display for ConfigError {
 /// `UNKNOWN` like any other error.
 impl std::error::Error for ConfigError {}
 
-// The raw shapes, as JSON gives them. Every policy field is optional here so
-// that a missing one is reported by name rather than as a serde message.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawConfig {
-    #[serde(default)]
-    method_config: Option<Vec<Value>>,
-    #[serde(default)]
-    retry_throttling: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawMethod {
-    #[serde(default)]
-    name: Option<Vec<RawName>>,
-    #[serde(default)]
-    retry_policy: Option<Value>,
-    #[serde(default)]
-    hedging_policy: Option<Value>,
-    #[serde(default)]
-    idempotent: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct RawName {
-    #[serde(default)]
-    service: Option<String>,
-    #[serde(default)]
-    method: Option<String>,
-}
-
 impl ServiceConfig {
     /// Parses and validates a service config.
     ///
@@ -321,11 +317,16 @@ impl ServiceConfig {
     ///
     /// A [`ConfigError`] naming the first invalid field.
     pub fn from_value(value: &Value) -> Result<Self, ConfigError> {
-        object(value, "(document)")?;
-        let raw: RawConfig = shape(value, "(document)")?;
+        let document = object(value, "(document)")?;
         let mut methods = Vec::new();
         let mut seen = HashSet::new();
-        for (i, entry) in raw.method_config.unwrap_or_default().iter().enumerate() {
+        let entries = match field(document, "methodConfig") {
+            None => &[][..],
+            Some(list) => list
+                .as_array()
+                .ok_or_else(|| ConfigError::new("methodConfig", "must be a list"))?,
+        };
+        for (i, entry) in entries.iter().enumerate() {
             let at = format!("methodConfig[{i}]");
             let method = parse_method(entry, &at)?;
             for (j, name) in method.names.iter().enumerate() {
@@ -338,10 +339,9 @@ impl ServiceConfig {
             }
             methods.push(method);
         }
-        let throttling = match &raw.retry_throttling {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(parse_throttling(value)?),
-        };
+        let throttling = field(document, "retryThrottling")
+            .map(parse_throttling)
+            .transpose()?;
         Ok(Self {
             methods,
             throttling,
@@ -409,6 +409,8 @@ impl ServiceConfig {
         });
         Resolved {
             policy: method.and_then(|m| m.policy.as_ref()),
+            timeout: method.and_then(|m| m.timeout),
+            wait_for_ready: method.and_then(|m| m.wait_for_ready) == Some(true),
             idempotent: in_code || method.is_some_and(|m| m.idempotent),
         }
     }
@@ -423,26 +425,6 @@ impl ServiceConfig {
                 (MethodName::Method(a, x), MethodName::Method(b, y)) => a == b && x == y,
                 _ => false,
             })
-    }
-
-    /// Hedging sends a call more than once: every hedged method must be
-    /// declared idempotent.
-    pub(crate) fn check_hedging(&self) -> Result<(), ConfigError> {
-        for (i, config) in self.methods.iter().enumerate() {
-            if !matches!(config.policy, Some(Policy::Hedge(_))) {
-                continue;
-            }
-            for (j, name) in config.names.iter().enumerate() {
-                if !self.covers_idempotent(config, name) {
-                    return Err(ConfigError::new(
-                        format!("methodConfig[{i}].name[{j}]"),
-                        "has a hedgingPolicy, which sends the call more than once, but is not \
-                         declared idempotent (\"idempotent\": true, or ServiceConfig::idempotent)",
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Warns, once per `methodConfig`, about outcome-unknown codes listed as
@@ -481,31 +463,57 @@ pub(crate) fn split_path(path: &str) -> Option<(&str, &str)> {
         .then_some((service, method))
 }
 
-fn shape<T: serde::de::DeserializeOwned>(value: &Value, at: &str) -> Result<T, ConfigError> {
-    T::deserialize(value).map_err(|e| ConfigError::new(at, e.to_string()))
-}
-
 fn parse_method(value: &Value, at: &str) -> Result<MethodConfig, ConfigError> {
-    object(value, at)?;
-    let raw: RawMethod = shape(value, at)?;
+    let fields = object(value, at)?;
     let mut names = Vec::new();
-    for (j, name) in raw.name.unwrap_or_default().into_iter().enumerate() {
-        let service = name.service.filter(|s| !s.is_empty());
-        let method = name.method.filter(|m| !m.is_empty());
-        names.push(match (service, method) {
+    let listed = match field(fields, "name") {
+        None => &[][..],
+        Some(list) => list
+            .as_array()
+            .ok_or_else(|| ConfigError::new(format!("{at}.name"), "must be a list"))?,
+    };
+    for (j, name) in listed.iter().enumerate() {
+        let name_at = format!("{at}.name[{j}]");
+        let name = object(name, &name_at)?;
+        let text = |key: &str| -> Result<Option<String>, ConfigError> {
+            match field(name, key) {
+                None => Ok(None),
+                Some(Value::String(s)) if s.is_empty() => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(ConfigError::new(
+                    format!("{name_at}.{key}"),
+                    "must be a string",
+                )),
+            }
+        };
+        names.push(match (text("service")?, text("method")?) {
             (None, None) => MethodName::Default,
             (Some(s), None) => MethodName::Service(s),
             (Some(s), Some(m)) => MethodName::Method(s, m),
             (None, Some(_)) => {
                 return Err(ConfigError::new(
-                    format!("{at}.name[{j}].service"),
+                    format!("{name_at}.service"),
                     "a method needs its service",
                 ));
             }
         });
     }
-    let idempotent = raw.idempotent.unwrap_or(false);
-    let policy = match (&raw.retry_policy, &raw.hedging_policy) {
+    let flag = |key: &str| -> Result<Option<bool>, ConfigError> {
+        match field(fields, key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ConfigError::new(
+                format!("{at}.{key}"),
+                "must be true or false",
+            )),
+        }
+    };
+    let idempotent = flag("idempotent")?.unwrap_or(false);
+    let wait_for_ready = flag("waitForReady")?;
+    let timeout = field(fields, "timeout")
+        .map(|v| positive_duration(v, &format!("{at}.timeout")))
+        .transpose()?;
+    let policy = match (field(fields, "retryPolicy"), field(fields, "hedgingPolicy")) {
         (Some(_), Some(_)) => {
             return Err(ConfigError::new(
                 format!("{at}.hedgingPolicy"),
@@ -526,7 +534,24 @@ fn parse_method(value: &Value, at: &str) -> Result<MethodConfig, ConfigError> {
         names,
         policy,
         idempotent,
+        timeout,
+        wait_for_ready,
     })
+}
+
+/// The value of `name` in `fields`, matched without regard to case as
+/// grpc-go's JSON decoder matches it (its examples write `"MaxAttempts"`);
+/// a JSON `null` is no value.
+fn field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
+    fields
+        .get(name)
+        .or_else(|| {
+            fields
+                .iter()
+                .find(|(key, _)| key.eq_ignore_ascii_case(name))
+                .map(|(_, value)| value)
+        })
+        .filter(|v| !v.is_null())
 }
 
 fn object<'a>(
@@ -543,10 +568,7 @@ fn required<'a>(
     at: &str,
     name: &str,
 ) -> Result<&'a Value, ConfigError> {
-    fields
-        .get(name)
-        .filter(|v| !v.is_null())
-        .ok_or_else(|| ConfigError::new(format!("{at}.{name}"), "is required"))
+    field(fields, name).ok_or_else(|| ConfigError::new(format!("{at}.{name}"), "is required"))
 }
 
 fn max_attempts(value: &Value, at: &str) -> Result<u32, ConfigError> {
@@ -577,7 +599,8 @@ fn positive_duration(value: &Value, at: &str) -> Result<Duration, ConfigError> {
 }
 
 /// A protobuf JSON duration: decimal seconds with an `s` suffix, up to nine
-/// fractional digits ("0.1s", "3s", "1.000000001s").
+/// fractional digits ("0.1s", "3s", "1.000000001s", and ".01s" as grpc-go
+/// reads it).
 fn duration(value: &Value, at: &str) -> Result<Duration, ConfigError> {
     let text = value
         .as_str()
@@ -599,13 +622,19 @@ fn parse_duration(text: &str) -> Option<Duration> {
         None => (number, ""),
     };
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if whole.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 9 {
+    // Either part may be empty, not both: grpc-go reads ".01s" and "1.s".
+    if (whole.is_empty() && fraction.is_empty())
+        || !digits(whole)
+        || !digits(fraction)
+        || fraction.len() > 9
+    {
         return None;
     }
-    if number.contains('.') && fraction.is_empty() {
-        return None;
-    }
-    let secs: u64 = whole.parse().ok()?;
+    let secs: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
     let nanos: u32 = if fraction.is_empty() {
         0
     } else {
@@ -661,20 +690,20 @@ fn codes(value: &Value, at: &str, allow_empty: bool) -> Result<Codes, ConfigErro
 
 fn parse_retry(value: &Value, at: &str) -> Result<RetryPolicy, ConfigError> {
     let fields = object(value, at)?;
-    let field = |name: &str| format!("{at}.{name}");
-    let max_attempts = max_attempts(required(fields, at, "maxAttempts")?, &field("maxAttempts"))?;
+    let path = |name: &str| format!("{at}.{name}");
+    let max_attempts = max_attempts(required(fields, at, "maxAttempts")?, &path("maxAttempts"))?;
     let initial_backoff = positive_duration(
         required(fields, at, "initialBackoff")?,
-        &field("initialBackoff"),
+        &path("initialBackoff"),
     )?;
-    let max_backoff = positive_duration(required(fields, at, "maxBackoff")?, &field("maxBackoff"))?;
+    let max_backoff = positive_duration(required(fields, at, "maxBackoff")?, &path("maxBackoff"))?;
     let backoff_multiplier = positive_number(
         required(fields, at, "backoffMultiplier")?,
-        &field("backoffMultiplier"),
+        &path("backoffMultiplier"),
     )?;
     let retryable = codes(
         required(fields, at, "retryableStatusCodes")?,
-        &field("retryableStatusCodes"),
+        &path("retryableStatusCodes"),
         false,
     )?;
     Ok(RetryPolicy {
@@ -688,14 +717,14 @@ fn parse_retry(value: &Value, at: &str) -> Result<RetryPolicy, ConfigError> {
 
 fn parse_hedge(value: &Value, at: &str) -> Result<HedgingPolicy, ConfigError> {
     let fields = object(value, at)?;
-    let field = |name: &str| format!("{at}.{name}");
-    let max_attempts = max_attempts(required(fields, at, "maxAttempts")?, &field("maxAttempts"))?;
-    let hedging_delay = match fields.get("hedgingDelay").filter(|v| !v.is_null()) {
-        Some(v) => duration(v, &field("hedgingDelay"))?,
+    let path = |name: &str| format!("{at}.{name}");
+    let max_attempts = max_attempts(required(fields, at, "maxAttempts")?, &path("maxAttempts"))?;
+    let hedging_delay = match field(fields, "hedgingDelay") {
+        Some(v) => duration(v, &path("hedgingDelay"))?,
         None => Duration::ZERO,
     };
-    let non_fatal = match fields.get("nonFatalStatusCodes").filter(|v| !v.is_null()) {
-        Some(v) => codes(v, &field("nonFatalStatusCodes"), true)?,
+    let non_fatal = match field(fields, "nonFatalStatusCodes") {
+        Some(v) => codes(v, &path("nonFatalStatusCodes"), true)?,
         None => Codes::empty(),
     };
     Ok(HedgingPolicy {

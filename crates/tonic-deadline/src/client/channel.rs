@@ -12,6 +12,16 @@
 //! readiness (bounded by the caller's deadline) before it writes the
 //! header, so the header counts the connect time.
 //!
+//! A call fails fast by default: when the dial fails, tonic reports it as
+//! `UNAVAILABLE`. A call that waits for ready (a [`WaitForReady`] in its
+//! extensions, which a service config's `"waitForReady": true` puts there,
+//! or every call of a channel built with
+//! [`ReadyChannelBuilder::wait_for_ready`]) dials again instead, with a
+//! jittered exponential backoff from 10 ms up to 1 s, until it connects or
+//! the client layer ends it at the deadline (`DEADLINE_EXCEEDED`). Its
+//! `grpc-timeout` was written before that wait: the channel takes the time
+//! it waited off the header before the request leaves.
+//!
 //! What remains: the hop through tonic's own queue (tens of microseconds),
 //! and a TLS handshake, which tonic performs after our connector returns
 //! (give the channel a connector that does TLS itself to count it).
@@ -33,8 +43,12 @@ use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tower_service::Service;
 
+use pin_project_lite::pin_project;
+
+use super::WaitForReady;
 use super::round_trip::{Meter, RoundTrip};
 use crate::BoxError;
+use crate::timeout_header::{self, GRPC_TIMEOUT};
 
 /// A tonic [`Channel`] whose readiness means "connected": put it under a
 /// [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) and the budget on the
@@ -62,6 +76,7 @@ pub struct ReadyChannel {
     link: Arc<Link>,
     dial: Arc<dyn Dial>,
     round_trip: Option<RoundTrip>,
+    wait_for_ready: bool,
 }
 
 /// Builds a [`ReadyChannel`] with options; the shortcuts on `ReadyChannel`
@@ -87,6 +102,7 @@ pub struct ReadyChannel {
 pub struct ReadyChannelBuilder {
     endpoint: Endpoint,
     ping_every: Option<Duration>,
+    wait_for_ready: bool,
 }
 
 impl ReadyChannelBuilder {
@@ -95,6 +111,24 @@ impl ReadyChannelBuilder {
     /// [`RoundTrip`]. Off by default.
     pub fn measure_round_trip(mut self, every: Duration) -> Self {
         self.ping_every = Some(every);
+        self
+    }
+
+    /// Every call waits for the channel to connect, bounded by its
+    /// deadline, instead of failing at once with `UNAVAILABLE` when a dial
+    /// fails: gRPC's wait-for-ready, for code without a service config.
+    /// Off by default (fail fast), as in every gRPC stack.
+    ///
+    /// ```no_run
+    /// use tonic::transport::Endpoint;
+    /// use tonic_deadline::client::ReadyChannel;
+    /// let endpoint = Endpoint::from_static("http://127.0.0.1:50051");
+    /// // A server that is still starting: calls wait for it, until their deadline.
+    /// let channel = ReadyChannel::builder(&endpoint).wait_for_ready().lazy();
+    /// # let _ = channel;
+    /// ```
+    pub fn wait_for_ready(mut self) -> Self {
+        self.wait_for_ready = true;
         self
     }
 
@@ -168,6 +202,7 @@ impl ReadyChannelBuilder {
             link,
             dial: dialer,
             round_trip: round_trip.map(|(r, _)| r),
+            wait_for_ready: self.wait_for_ready,
         };
         (parts, linked)
     }
@@ -177,6 +212,7 @@ struct Parts {
     link: Arc<Link>,
     dial: Arc<dyn Dial>,
     round_trip: Option<RoundTrip>,
+    wait_for_ready: bool,
 }
 
 impl Parts {
@@ -186,6 +222,7 @@ impl Parts {
             link: self.link,
             dial: self.dial,
             round_trip: self.round_trip,
+            wait_for_ready: self.wait_for_ready,
         }
     }
 }
@@ -196,6 +233,7 @@ impl ReadyChannel {
         ReadyChannelBuilder {
             endpoint: endpoint.clone(),
             ping_every: None,
+            wait_for_ready: false,
         }
     }
 
@@ -274,7 +312,7 @@ fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
 impl Service<Request<Body>> for ReadyChannel {
     type Response = Response<Body>;
     type Error = tonic::transport::Error;
-    type Future = <Channel as Service<Request<Body>>>::Future;
+    type Future = ReadyFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         match self.link.poll_connected(cx) {
@@ -288,7 +326,137 @@ impl Service<Request<Body>> for ReadyChannel {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        self.channel.call(request)
+        let waits = self.wait_for_ready || request.extensions().get::<WaitForReady>().is_some();
+        if waits && self.dial.failed() {
+            return ReadyFuture {
+                state: ReadyState::Waiting {
+                    wait: Box::pin(wait_then_send(self.clone(), request)),
+                },
+            };
+        }
+        ReadyFuture {
+            state: ReadyState::Sent {
+                inner: self.channel.call(request),
+            },
+        }
+    }
+}
+
+type Answer = Result<Response<Body>, tonic::transport::Error>;
+
+pin_project! {
+    /// The response future of [`ReadyChannel`]: tonic's, or — for a call
+    /// that waits for ready while the channel cannot connect — the wait
+    /// for a connection first.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping it drops the call (tonic resets its stream) or ends the
+    /// wait; a connection being dialled is kept for the next call.
+    pub struct ReadyFuture {
+        #[pin]
+        state: ReadyState,
+    }
+}
+
+pin_project! {
+    #[project = ReadyStateProj]
+    enum ReadyState {
+        Sent {
+            #[pin]
+            inner: <Channel as Service<Request<Body>>>::Future,
+        },
+        Waiting {
+            wait: Pin<Box<dyn Future<Output = Answer> + Send>>,
+        },
+    }
+}
+
+impl Future for ReadyFuture {
+    type Output = Answer;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
+        match self.project().state.project() {
+            ReadyStateProj::Sent { inner } => inner.poll(cx),
+            ReadyStateProj::Waiting { wait } => wait.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for ReadyFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadyFuture").finish_non_exhaustive()
+    }
+}
+
+/// Dials until a connection is made, then sends `request` with its
+/// `grpc-timeout` less the time it waited. Without a deadline it waits as
+/// long as it takes; with one, the client layer above ends it there.
+async fn wait_then_send(mut channel: ReadyChannel, mut request: Request<Body>) -> Answer {
+    let started = tokio::time::Instant::now();
+    let mut backoff = Backoff::default();
+    while channel.dial.failed() {
+        // Forget the failure (the call waits instead of reporting it),
+        // pause, and wait for a new dial.
+        channel.dial.forget_failure();
+        tokio::time::sleep(backoff.next_pause()).await;
+        poll_fn(|cx| match channel.link.poll_connected(cx) {
+            Connected::Yes => Poll::Ready(()),
+            Connected::Waiting => Poll::Pending,
+            Connected::DialNow => {
+                channel.dial.clone().start();
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+    if !spend(request.headers_mut(), started.elapsed()) {
+        // Nothing left to tell the server: the client layer answers
+        // DEADLINE_EXCEEDED at the deadline, an instant from now.
+        std::future::pending::<()>().await;
+    }
+    poll_fn(|cx| channel.channel.poll_ready(cx)).await?;
+    channel.channel.call(request).await
+}
+
+/// Takes `waited` off the request's `grpc-timeout`; false when nothing is
+/// left. A request without one (no deadline) is left as it is.
+fn spend(headers: &mut http::HeaderMap, waited: Duration) -> bool {
+    let Ok(Some(budget)) = timeout_header::from_headers(headers) else {
+        return true;
+    };
+    let left = budget.saturating_sub(waited);
+    if left.is_zero() {
+        return false;
+    }
+    if let Ok(value) = http::HeaderValue::from_str(&timeout_header::encode(left)) {
+        headers.insert(GRPC_TIMEOUT, value);
+    }
+    true
+}
+
+/// The pauses between dials of a call that waits for ready: 10 ms, growing
+/// by 1.6 up to 1 s, each ±20 % at random (gRPC's connection backoff
+/// shape, with a start that suits a server coming up within a deadline).
+struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            next: Duration::from_millis(10),
+        }
+    }
+}
+
+impl Backoff {
+    fn next_pause(&mut self) -> Duration {
+        use std::hash::BuildHasher;
+        let pause = self.next;
+        self.next = self.next.mul_f64(1.6).min(Duration::from_secs(1));
+        let random = std::hash::RandomState::new().hash_one(0_u8) as f64 / u64::MAX as f64;
+        pause.mul_f64(0.8 + 0.4 * random)
     }
 }
 
@@ -405,6 +573,11 @@ impl Link {
 /// Starts a dial in the background.
 trait Dial: Send + Sync {
     fn start(self: Arc<Self>);
+    /// Whether the last dial failed and its error waits to be reported.
+    fn failed(&self) -> bool;
+    /// Drops the error of a failed dial, unreported: a call that waits for
+    /// ready dials again instead.
+    fn forget_failure(&self);
 }
 
 type Stashed<T> = Result<T, BoxError>;
@@ -474,6 +647,28 @@ where
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(dialed);
             self.link.dialed();
         });
+    }
+
+    fn failed(&self) -> bool {
+        matches!(
+            *self
+                .stash
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            Some(Err(_))
+        )
+    }
+
+    fn forget_failure(&self) {
+        let mut stash = self
+            .stash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if matches!(*stash, Some(Err(_))) {
+            *stash = None;
+            drop(stash);
+            self.link.failed();
+        }
     }
 }
 

@@ -80,13 +80,28 @@ use crate::timeout_header::{self, GRPC_TIMEOUT};
 pub use body::ClientBody;
 use body::RequestBody;
 #[cfg(feature = "channel")]
-pub use channel::{ReadyChannel, ReadyChannelBuilder};
+pub use channel::{ReadyChannel, ReadyChannelBuilder, ReadyFuture};
 pub use future::ResponseFuture;
 pub use layer::ClientDeadlineLayer;
 #[cfg(feature = "channel")]
 pub use round_trip::RoundTrip;
 use unscoped::Config;
 pub use unscoped::{Unscoped, capture_scope};
+
+/// Marks a call as *wait for ready*: when the channel cannot connect, the
+/// call waits for it — dialling again, bounded by its deadline — instead of
+/// failing at once with `UNAVAILABLE`. A [`ReadyChannel`] honours it (a
+/// plain tonic `Channel` always fails fast); the retry and hedging layers
+/// put it on the methods whose service config says `"waitForReady": true`.
+///
+/// ```
+/// use tonic_deadline::client::WaitForReady;
+/// let mut request = tonic::Request::new(());
+/// request.extensions_mut().insert(WaitForReady);
+/// # let _ = request;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitForReady;
 
 /// The service produced by [`ClientDeadlineLayer`]. See the [module docs](self).
 #[derive(Debug)]

@@ -289,8 +289,12 @@ where
                     Outcome::Failed {
                         code,
                         pushback,
+                        answered,
                         result,
                     } => {
+                        if answered {
+                            call.core.record_latency(call.template.path(), took);
+                        }
                         let non_fatal = call.policy.non_fatal.contains(code);
                         call.core.limiter.on_attempt(non_fatal);
                         if let Some(cause) = call.scope.as_ref().and_then(Scope::cause) {

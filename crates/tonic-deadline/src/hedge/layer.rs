@@ -17,15 +17,13 @@ use crate::service_config::{ConfigError, ServiceConfig};
 ///
 /// ```
 /// use tonic_deadline::hedge::HedgeLayer;
+/// // grpc-java's hedging example, unchanged.
 /// let layer = HedgeLayer::from_service_config(r#"{"methodConfig": [{
-///     "name": [{"service": "kv.v1.Store"}], "idempotent": true,
-///     "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.01s"}}]}"#)?
+///     "name": [{"service": "helloworld.Greeter", "method": "SayHello"}],
+///     "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "1s"}}],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#)?
 ///     .adaptive_delay(0.95);
 /// # let _ = layer;
-/// let refused = HedgeLayer::from_service_config(r#"{"methodConfig": [{
-///     "name": [{"service": "kv.v1.Store"}],
-///     "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.01s"}}]}"#);
-/// assert!(refused.is_err(), "a method not declared idempotent cannot be hedged");
 /// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -40,19 +38,13 @@ pub struct HedgeLayer {
 
 impl HedgeLayer {
     /// The layer for a parsed service config.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] when a `hedgingPolicy` names a method not declared
-    /// idempotent.
-    pub fn new(config: ServiceConfig) -> Result<Self, ConfigError> {
-        config.check_hedging()?;
-        Ok(Self {
+    pub fn new(config: ServiceConfig) -> Self {
+        Self {
             config: Arc::new(config),
             settings: Settings::default(),
             shared: Arc::default(),
             adaptive: None,
-        })
+        }
     }
 
     /// Parses `json` (a gRPC service config) and makes the layer.
@@ -61,7 +53,7 @@ impl HedgeLayer {
     ///
     /// A [`ConfigError`] naming the invalid field.
     pub fn from_service_config(json: &str) -> Result<Self, ConfigError> {
-        Self::new(ServiceConfig::from_json(json)?)
+        Ok(Self::new(ServiceConfig::from_json(json)?))
     }
 
     /// Counts calls, attempts, hedges and cancelled losers into `metrics`.

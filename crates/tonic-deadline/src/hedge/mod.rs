@@ -21,10 +21,9 @@
 //!    a quantile of the recent answer latency (p95, as "The Tail at Scale"
 //!    advises) instead of the fixed `hedgingDelay`.
 //!
-//! Only methods declared idempotent can be hedged: a hedge sends the same
-//! request more than once, and a loser may have done its work before its
-//! reset arrived. A `hedgingPolicy` for other methods is a
-//! [`ConfigError`](crate::service_config::ConfigError).
+//! A hedge sends the same request more than once, and a loser may have done
+//! its work before its reset arrived: configure a `hedgingPolicy` only for
+//! methods for which that is harmless, as every gRPC stack asks.
 //!
 //! How it differs from `tower::hedge`: that one hedges after a latency
 //! percentile too, but knows no deadline (a hedge may be sent with no time
@@ -117,6 +116,7 @@ where
         let path = request.uri().path();
         let resolved = self.core.config.resolve(path);
         let Some(Policy::Hedge(policy)) = resolved.policy else {
+            let request = core::pass_through(request, &resolved);
             return ResponseFuture::passthrough(self.inner.call(request));
         };
         let policy = policy.clone();
@@ -124,7 +124,7 @@ where
             .adaptive
             .and_then(|q| self.core.latency_quantile(path, q))
             .unwrap_or(policy.hedging_delay);
-        let scope = core::caller_scope(&mut request);
+        let scope = core::policy_scope(&mut request, &resolved);
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::new(ready, self.core.clone(), policy, delay, scope, request)

@@ -19,9 +19,10 @@ use tonic::Code;
 
 use super::limiter::Limiter;
 use crate::BoxError;
+use crate::client::WaitForReady;
 use crate::observe::Metrics;
 use crate::scope::Scope;
-use crate::service_config::{Codes, ServiceConfig};
+use crate::service_config::{Codes, Resolved, ServiceConfig};
 use crate::timeout_header::{self, GRPC_TIMEOUT};
 
 /// The header a server sets to ask for a pause before the next attempt.
@@ -33,8 +34,10 @@ pub(crate) const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 pub(crate) const DEFAULT_REPLAY_BUFFER: usize = 256 * 1024;
 /// Recent attempt latencies kept per method.
 const WINDOW: usize = 128;
-/// Samples needed before a learned latency is trusted.
-const MIN_SAMPLES: usize = 8;
+/// Samples needed before a learned latency *quantile* (the adaptive hedging
+/// delay) is trusted. Whether an attempt fits needs only one: from the first
+/// answered attempt on, a doomed attempt is not sent.
+const QUANTILE_SAMPLES: usize = 8;
 
 /// The settings both layers' builders collect.
 #[derive(Debug, Clone)]
@@ -118,16 +121,20 @@ impl Core {
     }
 
     /// The `q`-quantile of the recent answered attempts of `path`, once
-    /// enough were seen.
+    /// enough were seen to speak of a distribution.
     pub(crate) fn latency_quantile(&self, path: &str, q: f64) -> Option<Duration> {
         let map = self.latencies.lock().ok()?;
-        map.get(path)?.quantile(q)
+        map.get(path)?.quantile(q, QUANTILE_SAMPLES)
     }
 
-    /// The least time an attempt of `path` needs to be of use: the learned
-    /// latency quantile, never below the configured floor.
+    /// The least time an attempt of `path` needs to be of use: the
+    /// configured quantile of the recent answered attempts (one is enough),
+    /// never below the configured floor; the floor alone before any answer.
     pub(crate) fn useful_attempt(&self, path: &str) -> Duration {
-        let learned = self.latency_quantile(path, self.settings.attempt_time_quantile);
+        let learned = self.latencies.lock().ok().and_then(|map| {
+            map.get(path)?
+                .quantile(self.settings.attempt_time_quantile, 1)
+        });
         learned.map_or(self.settings.min_attempt_time, |l| {
             l.max(self.settings.min_attempt_time)
         })
@@ -170,8 +177,8 @@ impl Latencies {
         self.next = (self.next + 1) % WINDOW;
     }
 
-    fn quantile(&self, q: f64) -> Option<Duration> {
-        if self.samples.len() < MIN_SAMPLES {
+    fn quantile(&self, q: f64, min_samples: usize) -> Option<Duration> {
+        if self.samples.is_empty() || self.samples.len() < min_samples {
             return None;
         }
         let mut sorted = self.samples.clone();
@@ -198,6 +205,42 @@ pub(crate) fn caller_scope<B>(request: &mut Request<B>) -> Option<Scope> {
     request.headers_mut().remove(GRPC_TIMEOUT);
     let base = scope.unwrap_or_else(Scope::background);
     Some(base.with_timeout(timeout))
+}
+
+/// Applies the two fields of a method's config that hold for every call,
+/// whatever its policy: `waitForReady` puts a [`WaitForReady`] on the
+/// request, and `timeout` caps the caller's scope. Returns the request when
+/// neither applies, untouched (a call without them pays for nothing).
+pub(crate) fn apply_method_config<B>(
+    request: &mut Request<B>,
+    resolved: &Resolved<'_>,
+) -> Option<Option<Scope>> {
+    if !resolved.wait_for_ready && resolved.timeout.is_none() {
+        return None;
+    }
+    if resolved.wait_for_ready {
+        request.extensions_mut().insert(WaitForReady);
+    }
+    let scope = caller_scope(request);
+    Some(match resolved.timeout {
+        Some(timeout) => Some(scope.unwrap_or_else(Scope::background).with_cap(timeout)),
+        None => scope,
+    })
+}
+
+/// The caller's scope for a call with a policy: [`caller_scope`], capped
+/// and marked as the method's config says.
+pub(crate) fn policy_scope<B>(request: &mut Request<B>, resolved: &Resolved<'_>) -> Option<Scope> {
+    apply_method_config(request, resolved).unwrap_or_else(|| caller_scope(request))
+}
+
+/// A call without a policy of this layer: the method's `timeout` and
+/// `waitForReady` still apply, through the request the next layer sees.
+pub(crate) fn pass_through<B>(mut request: Request<B>, resolved: &Resolved<'_>) -> Request<B> {
+    if let Some(Some(scope)) = apply_method_config(&mut request, resolved) {
+        request.extensions_mut().insert(scope);
+    }
+    request
 }
 
 /// What the server's `grpc-retry-pushback-ms` says.
@@ -234,6 +277,10 @@ pub(crate) enum Outcome<B> {
     Failed {
         code: Code,
         pushback: Pushback,
+        /// The status came from the server (a trailers-only answer), so the
+        /// attempt's time says how long an answer takes; not for a failure
+        /// made on this side (no connection, a local timeout).
+        answered: bool,
         result: Result<Response<B>, BoxError>,
     },
 }
@@ -257,6 +304,7 @@ pub(crate) fn classify<B>(result: Result<Response<B>, BoxError>) -> Outcome<B> {
             Outcome::Failed {
                 code,
                 pushback: pushback(response.headers()),
+                answered: true,
                 result: Ok(response),
             }
         }
@@ -268,6 +316,7 @@ pub(crate) fn classify<B>(result: Result<Response<B>, BoxError>) -> Outcome<B> {
             Outcome::Failed {
                 code: status.code(),
                 pushback: Pushback::None,
+                answered: false,
                 result: Err(Box::new(status)),
             }
         }

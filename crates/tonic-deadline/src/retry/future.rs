@@ -239,8 +239,14 @@ where
                         Outcome::Failed {
                             code,
                             pushback,
+                            answered,
                             result,
-                        } => (code, pushback, result),
+                        } => {
+                            if answered {
+                                call.core.record_latency(call.template.path(), took);
+                            }
+                            (code, pushback, result)
+                        }
                     };
                     let listed = call.policy.retryable.contains(code);
                     call.core.limiter.on_attempt(listed);

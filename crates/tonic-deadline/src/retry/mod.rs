@@ -18,17 +18,28 @@
 //!    maxBackoff))`, or exactly what the server's `grpc-retry-pushback-ms`
 //!    asks (and starts the sequence afresh); a negative or malformed
 //!    pushback stops retrying. The sleep ends with the caller's scope;
-//! 5. starts no attempt that what is left cannot fit: the time a useful
-//!    attempt of the method takes is learned from the attempts answered
-//!    (their median by default, never less than 1 ms) — the call answers
-//!    `DEADLINE_EXCEEDED` at once instead of sending a doomed attempt;
+//! 5. starts no attempt that what is left cannot fit. Before each retry it
+//!    compares what the caller's scope has left with the backoff plus the
+//!    time an attempt of the method takes to be answered: the median
+//!    ([`RetryLayer::attempt_time_quantile`]) of the last 128 attempts the
+//!    *server answered* — with response headers or with a status of its
+//!    own, from the first such attempt on — and never less than
+//!    [`RetryLayer::min_attempt_time`] (1 ms; the only bound before any
+//!    answer). Failures made on this side (no connection, a local timeout)
+//!    say nothing of the server and are not counted. When the attempt
+//!    cannot fit, the call answers `DEADLINE_EXCEEDED` at once instead of
+//!    sending it, and [`Metrics::attempts_refused_for_time`](crate::observe::Metrics::attempts_refused_for_time)
+//!    counts it;
 //! 6. sends `grpc-previous-rpc-attempts` with every attempt after the first;
 //! 7. stops retrying while the server fails too much: gRPC's
 //!    `retryThrottling` token bucket, or a [`RetryBudget`] instead.
 //!
 //! The first attempt is always sent (the client layer alone refuses an
-//! expired call), and a method without a `retryPolicy` passes straight
-//! through.
+//! expired call), and a method without a `retryPolicy` is sent once. A
+//! method's `timeout` and `waitForReady` hold whatever its policy: the call
+//! runs under the earlier of the caller's deadline and `timeout` from the
+//! call, and waits for the channel to connect (see
+//! [`WaitForReady`](crate::client::WaitForReady)).
 //!
 //! How it differs from `tower::retry`: that one retries a cloned request
 //! with a policy of your own and knows no deadline, so every retry gets a
@@ -133,11 +144,12 @@ where
     fn call(&mut self, mut request: Request<tonic::body::Body>) -> Self::Future {
         let resolved = self.core.config.resolve(request.uri().path());
         let Some(Policy::Retry(policy)) = resolved.policy else {
+            let request = core::pass_through(request, &resolved);
             return ResponseFuture::passthrough(self.inner.call(request));
         };
         let policy = policy.clone();
         let idempotent = resolved.idempotent;
-        let scope = core::caller_scope(&mut request);
+        let scope = core::policy_scope(&mut request, &resolved);
         // The service that was made ready goes with the call; this one is
         // readied again before the next call.
         let clone = self.inner.clone();

@@ -499,6 +499,31 @@ async fn an_attempt_the_learned_latency_cannot_fit_is_not_sent() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn from_the_first_answered_failure_on_no_attempt_starts_that_cannot_fit() {
+    // Every attempt is answered UNAVAILABLE after 150 ms; 400 ms of budget.
+    let server = Server::new(vec![fail(Code::Unavailable, 150); 5]);
+    let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
+    let metrics = Metrics::new();
+    let layer = RetryLayer::from_service_config(&json)
+        .expect("valid")
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_millis(400));
+    let (code, took) = outcome(&mut service, &scope).await;
+    assert_eq!(
+        server.seen().len(),
+        2,
+        "after two 150 ms answers, about 100 ms is left: no third attempt"
+    );
+    assert_eq!(code, Code::DeadlineExceeded);
+    assert!(
+        took < Duration::from_millis(310),
+        "answered when the second attempt failed, not at the deadline: {took:?}"
+    );
+    assert_eq!(metrics.attempts_refused_for_time(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn throttling_stops_retries_once_half_the_tokens_are_gone() {
     let server = Server::new(vec![fail(Code::Unavailable, 1); 100]);
     let json = config(

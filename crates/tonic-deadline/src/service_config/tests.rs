@@ -93,8 +93,19 @@ fn every_retry_policy_field_is_parsed_or_refused_by_name() {
         ("initialBackoff", json!("-1s"), Err(field("initialBackoff"))),
         ("initialBackoff", json!("1"), Err(field("initialBackoff"))),
         ("initialBackoff", json!("1ms"), Err(field("initialBackoff"))),
-        ("initialBackoff", json!("1.s"), Err(field("initialBackoff"))),
-        ("initialBackoff", json!(".5s"), Err(field("initialBackoff"))),
+        // As grpc-go reads them: either side of the point may be empty.
+        (
+            "initialBackoff",
+            json!("1.s"),
+            Ok(|c| retry(c).initial_backoff == Duration::from_secs(1)),
+        ),
+        (
+            "initialBackoff",
+            json!(".5s"),
+            Ok(|c| retry(c).initial_backoff == Duration::from_millis(500)),
+        ),
+        ("initialBackoff", json!(".s"), Err(field("initialBackoff"))),
+        ("initialBackoff", json!("-1s"), Err(field("initialBackoff"))),
         (
             "initialBackoff",
             json!("0.0000000001s"),
@@ -437,7 +448,7 @@ fn name_and_structure_errors_name_their_field() {
         ),
         (
             json!({ "methodConfig": [{ "name": "a.A" }] }),
-            "methodConfig[0]",
+            "methodConfig[0].name",
         ),
         (
             json!({ "methodConfig": [{ "name": [{ "service": "a.A" }], "retryPolicy": [] }] }),
@@ -445,9 +456,9 @@ fn name_and_structure_errors_name_their_field() {
         ),
         (
             json!({ "methodConfig": [{ "name": [{ "service": "a.A" }], "idempotent": "yes" }] }),
-            "methodConfig[0]",
+            "methodConfig[0].idempotent",
         ),
-        (json!({ "methodConfig": {} }), "(document)"),
+        (json!({ "methodConfig": {} }), "methodConfig"),
         (json!([]), "(document)"),
     ];
     for (value, field) in cases {
@@ -478,44 +489,196 @@ fn unknown_fields_are_ignored_like_other_grpc_stacks_do() {
 }
 
 #[test]
-fn hedging_needs_methods_declared_idempotent() {
+fn idempotent_in_code_covers_what_it_names() {
     let config = ServiceConfig::from_value(&json!({
-        "methodConfig": [{ "name": [{ "service": "kv.Store", "method": "Get" }], "hedgingPolicy": hedging_policy() }]
+        "methodConfig": [{ "name": [{ "service": "kv.Store" }], "retryPolicy": retry_policy() }]
     }))
-    .expect("the JSON itself is valid");
-    let err = config
-        .check_hedging()
-        .expect_err("hedging a method not declared idempotent must be refused");
-    assert_eq!(err.field(), "methodConfig[0].name[0]");
-    assert!(err.problem().contains("idempotent"), "{err}");
-    let by_service = config
-        .clone()
-        .idempotent("kv.Store")
-        .expect("a service name is valid");
-    by_service
-        .check_hedging()
-        .expect("a service declared idempotent covers its methods");
-    let by_method = config
-        .clone()
-        .idempotent("kv.Store/Get")
-        .expect("a method name is valid");
-    by_method
-        .check_hedging()
-        .expect("the method itself declared idempotent");
-    let other = config
-        .clone()
-        .idempotent("kv.Store/Put")
-        .expect("a method name is valid");
-    assert!(
-        other.check_hedging().is_err(),
-        "another method's declaration does not count"
-    );
+    .expect("valid");
+    assert!(!config.resolve("/kv.Store/Get").idempotent);
+    let by_service = config.clone().idempotent("kv.Store").expect("a service");
+    assert!(by_service.resolve("/kv.Store/Put").idempotent);
+    let by_method = config.clone().idempotent("kv.Store/Get").expect("a method");
+    assert!(by_method.resolve("/kv.Store/Get").idempotent);
+    assert!(!by_method.resolve("/kv.Store/Put").idempotent);
     for bad in ["kv.Store/", "/Get", "a/b/c"] {
         let err = config
             .clone()
             .idempotent(bad)
             .expect_err("a malformed name must be refused");
         assert_eq!(err.field(), "idempotent");
+    }
+}
+
+/// Configs as other gRPC stacks publish them, unchanged: each parses, and
+/// means what it means there.
+#[test]
+fn configs_from_grpc_go_and_grpc_java_parse_unchanged() {
+    struct Case {
+        from: &'static str,
+        json: &'static str,
+        path: &'static str,
+        check: fn(&ServiceConfig, Resolved<'_>),
+    }
+    let cases = [
+        Case {
+            // grpc-go, examples/features/retry/client/main.go: field names
+            // in Go's case, a duration without its leading zero.
+            from: "grpc-go examples/features/retry",
+            json: r#"{
+                "methodConfig": [{
+                  "name": [{"service": "grpc.examples.echo.Echo"}],
+                  "retryPolicy": {
+                      "MaxAttempts": 4,
+                      "InitialBackoff": ".01s",
+                      "MaxBackoff": ".01s",
+                      "BackoffMultiplier": 1.0,
+                      "RetryableStatusCodes": [ "UNAVAILABLE" ]
+                  }
+                }]}"#,
+            path: "/grpc.examples.echo.Echo/UnaryEcho",
+            check: |_, r| {
+                let Some(Policy::Retry(p)) = r.policy else {
+                    panic!("a retry policy: {r:?}")
+                };
+                assert_eq!(p.max_attempts, 4);
+                assert_eq!(p.initial_backoff, Duration::from_millis(10));
+                assert_eq!(p.max_backoff, Duration::from_millis(10));
+                assert!(p.retryable.contains(Code::Unavailable));
+                assert_eq!((r.timeout, r.wait_for_ready), (None, false));
+            },
+        },
+        Case {
+            // grpc-java, examples/src/main/resources/io/grpc/examples/
+            // retrying/retrying_service_config.json.
+            from: "grpc-java examples retrying_service_config.json",
+            json: r#"{
+                "methodConfig": [{
+                  "name": [{"service": "helloworld.Greeter", "method": "SayHello"}],
+                  "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.5s",
+                    "maxBackoff": "30s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"]
+                  }
+                }]}"#,
+            path: "/helloworld.Greeter/SayHello",
+            check: |_, r| {
+                let Some(Policy::Retry(p)) = r.policy else {
+                    panic!("a retry policy: {r:?}")
+                };
+                assert_eq!(
+                    (p.max_attempts, p.max_backoff),
+                    (5, Duration::from_secs(30))
+                );
+            },
+        },
+        Case {
+            // grpc-java, examples/src/main/resources/io/grpc/examples/
+            // hedging/hedging_service_config.json: no "idempotent", which
+            // is ours; hedging is the config author's statement.
+            from: "grpc-java examples hedging_service_config.json",
+            json: r#"{
+                "methodConfig": [{
+                  "name": [{"service": "helloworld.Greeter", "method": "SayHello"}],
+                  "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "1s"}
+                }],
+                "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#,
+            path: "/helloworld.Greeter/SayHello",
+            check: |config, r| {
+                let Some(Policy::Hedge(p)) = r.policy else {
+                    panic!("a hedging policy: {r:?}")
+                };
+                assert_eq!(
+                    (p.max_attempts, p.hedging_delay),
+                    (3, Duration::from_secs(1))
+                );
+                assert_eq!(
+                    config.throttling,
+                    Some(Throttling {
+                        max_tokens: 10,
+                        token_ratio_milli: 100
+                    })
+                );
+            },
+        },
+        Case {
+            // The fields of gRPC's doc/service_config.md (grpc/grpc), a
+            // load-balancing config this crate does not use beside them.
+            from: "after grpc doc/service_config.md",
+            json: r#"{
+                "loadBalancingConfig": [ { "round_robin": {} } ],
+                "methodConfig": [
+                  {
+                    "name": [
+                      { "service": "foo", "method": "bar" },
+                      { "service": "baz" }
+                    ],
+                    "timeout": "1.000000001s"
+                  }
+                ]}"#,
+            path: "/baz/Any",
+            check: |_, r| {
+                assert_eq!(r.timeout, Some(Duration::new(1, 1)));
+                assert!(r.policy.is_none() && !r.wait_for_ready);
+            },
+        },
+        Case {
+            // grpc-go's service_config_test.go: its waitForReady case,
+            // with a timeout added as its timeout cases write one.
+            from: "after grpc-go service_config_test.go",
+            json: r#"{
+                "methodConfig": [
+                    {
+                        "name": [{"service": "foo", "method": "Bar"}],
+                        "waitForReady": true,
+                        "timeout": "1s"
+                    }
+                ]}"#,
+            path: "/foo/Bar",
+            check: |_, r| {
+                assert!(r.wait_for_ready);
+                assert_eq!(r.timeout, Some(Duration::from_secs(1)));
+            },
+        },
+    ];
+    for case in cases {
+        let config = ServiceConfig::from_json(case.json)
+            .unwrap_or_else(|e| panic!("{} must parse unchanged: {e}", case.from));
+        (case.check)(&config, config.resolve(case.path));
+    }
+}
+
+#[test]
+fn timeout_and_wait_for_ready_are_read_or_refused_by_name() {
+    let method = |extra: Value| {
+        let mut m = json!({ "name": [{ "service": "a.A" }] });
+        for (k, v) in extra.as_object().expect("an object") {
+            m[k] = v.clone();
+        }
+        json!({ "methodConfig": [m] })
+    };
+    let ok = ServiceConfig::from_value(&method(
+        json!({ "timeout": "0.25s", "waitForReady": false }),
+    ))
+    .expect("valid");
+    let r = ok.resolve("/a.A/M");
+    assert_eq!(
+        (r.timeout, r.wait_for_ready),
+        (Some(Duration::from_millis(250)), false)
+    );
+    for (extra, field) in [
+        (json!({ "timeout": "0s" }), "methodConfig[0].timeout"),
+        (json!({ "timeout": "1" }), "methodConfig[0].timeout"),
+        (json!({ "timeout": 1 }), "methodConfig[0].timeout"),
+        (json!({ "timeout": ".s" }), "methodConfig[0].timeout"),
+        (
+            json!({ "waitForReady": "yes" }),
+            "methodConfig[0].waitForReady",
+        ),
+    ] {
+        let err = error_of(method(extra.clone()));
+        assert_eq!(err.field(), field, "{extra}: {err}");
     }
 }
 

@@ -16,6 +16,7 @@ mod plain_tonic_baseline;
 mod propagation;
 mod round_trip;
 mod seams;
+mod wait_for_ready;
 mod wire;
 
 #[cfg(feature = "sqlite")]
