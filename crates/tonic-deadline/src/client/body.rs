@@ -1,13 +1,17 @@
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use tokio::time::Instant;
+
 use super::abandon::Abandoned;
 use super::future::Race;
 use super::transport::MessageCursor;
+use super::unscoped::Config;
 use crate::BoxError;
 
 pin_project! {
@@ -136,12 +140,26 @@ pin_project! {
         #[pin]
         inner: B,
         abandoned: Abandoned,
+        // A watched call: when its header was written, and where to report
+        // how much later the request left (its body's first poll).
+        watch: Option<Box<Departure>>,
     }
 }
 
+/// What a watched call needs to report when its request leaves.
+pub(super) struct Departure {
+    pub(super) written: Instant,
+    pub(super) config: Arc<Config>,
+    pub(super) method: String,
+}
+
 impl<B> RequestBody<B> {
-    pub(super) fn new(inner: B, abandoned: Abandoned) -> Self {
-        Self { inner, abandoned }
+    pub(super) fn new(inner: B, abandoned: Abandoned, watch: Option<Box<Departure>>) -> Self {
+        Self {
+            inner,
+            abandoned,
+            watch,
+        }
     }
 }
 
@@ -158,6 +176,13 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
+        if let Some(watch) = this.watch.take() {
+            // The transport polls the body once the request's headers are
+            // on their way.
+            watch
+                .config
+                .departed(&watch.method, watch.written.elapsed());
+        }
         // Registered for a wake-up only when the body waits: a unary
         // request, ready at once, never registers.
         if this.abandoned.is_given_up() {

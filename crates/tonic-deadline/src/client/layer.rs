@@ -6,9 +6,6 @@ use tower_layer::Layer;
 use super::{ClientDeadline, Config, Unscoped};
 use crate::observe::Metrics;
 
-/// The type name of tonic's `Channel`, as `std::any::type_name` gives it.
-const PLAIN_CHANNEL: &str = "tonic::transport::channel::Channel";
-
 /// Makes every call through a tonic `Channel` (or any gRPC service) carry and
 /// obey the current scope's deadline.
 ///
@@ -24,6 +21,17 @@ const PLAIN_CHANNEL: &str = "tonic::transport::channel::Channel";
 ///
 /// Configure it, then build services from it: every service it makes (and
 /// every clone of those) shares one frozen configuration.
+///
+/// The header is written when the call is handed to the service below. If
+/// that service holds the request — a plain tonic `Channel` connecting, a
+/// call queued behind the server's `max_concurrent_streams`, a queue in a
+/// middleware — the server is told that wait more than the caller has. The
+/// layer watches the first of every 64 calls: one whose request leaves more
+/// than 10 ms after its header is counted
+/// ([`Metrics::budgets_left_late`](crate::observe::Metrics::budgets_left_late))
+/// and warned about (rate-limited), whatever the service below is. Put the
+/// layer over a [`ReadyChannel`](crate::client::ReadyChannel), which waits
+/// for its connection before the header is written.
 #[derive(Debug, Clone, Default)]
 pub struct ClientDeadlineLayer {
     pub(super) transit_allowance: Duration,
@@ -116,16 +124,6 @@ impl ClientDeadlineLayer {
     }
 
     pub(super) fn wrap<S>(&self, inner: S) -> ClientDeadline<S> {
-        if std::any::type_name::<S>() == PLAIN_CHANNEL {
-            // A plain Channel connects after the header is written: after
-            // every (re)connect the first calls overstate the budget by the
-            // connect time, with nothing else to show for it.
-            tracing::warn!(
-                "ClientDeadlineLayer over a plain tonic Channel: calls made while it (re)connects \
-                 tell the server the connect time more than they have. Use \
-                 tonic_deadline::client::ReadyChannel, which is ready only once connected",
-            );
-        }
         let config = Config::new(self);
         ClientDeadline::with_config(inner, Arc::new(config))
     }
@@ -136,62 +134,5 @@ impl<S> Layer<S> for ClientDeadlineLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         self.wrap(inner)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use super::*;
-
-    /// The warnings logged on this thread while `f` runs.
-    fn warnings_during(f: impl FnOnce()) -> Vec<String> {
-        #[derive(Clone, Default)]
-        struct Lines(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().expect("not poisoned").extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8_lossy(&lines.0.lock().expect("not poisoned")).into_owned();
-        text.lines().map(str::to_owned).collect()
-    }
-
-    #[cfg(feature = "channel")]
-    #[tokio::test(flavor = "current_thread")]
-    async fn layer_over_a_plain_tonic_channel_says_so_when_it_is_built() {
-        let endpoint = tonic::transport::Endpoint::from_static("http://127.0.0.1:9");
-        let warned = warnings_during(|| {
-            let _ = ClientDeadlineLayer::new().layer(endpoint.connect_lazy());
-        });
-        assert_eq!(
-            warned.len(),
-            1,
-            "one warning per layered Channel: {warned:?}"
-        );
-        assert!(
-            warned[0].contains("ReadyChannel"),
-            "the warning must name the fix: {warned:?}"
-        );
-        let ready = warnings_during(|| {
-            let _ = ClientDeadlineLayer::new().layer(crate::client::ReadyChannel::lazy(&endpoint));
-        });
-        assert!(
-            ready.is_empty(),
-            "a ReadyChannel is not warned about: {ready:?}"
-        );
     }
 }

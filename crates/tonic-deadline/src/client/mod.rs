@@ -295,7 +295,18 @@ where
             spans::client_sent(span, scope.as_ref(), granted, request.headers_mut());
         }
         let (abandon, abandoned) = abandon::pair();
-        let request = request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned)));
+        // A sample of the calls with a budget on the wire is watched: if the
+        // request leaves much later than now, something below held it, and
+        // the server was told too much.
+        let watch = (granted.is_some() && self.config.watch_departure()).then(|| {
+            Box::new(body::Departure {
+                written: now,
+                config: self.config.clone(),
+                method: request.uri().path().to_owned(),
+            })
+        });
+        let request =
+            request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned, watch)));
         let inner = {
             let _entered = span.as_ref().map(tracing::Span::enter);
             self.inner.call(request)

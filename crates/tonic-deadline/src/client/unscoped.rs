@@ -52,6 +52,13 @@ pub(crate) const UNSCOPED_REFUSED: &str = "outbound call made outside any scope:
 /// How often the unscoped-call warning may repeat, per client.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// One call in this many has the moment its request leaves watched.
+const WATCH_EVERY: u64 = 64;
+
+/// How much later than its header a watched request may leave before it is
+/// reported: scheduling on a busy machine stays under it.
+pub(crate) const LEFT_LATE: Duration = Duration::from_millis(10);
+
 /// The configuration shared by a layer and every service it made.
 #[derive(Debug)]
 pub(crate) struct Config {
@@ -63,6 +70,9 @@ pub(crate) struct Config {
     pub(crate) metrics: Option<Metrics>,
     pub(crate) spans: bool,
     warnings: WarnLimit,
+    /// Calls made, for choosing which ones to watch leave.
+    calls: AtomicU64,
+    late_warnings: WarnLimit,
 }
 
 impl Config {
@@ -75,6 +85,40 @@ impl Config {
             metrics: layer.metrics.clone(),
             spans: layer.spans,
             warnings: WarnLimit::new(),
+            calls: AtomicU64::new(0),
+            late_warnings: WarnLimit::new(),
+        }
+    }
+
+    /// Whether to watch when this call's request leaves: the first call of
+    /// every [`WATCH_EVERY`], so that the watch costs the others one atomic
+    /// increment.
+    pub(crate) fn watch_departure(&self) -> bool {
+        self.calls
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(WATCH_EVERY)
+    }
+
+    /// A watched call's request left `late` after its `grpc-timeout` was
+    /// written.
+    pub(crate) fn departed(&self, method: &str, late: Duration) {
+        if late <= LEFT_LATE {
+            return;
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.budget_left_late();
+        }
+        if let Some(similar) = self.late_warnings.admit() {
+            tracing::warn!(
+                method,
+                late_ms = late.as_secs_f64() * 1e3,
+                similar_since_last_warning = similar,
+                "an outbound call left {late:?} after its grpc-timeout was written: the server \
+                 was told that much more time than the caller has. Something below \
+                 ClientDeadlineLayer held the request (a plain tonic Channel connecting: use \
+                 tonic_deadline::client::ReadyChannel; a queue or rate limit: put it above the \
+                 layer)",
+            );
         }
     }
 

@@ -132,6 +132,7 @@ struct Series {
     outlived: Counter,
     outlived_by: Hist,
     unscoped: Counter,
+    left_late: Counter,
 }
 
 fn latency() -> Hist {
@@ -161,6 +162,7 @@ impl Series {
             outlived: Counter::default(),
             outlived_by: Hist::latency(),
             unscoped: Counter::default(),
+            left_late: Counter::default(),
         };
         let s = series.clone();
         registry.register(
@@ -249,6 +251,12 @@ impl Series {
             "tonic_deadline_unscoped_calls",
             "Outbound calls that found no scope (allowed with a warning, or refused)",
             s.unscoped,
+        );
+        registry.register(
+            "tonic_deadline_budget_left_late",
+            "Watched outbound calls whose request left more than 10 ms after its grpc-timeout was \
+             written: the server was told that much more than the caller had",
+            s.left_late,
         );
         series
     }
@@ -367,6 +375,15 @@ impl Metrics {
         self.inner.series.unscoped.get()
     }
 
+    /// Watched outbound calls (the first of every 64 of a client layer)
+    /// whose request left more than 10 ms after their `grpc-timeout` was
+    /// written — a wait below the layer (a plain tonic `Channel`
+    /// connecting, a middleware queue) that the budget on the wire does not
+    /// show. See [`ClientDeadlineLayer`](crate::ClientDeadlineLayer).
+    pub fn budgets_left_late(&self) -> u64 {
+        self.inner.series.left_late.get()
+    }
+
     /// Request scopes of the server layer that ended with `cause` (one of
     /// the labels of `tonic_deadline_scope_ended_total`: `completed`,
     /// `failed`, `deadline_exceeded`, `local_cap`, `abandoned`,
@@ -448,6 +465,10 @@ impl Metrics {
 
     pub(crate) fn unscoped_call(&self) {
         self.series().unscoped.inc();
+    }
+
+    pub(crate) fn budget_left_late(&self) {
+        self.series().left_late.inc();
     }
 
     pub(crate) fn server_started(&self, m: &Method, requested: Option<Duration>) {

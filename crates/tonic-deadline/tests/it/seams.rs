@@ -659,12 +659,23 @@ async fn lazy_tonic_channel_tells_the_server_the_connect_time_too_much() {
         dials: Arc::default(),
     };
     let endpoint = Endpoint::from_shared(format!("http://{node}")).expect("uri");
-    let mut client =
-        boxed(ClientDeadlineLayer::new().layer(endpoint.connect_with_connector_lazy(connector)));
+    let metrics = Metrics::new();
+    // A middleware between the layer and the Channel: what the layer sees
+    // below it is not tonic's Channel type, and the report must not depend
+    // on that.
+    let below = ServiceBuilder::new()
+        .map_request(|request: Request<Body>| request)
+        .service(endpoint.connect_with_connector_lazy(connector));
+    let mut client = boxed(ClientDeadlineLayer::new().metrics(&metrics).layer(below));
     let excess = excess_of_one_call(&mut client, &mut events).await;
     assert!(
         excess >= CONNECT - Duration::from_millis(10),
         "a plain lazy Channel gives the server the connect time extra ({excess:?})"
+    );
+    assert_eq!(
+        metrics.budgets_left_late(),
+        1,
+        "the first call is watched, and its request left a connect after its header"
     );
 }
 
@@ -691,7 +702,12 @@ async fn ready_channel_counts_the_connect_time_on_first_call_and_after_reconnect
     let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("uri");
     let channel = ReadyChannel::lazy_with_connector(&endpoint, connector);
     assert!(!channel.is_connected(), "a lazy channel starts unconnected");
-    let mut client = boxed(ClientDeadlineLayer::new().layer(channel.clone()));
+    let metrics = Metrics::new();
+    let mut client = boxed(
+        ClientDeadlineLayer::new()
+            .metrics(&metrics)
+            .layer(channel.clone()),
+    );
 
     let first = excess_of_one_call(&mut client, &mut events).await;
     assert!(
@@ -729,6 +745,11 @@ async fn ready_channel_counts_the_connect_time_on_first_call_and_after_reconnect
         "after a reconnect the header must count the connect again (+{after:?})"
     );
     assert_eq!(dials.load(Ordering::SeqCst), 2, "one dial per connection");
+    assert_eq!(
+        metrics.budgets_left_late(),
+        0,
+        "the connect is waited for before the header is written"
+    );
 }
 
 async fn serve_on(listener: tokio::net::TcpListener, node: Node) {
@@ -984,5 +1005,53 @@ async fn on_end_runs_once_the_scope_ends_and_never_before() {
             .await
             .is_err(),
         "a scope that never ends never runs its cleanup"
+    );
+}
+
+#[tokio::test]
+async fn a_call_queued_behind_a_one_stream_server_is_reported_as_left_late() {
+    // The server takes one stream at a time: a second call waits inside
+    // h2, below the layer, after its header was written.
+    let (_events, tx) = Events::new();
+    let (listener, addr) = loopback().await;
+    let node = Node::new("B", &tx).working(Duration::from_millis(300));
+    #[allow(clippy::disallowed_methods)] // the server outlives every request
+    tokio::spawn(
+        Server::builder()
+            .max_concurrent_streams(1)
+            .layer(ServerDeadlineLayer::new())
+            .add_service(ProbeServer::new(node))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("uri");
+    let channel = ReadyChannel::connect(&endpoint).await.expect("connects");
+    let first_metrics = Metrics::new();
+    let mut first = boxed(
+        ClientDeadlineLayer::new()
+            .metrics(&first_metrics)
+            .layer(channel.clone()),
+    );
+    let metrics = Metrics::new();
+    // A layer of its own, so that its first call — the queued one — is
+    // the one watched.
+    let mut queued = boxed(ClientDeadlineLayer::new().metrics(&metrics).layer(channel));
+    let scope = Scope::background().with_timeout(Duration::from_secs(2));
+    let holder = scope.enter(first.call(CallRequest::default()));
+    let waiter = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        scope.enter(queued.call(CallRequest::default())).await
+    };
+    let (held, waited) = tokio::join!(holder, waiter);
+    held.expect("the first call is served");
+    waited.expect("the queued call is served once the stream is free");
+    assert_eq!(
+        first_metrics.budgets_left_late(),
+        0,
+        "the first call left at once"
+    );
+    assert_eq!(
+        metrics.budgets_left_late(),
+        1,
+        "the queued call left about 250 ms after its header, and says so"
     );
 }
