@@ -153,6 +153,25 @@ pub(super) struct Departure {
     pub(super) method: String,
 }
 
+impl Departure {
+    /// Out of line: one call in 64 pays for it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn watch(written: Instant, config: &Arc<Config>, method: &str) -> Box<Self> {
+        Box::new(Self {
+            written,
+            config: config.clone(),
+            method: method.to_owned(),
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn left(self: Box<Self>) {
+        self.config.departed(&self.method, self.written.elapsed());
+    }
+}
+
 impl<B> RequestBody<B> {
     pub(super) fn new(inner: B, abandoned: Abandoned, watch: Option<Box<Departure>>) -> Self {
         Self {
@@ -179,9 +198,7 @@ where
         if let Some(watch) = this.watch.take() {
             // The transport polls the body once the request's headers are
             // on their way.
-            watch
-                .config
-                .departed(&watch.method, watch.written.elapsed());
+            watch.left();
         }
         // Registered for a wake-up only when the body waits: a unary
         // request, ready at once, never registers.

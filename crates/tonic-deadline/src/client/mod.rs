@@ -298,13 +298,15 @@ where
         // A sample of the calls with a budget on the wire is watched: if the
         // request leaves much later than now, something below held it, and
         // the server was told too much.
-        let watch = (granted.is_some() && self.config.watch_departure()).then(|| {
-            Box::new(body::Departure {
-                written: now,
-                config: self.config.clone(),
-                method: request.uri().path().to_owned(),
-            })
-        });
+        let watch = if granted.is_some() && self.config.watch_departure() {
+            Some(body::Departure::watch(
+                now,
+                &self.config,
+                request.uri().path(),
+            ))
+        } else {
+            None
+        };
         let request =
             request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned, watch)));
         let inner = {
