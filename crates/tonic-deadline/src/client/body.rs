@@ -167,7 +167,7 @@ impl Departure {
 
     #[cold]
     #[inline(never)]
-    fn left(self: Box<Self>) {
+    fn left(&self) {
         self.config.departed(&self.method, self.written.elapsed());
     }
 }
