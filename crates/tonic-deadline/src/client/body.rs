@@ -1,6 +1,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -148,18 +149,25 @@ pin_project! {
 
 /// What a watched call needs to report when its request leaves.
 pub(super) struct Departure {
-    pub(super) written: Instant,
-    pub(super) config: Arc<Config>,
-    pub(super) method: String,
+    written: Instant,
+    granted: Duration,
+    config: Arc<Config>,
+    method: String,
 }
 
 impl Departure {
     /// Out of line: one call in 64 pays for it.
     #[cold]
     #[inline(never)]
-    pub(super) fn watch(written: Instant, config: &Arc<Config>, method: &str) -> Box<Self> {
+    pub(super) fn watch(
+        written: Instant,
+        granted: Duration,
+        config: &Arc<Config>,
+        method: &str,
+    ) -> Box<Self> {
         Box::new(Self {
             written,
+            granted,
             config: config.clone(),
             method: method.to_owned(),
         })
@@ -168,7 +176,8 @@ impl Departure {
     #[cold]
     #[inline(never)]
     fn left(&self) {
-        self.config.departed(&self.method, self.written.elapsed());
+        self.config
+            .departed(&self.method, self.granted, self.written.elapsed());
     }
 }
 

@@ -27,7 +27,8 @@ use crate::observe::Metrics;
 /// call queued behind the server's `max_concurrent_streams`, a queue in a
 /// middleware — the server is told that wait more than the caller has. The
 /// layer watches the first of every 64 calls: one whose request leaves more
-/// than 10 ms after its header is counted
+/// than 10 ms — and more than 5 % of its budget — after its header is
+/// counted
 /// ([`Metrics::budgets_left_late`](crate::observe::Metrics::budgets_left_late))
 /// and warned about (rate-limited), whatever the service below is. Put the
 /// layer over a [`ReadyChannel`](crate::client::ReadyChannel), which waits

@@ -298,14 +298,14 @@ where
         // A sample of the calls with a budget on the wire is watched: if the
         // request leaves much later than now, something below held it, and
         // the server was told too much.
-        let watch = if granted.is_some() && self.config.watch_departure() {
-            Some(body::Departure::watch(
+        let watch = match granted {
+            Some(granted) if self.config.watch_departure() => Some(body::Departure::watch(
                 now,
+                granted,
                 &self.config,
                 request.uri().path(),
-            ))
-        } else {
-            None
+            )),
+            _ => None,
         };
         let request =
             request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned, watch)));

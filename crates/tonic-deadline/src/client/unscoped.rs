@@ -99,10 +99,12 @@ impl Config {
             .is_multiple_of(WATCH_EVERY)
     }
 
-    /// A watched call's request left `late` after its `grpc-timeout` was
-    /// written.
-    pub(crate) fn departed(&self, method: &str, late: Duration) {
-        if late <= LEFT_LATE {
+    /// A watched call's request, told `granted`, left `late` after its
+    /// `grpc-timeout` was written. Reported when the server was told more
+    /// than [`LEFT_LATE`] and more than a twentieth of the budget too much:
+    /// a scheduling delay on a loaded machine is neither.
+    pub(crate) fn departed(&self, method: &str, granted: Duration, late: Duration) {
+        if late <= LEFT_LATE || late <= granted / 20 {
             return;
         }
         if let Some(metrics) = &self.metrics {

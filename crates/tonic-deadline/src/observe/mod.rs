@@ -254,8 +254,8 @@ impl Series {
         );
         registry.register(
             "tonic_deadline_budget_left_late",
-            "Watched outbound calls whose request left more than 10 ms after its grpc-timeout was \
-             written: the server was told that much more than the caller had",
+            "Watched outbound calls whose request left more than 10 ms (and 5 % of the budget) after its grpc-timeout \
+             was written: the server was told that much more than the caller had",
             s.left_late,
         );
         series
@@ -376,10 +376,10 @@ impl Metrics {
     }
 
     /// Watched outbound calls (the first of every 64 of a client layer)
-    /// whose request left more than 10 ms after their `grpc-timeout` was
-    /// written — a wait below the layer (a plain tonic `Channel`
-    /// connecting, a middleware queue) that the budget on the wire does not
-    /// show. See [`ClientDeadlineLayer`](crate::ClientDeadlineLayer).
+    /// whose request left more than 10 ms (and more than 5 % of the
+    /// budget) after their `grpc-timeout` was written — a wait below the
+    /// layer (a plain tonic `Channel` connecting, a middleware queue) that
+    /// the budget on the wire does not show. See [`ClientDeadlineLayer`](crate::ClientDeadlineLayer).
     pub fn budgets_left_late(&self) -> u64 {
         self.inner.series.left_late.get()
     }
