@@ -513,6 +513,7 @@ async fn measure(way: &Way) -> anyhow::Result<Row> {
         .collect();
     // A break is reported by the client layer: a count, or its warning.
     let reported = metrics.unscoped_calls() > 0
+        || metrics.budgets_left_late() > 0
         || said
             .iter()
             .any(|line| line.starts_with("tonic_deadline::client"));
