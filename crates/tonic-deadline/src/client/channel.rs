@@ -296,6 +296,19 @@ impl ReadyChannel {
     pub fn is_connected(&self) -> bool {
         self.link.ready.load(Ordering::Acquire)
     }
+
+    /// Ready once a connection is in use or a dial has ended (its stream
+    /// or its error stashed); starts the dial when none runs.
+    fn poll_dialled(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.link.poll_connected(cx) {
+            Connected::Yes => Poll::Ready(()),
+            Connected::Waiting => Poll::Pending,
+            Connected::DialNow => {
+                self.dial.clone().start();
+                Poll::Pending
+            }
+        }
+    }
 }
 
 fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
@@ -315,14 +328,8 @@ impl Service<Request<Body>> for ReadyChannel {
     type Future = ReadyFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        match self.link.poll_connected(cx) {
-            Connected::Yes => self.channel.poll_ready(cx),
-            Connected::Waiting => Poll::Pending,
-            Connected::DialNow => {
-                self.dial.clone().start();
-                Poll::Pending
-            }
-        }
+        std::task::ready!(self.poll_dialled(cx));
+        self.channel.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
@@ -400,15 +407,7 @@ async fn wait_then_send(mut channel: ReadyChannel, mut request: Request<Body>) -
         // pause, and wait for a new dial.
         channel.dial.forget_failure();
         tokio::time::sleep(backoff.next_pause()).await;
-        poll_fn(|cx| match channel.link.poll_connected(cx) {
-            Connected::Yes => Poll::Ready(()),
-            Connected::Waiting => Poll::Pending,
-            Connected::DialNow => {
-                channel.dial.clone().start();
-                Poll::Pending
-            }
-        })
-        .await;
+        poll_fn(|cx| channel.poll_dialled(cx)).await;
     }
     if !spend(request.headers_mut(), started.elapsed()) {
         // Nothing left to tell the server: the client layer answers

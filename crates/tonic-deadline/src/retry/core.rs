@@ -207,40 +207,37 @@ pub(crate) fn caller_scope<B>(request: &mut Request<B>) -> Option<Scope> {
     Some(base.with_timeout(timeout))
 }
 
-/// Applies the two fields of a method's config that hold for every call,
-/// whatever its policy: `waitForReady` puts a [`WaitForReady`] on the
-/// request, and `timeout` caps the caller's scope. Returns the request when
-/// neither applies, untouched (a call without them pays for nothing).
-pub(crate) fn apply_method_config<B>(
-    request: &mut Request<B>,
-    resolved: &Resolved<'_>,
-) -> Option<Option<Scope>> {
-    if !resolved.wait_for_ready && resolved.timeout.is_none() {
-        return None;
-    }
-    if resolved.wait_for_ready {
-        request.extensions_mut().insert(WaitForReady);
-    }
+/// The caller's scope for a call with a policy: [`caller_scope`], under the
+/// method's `timeout` and marked with its `waitForReady` (see
+/// [`pass_through`]).
+pub(crate) fn policy_scope<B>(request: &mut Request<B>, resolved: &Resolved<'_>) -> Option<Scope> {
+    mark_wait_for_ready(request, resolved);
     let scope = caller_scope(request);
-    Some(match resolved.timeout {
+    match resolved.timeout {
         Some(timeout) => Some(scope.unwrap_or_else(Scope::background).with_cap(timeout)),
         None => scope,
-    })
+    }
 }
 
-/// The caller's scope for a call with a policy: [`caller_scope`], capped
-/// and marked as the method's config says.
-pub(crate) fn policy_scope<B>(request: &mut Request<B>, resolved: &Resolved<'_>) -> Option<Scope> {
-    apply_method_config(request, resolved).unwrap_or_else(|| caller_scope(request))
-}
-
-/// A call without a policy of this layer: the method's `timeout` and
-/// `waitForReady` still apply, through the request the next layer sees.
+/// A call without a policy of this layer: the two fields of a method's
+/// config that hold for every call still apply, through the request the
+/// next layer sees — `waitForReady` as a [`WaitForReady`], `timeout` as a
+/// capped scope. A call without them is passed on untouched.
 pub(crate) fn pass_through<B>(mut request: Request<B>, resolved: &Resolved<'_>) -> Request<B> {
-    if let Some(Some(scope)) = apply_method_config(&mut request, resolved) {
+    mark_wait_for_ready(&mut request, resolved);
+    if let Some(timeout) = resolved.timeout {
+        let scope = caller_scope(&mut request)
+            .unwrap_or_else(Scope::background)
+            .with_cap(timeout);
         request.extensions_mut().insert(scope);
     }
     request
+}
+
+fn mark_wait_for_ready<B>(request: &mut Request<B>, resolved: &Resolved<'_>) {
+    if resolved.wait_for_ready {
+        request.extensions_mut().insert(WaitForReady);
+    }
 }
 
 /// What the server's `grpc-retry-pushback-ms` says.

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::{Event, Events, Node, PATIENCE, channel, code, connect, loopback, serve};
+use common::{Event, Events, Node, PATIENCE, channel, code, connect, loopback, serve, serve_on};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{Request, Response};
 use probe::probe_client::ProbeClient;
@@ -750,15 +750,6 @@ async fn ready_channel_counts_the_connect_time_on_first_call_and_after_reconnect
         0,
         "the connect is waited for before the header is written"
     );
-}
-
-async fn serve_on(listener: tokio::net::TcpListener, node: Node) {
-    Server::builder()
-        .layer(ServerDeadlineLayer::new())
-        .add_service(ProbeServer::new(node))
-        .serve_with_incoming(TcpListenerStream::new(listener))
-        .await
-        .expect("the test server must keep serving");
 }
 
 #[tokio::test]

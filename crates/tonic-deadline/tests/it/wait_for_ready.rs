@@ -12,19 +12,17 @@ use std::time::Duration;
 use http::{Request, Response};
 use probe::CallRequest;
 use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
 use tokio::time::Instant;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;
 use tonic::body::Body;
-use tonic::transport::{Endpoint, Server};
+use tonic::transport::Endpoint;
 use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::retry::RetryLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
-use crate::common::{Events, Node, loopback, serve};
+use crate::common::{Events, Node, loopback, serve, serve_on};
 
 type Client = ProbeClient<BoxCloneSyncService<Request<Body>, Response<Body>, Status>>;
 
@@ -56,12 +54,7 @@ async fn late_server(after: Duration, node: Node) -> SocketAddr {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .expect("the port is still free");
-        Server::builder()
-            .layer(ServerDeadlineLayer::new())
-            .add_service(ProbeServer::new(node))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-            .expect("the late server must keep serving");
+        serve_on(listener, node).await;
     });
     addr
 }

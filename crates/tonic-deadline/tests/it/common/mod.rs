@@ -393,6 +393,16 @@ pub(crate) async fn loopback() -> (TcpListener, SocketAddr) {
     (listener, addr)
 }
 
+/// Serves `node` behind the default server layer on `listener`.
+pub(crate) async fn serve_on(listener: TcpListener, node: Node) {
+    Server::builder()
+        .layer(ServerDeadlineLayer::new())
+        .add_service(ProbeServer::new(node))
+        .serve_with_incoming(TcpListenerStream::new(listener))
+        .await
+        .expect("the test server must keep serving");
+}
+
 /// Serves `node` behind `layer` on a fresh loopback port until the test ends.
 pub(crate) async fn serve(layer: ServerDeadlineLayer, node: Node) -> SocketAddr {
     let (listener, addr) = loopback().await;
