@@ -5,7 +5,6 @@ use std::task::{Context, Poll};
 use http::{HeaderMap, HeaderValue, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::abandon::Abandon;
 
@@ -13,7 +12,7 @@ use super::body::ClientBody;
 use super::transport::lost_connection_status;
 use crate::BoxError;
 use crate::observe::{ClientObserved, status_code};
-use crate::scope::{Cause, Scope};
+use crate::scope::{Cancelled, Cause, Scope};
 use crate::status::{GRPC_MESSAGE, GRPC_STATUS, status_for};
 
 pin_project! {
@@ -58,7 +57,7 @@ pin_project! {
         // Read the clock before the timer is armed.
         check_clock: bool,
         #[pin]
-        cancelled: Option<WaitForCancellationFutureOwned>,
+        cancelled: Option<Cancelled>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
         // Reported once, with the first status seen (metrics or spans on
@@ -184,8 +183,7 @@ impl Race {
         if this.cancelled.is_none()
             && let Some(scope) = this.scope.as_ref()
         {
-            this.cancelled
-                .set(Some(scope.token().clone().cancelled_owned()));
+            this.cancelled.set(Some(scope.cancelled()));
             if let Some(cancelled) = this.cancelled.as_mut().as_pin_mut()
                 && cancelled.poll(cx).is_ready()
             {

@@ -243,7 +243,10 @@ where
                 self.count_refused(cause);
                 return failed(status_for(cause));
             }
-            if let Some(forwarded) = scope.forwarded() {
+            if let Some(forwarded) = scope
+                .attached::<crate::server::Attached>()
+                .and_then(crate::server::Attached::forwarded)
+            {
                 let headers = request.headers_mut();
                 // Decide per key, not per value: a key may carry several values.
                 for name in forwarded.keys() {

@@ -603,10 +603,9 @@ async fn forwarded_metadata_is_copied_to_outbound_calls() {
     incoming.append("x-trace-id", HeaderValue::from_static("trace-1"));
     incoming.append("x-trace-id", HeaderValue::from_static("trace-2"));
     incoming.insert("x-flags", HeaderValue::from_static("canary"));
-    let request_scope = Scope::root_with_metadata(
+    let request_scope = Scope::root_attached(
         Some(Instant::now() + Duration::from_secs(1)),
-        Some(Arc::new(incoming)),
-        None,
+        Some(Arc::new(crate::server::Attached::new(Some(incoming), None))),
     );
     let downstream = request_scope.with_cap(200 * MS);
 

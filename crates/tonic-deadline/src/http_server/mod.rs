@@ -140,11 +140,8 @@ where
             );
         }
         let deadline = budget.and_then(|b| Instant::now().checked_add(b));
-        let scope = Scope::root_with_metadata(
-            deadline,
-            self.config.limits.forwarded(request.headers()),
-            None,
-        );
+        let scope =
+            Scope::root_attached(deadline, self.config.limits.attachment(request.headers()));
         request.extensions_mut().insert(scope.clone());
         let inner = CURRENT.sync_scope(scope.clone(), || self.inner.call(request));
         ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, deadline)

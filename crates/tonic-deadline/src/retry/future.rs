@@ -8,13 +8,12 @@ use bytes::BytesMut;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower_service::Service;
 
 use super::core::{self, Buffered, Core, Outcome, Pushback, Replay, Template};
 use crate::BoxError;
 use crate::observe::CallReport;
-use crate::scope::{Cause, Scope};
+use crate::scope::{Cancelled, Cause, Scope};
 use crate::service_config::RetryPolicy;
 use crate::status::status_for;
 
@@ -32,7 +31,7 @@ pin_project! {
         #[pin]
         attempt: Option<S::Future>,
         #[pin]
-        cancelled: Option<WaitForCancellationFutureOwned>,
+        cancelled: Option<Cancelled>,
         backoff: Option<Pin<Box<Sleep>>>,
         call: Option<Call<S>>,
     }
@@ -112,7 +111,7 @@ where
         let now = Instant::now();
         Self {
             attempt: None,
-            cancelled: scope.as_ref().map(|s| s.token().clone().cancelled_owned()),
+            cancelled: scope.as_ref().map(|s| s.cancelled()),
             backoff: None,
             call: Some(Call {
                 service,

@@ -2,8 +2,8 @@
 //! Go's request `context.Context`.
 //!
 //! A [`Scope`] holds an optional absolute deadline (no deadline is a real
-//! state, not a very large one), a [`CancellationToken`] and, once it has
-//! ended, the [`Cause`]. Scopes form a tree: children obey the *minimum
+//! state, not a very large one), a node of a cancellation tree and, once it
+//! has ended, the [`Cause`]. Scopes form a tree: children obey the *minimum
 //! rule* — a child's deadline is never later than its parent's — and
 //! cancelling a parent ends every descendant with the parent's cause.
 //!
@@ -45,21 +45,30 @@
 //! 2. The cause is fixed by whichever happens first: the deadline passing or
 //!    a cancellation (of this scope or an ancestor). It never changes after.
 //! 3. A scope is ended exactly when its cause is `Some`.
+//! 4. Cloning, asking ([`is_ended`](Scope::is_ended), [`check`](Scope::check)
+//!    while live) and dropping a scope take no lock and allocate nothing;
+//!    making a child allocates its node and locks nothing. The tree beneath
+//!    (`tree.rs`) says how an end reaches the waiters of every descendant.
 
 mod current;
 mod join_set;
+mod sync;
 mod task;
+pub(crate) mod tree;
 
+use std::any::Any;
 use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use http::HeaderMap;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::observe::Metrics;
 use crate::status::Ended;
+use tree::{Node, Wait};
 
 pub(crate) use current::CURRENT;
 pub use join_set::JoinSet;
@@ -128,27 +137,47 @@ impl fmt::Display for Cause {
 /// See the [module docs](self) for the model.
 #[derive(Clone)]
 pub struct Scope {
-    inner: Arc<Inner>,
+    node: Arc<Node<Data, End>>,
 }
 
-struct Inner {
+/// How a node ended: the cause, and when, if anything could ask (see
+/// [`Scope::end`]).
+type End = (Cause, Option<Instant>);
+
+/// What a node knows of itself, fixed when it is made.
+struct Data {
     deadline: Option<Instant>,
-    /// The node's place in the cancellation tree, made when first needed: a
-    /// root that nothing waits on and that has no children (most requests
-    /// that answer at once) never allocates one. A child always has one,
-    /// linked to its parent's.
-    token: OnceLock<CancellationToken>,
-    /// Set once, by the first cancellation of *this* node: the cause and
-    /// when, if anything can ask (see `end`).
-    ended: OnceLock<(Cause, Option<Instant>)>,
-    parent: Option<Scope>,
-    /// Incoming metadata allowed to travel to outbound calls.
-    forwarded: Option<Arc<HeaderMap>>,
-    /// Where work that outlives this scope is counted (roots made by a
-    /// server layer given metrics; children ask their root).
-    metrics: Option<Metrics>,
-    /// How this node limited its parent's budget, for the call spans.
+    /// How this node limited its parent's budget.
     limit: Option<Limit>,
+    /// What the layer that made this root attached to it (roots only).
+    attached: Option<Arc<dyn Attachment>>,
+    /// Set once a child is made: an end then reads the clock, so that a
+    /// child whose own deadline had passed first says so.
+    has_children: AtomicBool,
+    /// The token handed to libraries that take one, made on first use.
+    bridge: OnceLock<CancellationToken>,
+}
+
+/// What the layer that made a root scope attaches to it: found again by
+/// type anywhere under that root ([`Scope::attached`]), and told of the
+/// work under it that the scope cannot stop by itself. The scope knows
+/// nothing else of the layers above it.
+pub(crate) trait Attachment: Any + Send + Sync + fmt::Debug {
+    /// Work tied to a scope under this root returned after that scope had
+    /// ended (`by`: how long after its deadline, when it had one).
+    fn outlived(&self, what: &'static str, by: Option<Duration>) {
+        let _ = (what, by);
+    }
+
+    /// The span to run blocking work in, if the layer traces.
+    fn blocking_span(&self) -> Option<tracing::Span> {
+        None
+    }
+
+    /// Blocking work that ran in `span` returned; `scope` is its scope.
+    fn blocking_returned(&self, span: &tracing::Span, scope: &Scope) {
+        let _ = (span, scope);
+    }
 }
 
 /// How a child scope cut its parent's budget: what a call span reports as
@@ -180,53 +209,23 @@ impl Scope {
     /// # }
     /// ```
     pub fn root(deadline: Option<Instant>) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, None, None, None)
+        Scope::root_attached(deadline, None)
     }
 
-    pub(crate) fn root_with_metadata(
+    /// A root scope carrying what its layer attaches (see [`Attachment`]).
+    pub(crate) fn root_attached(
         deadline: Option<Instant>,
-        forwarded: Option<Arc<HeaderMap>>,
-        metrics: Option<Metrics>,
-    ) -> Scope {
-        Scope::node(deadline, OnceLock::new(), None, forwarded, metrics, None)
-    }
-
-    fn node(
-        deadline: Option<Instant>,
-        token: OnceLock<CancellationToken>,
-        parent: Option<Scope>,
-        forwarded: Option<Arc<HeaderMap>>,
-        metrics: Option<Metrics>,
-        limit: Option<Limit>,
+        attached: Option<Arc<dyn Attachment>>,
     ) -> Scope {
         Scope {
-            inner: Arc::new(Inner {
-                deadline,
-                token,
-                ended: OnceLock::new(),
-                parent,
-                forwarded,
-                metrics,
-                limit,
-            }),
+            node: Node::root(Data::new(deadline, None, attached)),
         }
     }
 
-    /// Whether this node was cancelled (by itself or an ancestor).
-    ///
-    /// Asked of the nodes' `ended`, not of the token: a scope's token is
-    /// only ever cancelled by `end` on it or on an ancestor, after `ended`
-    /// is set, so the two agree, and the token would take its lock for
-    /// every question (the client asks several times a call).
+    /// Whether this node was cancelled (by itself or an ancestor): one
+    /// atomic load per node up to the root.
     pub(crate) fn is_cancelled(&self) -> bool {
-        let mut node = Some(self);
-        while let Some(scope) = node {
-            if scope.inner.ended.get().is_some() {
-                return true;
-            }
-            node = scope.inner.parent.as_ref();
-        }
-        false
+        self.node.is_ended()
     }
 
     /// The current scope of this task, installed by the server layer or by
@@ -242,21 +241,20 @@ impl Scope {
 
     /// The absolute deadline, if any.
     pub fn deadline(&self) -> Option<Instant> {
-        self.inner.deadline
+        self.node.data().deadline
     }
 
     /// Time left before the deadline: `None` without a deadline,
     /// `Some(Duration::ZERO)` once it has passed.
     pub fn remaining(&self) -> Option<Duration> {
-        self.inner
-            .deadline
+        self.deadline()
             .map(|d| d.saturating_duration_since(Instant::now()))
     }
 
     /// Whether the deadline has passed (a cancelled scope with time left is
     /// not expired; see [`is_ended`](Scope::is_ended)).
     pub fn is_expired(&self) -> bool {
-        self.inner.deadline.is_some_and(|d| d <= Instant::now())
+        self.deadline().is_some_and(|d| d <= Instant::now())
     }
 
     /// Whether the scope has ended, by deadline or cancellation.
@@ -266,12 +264,10 @@ impl Scope {
 
     /// Why the scope ended, or `None` while it is still live.
     pub fn cause(&self) -> Option<Cause> {
-        if self.is_cancelled() {
-            let (cause, at) = self.origin();
+        if let Some((cause, at)) = self.node.record() {
             // A deadline that passed before the cancellation came first.
             let expired_first = self
-                .inner
-                .deadline
+                .deadline()
                 .is_some_and(|d| at.is_some_and(|at| d <= at));
             return Some(if expired_first {
                 Cause::DeadlineExceeded
@@ -280,21 +276,6 @@ impl Scope {
             });
         }
         self.is_expired().then_some(Cause::DeadlineExceeded)
-    }
-
-    /// The cause and time recorded by the node whose cancellation reached us.
-    fn origin(&self) -> (Cause, Option<Instant>) {
-        let mut node = Some(self);
-        while let Some(scope) = node {
-            if let Some(&ended) = scope.inner.ended.get() {
-                return ended;
-            }
-            node = scope.inner.parent.as_ref();
-        }
-        // Unreachable by construction (every token cancel goes through
-        // `end`), but a token handed out by `cancellation_token` may be
-        // cancelled directly: that is an explicit cancel.
-        (Cause::Cancelled, Some(Instant::now()))
     }
 
     /// `Ok(())` while live; the reason as an error once ended. The error
@@ -331,20 +312,14 @@ impl Scope {
             return;
         }
         // The time only tells a deadline that passed first from a cancel.
-        // A node without children (no token) needs none when it has no
-        // deadline, or when it completed: an answer handed over in full is
-        // `Completed`, whatever the clock said since. Those skip the clock.
-        // A child made from here on sees the end at once.
-        let at = (self.inner.token.get().is_some()
-            || (self.inner.deadline.is_some() && cause != Cause::Completed))
+        // A node without children needs none when it has no deadline, or
+        // when it completed: an answer handed over in full is `Completed`,
+        // whatever the clock said since. Those skip the clock.
+        let data = self.node.data();
+        let at = (data.has_children.load(Ordering::Relaxed)
+            || (data.deadline.is_some() && cause != Cause::Completed))
             .then(Instant::now);
-        let _ = self.inner.ended.set((cause, at));
-        // Pairs with the fence in `token`: either it sees `ended`, or this
-        // sees its token (see there).
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        if let Some(token) = self.inner.token.get() {
-            token.cancel();
-        }
+        self.node.end((cause, at));
     }
 
     /// Waits until the scope ends and returns why.
@@ -356,17 +331,24 @@ impl Scope {
         if let Some(cause) = self.cause() {
             return cause;
         }
-        match self.inner.deadline {
+        let cancelled = self.cancelled();
+        match self.deadline() {
             Some(deadline) => {
                 tokio::select! {
                     biased;
-                    () = self.token().cancelled() => {}
+                    () = cancelled => {}
                     () = tokio::time::sleep_until(deadline) => {}
                 }
             }
-            None => self.token().cancelled().await,
+            None => cancelled.await,
         }
         self.cause().unwrap_or(Cause::DeadlineExceeded)
+    }
+
+    /// A future ready once this scope is cancelled (by itself or an
+    /// ancestor); it does not watch the deadline.
+    pub(crate) fn cancelled(&self) -> Cancelled {
+        Cancelled(Wait::new(self.node.clone()))
     }
 
     /// Runs `cleanup` once this scope ends, with the cause, on a task of its
@@ -413,88 +395,76 @@ impl Scope {
     /// A child token for libraries that take a [`CancellationToken`]. It is
     /// cancelled when this scope is *cancelled*; it does not observe the
     /// deadline by itself (pair it with [`deadline`](Scope::deadline)).
+    ///
+    /// ```
+    /// let scope = tonic_deadline::Scope::background();
+    /// let token = scope.cancellation_token();
+    /// scope.cancel();
+    /// assert!(token.is_cancelled());
+    /// ```
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.token().child_token()
-    }
-
-    /// This node's own token, made on first use: cancelled exactly when the
-    /// scope is.
-    ///
-    /// # Invariants
-    ///
-    /// 1. A token made after the scope ended is cancelled before it is
-    ///    returned.
-    /// 2. `end` and `token` racing cannot both miss each other: each writes
-    ///    (its cause, the token), then a `SeqCst` fence, then reads the
-    ///    other's write; two fences order one write before the other's read.
-    pub(crate) fn token(&self) -> &CancellationToken {
-        if let Some(token) = self.inner.token.get() {
-            return token;
-        }
-        let token = self.inner.token.get_or_init(CancellationToken::new);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        if self.inner.ended.get().is_some() {
-            token.cancel();
-        }
-        token
-    }
-
-    fn child_with(&self, deadline: Option<Instant>) -> Scope {
-        self.child_limited(deadline, None)
+        self.node
+            .data()
+            .bridge
+            .get_or_init(|| {
+                let token = CancellationToken::new();
+                // Registered for the node's lifetime: one per node, however
+                // many tokens are handed out (each is a child of this one).
+                self.node
+                    .on_end(&Waker::from(Arc::new(CancelOnEnd(token.clone()))));
+                token
+            })
+            .child_token()
     }
 
     fn child_limited(&self, deadline: Option<Instant>, limit: Option<Limit>) -> Scope {
-        Scope::node(
-            deadline,
-            OnceLock::from(self.token().child_token()),
-            Some(self.clone()),
-            self.inner.forwarded.clone(),
-            None,
-            limit,
-        )
+        let children = &self.node.data().has_children;
+        if !children.load(Ordering::Relaxed) {
+            children.store(true, Ordering::Relaxed);
+        }
+        Scope {
+            node: Node::child(&self.node, Data::new(deadline, limit, None)),
+        }
     }
 
     /// The nearest cap and the nearest reserve on the way from this scope
     /// up to its root, each with whether it was what set this scope's
     /// deadline (the tightest limit on the way).
     pub(crate) fn limits(&self) -> Limits {
+        let own = self.deadline();
         let mut found = Limits::default();
-        let mut node = Some(self);
-        while let Some(scope) = node {
-            let parent = scope.inner.parent.as_ref();
+        for node in self.node.path() {
+            let data = node.data();
             // A limit binds when it made the deadline earlier than the
             // parent's, and that deadline is the one this scope still has.
-            let binds = scope.inner.deadline.is_some()
-                && scope.inner.deadline == self.inner.deadline
-                && parent.is_none_or(|p| {
-                    p.inner
-                        .deadline
-                        .is_none_or(|d| Some(d) > scope.inner.deadline)
-                });
-            match scope.inner.limit {
+            let binds = data.deadline.is_some()
+                && data.deadline == own
+                && node
+                    .parent()
+                    .is_none_or(|p| p.data().deadline.is_none_or(|d| Some(d) > data.deadline));
+            match data.limit {
                 Some(Limit::Cap(cap)) if found.cap.is_none() => found.cap = Some((cap, binds)),
                 Some(Limit::Reserve(r)) if found.reserve.is_none() => {
                     found.reserve = Some((r, binds));
                 }
                 _ => {}
             }
-            node = parent;
         }
         found
     }
 
     /// A child with the same deadline that can be cancelled on its own.
     pub fn child(&self) -> Scope {
-        self.child_with(self.inner.deadline)
+        self.child_limited(self.deadline(), None)
     }
 
     /// A child ending at `min(parent deadline, deadline)`.
     pub fn with_deadline(&self, deadline: Instant) -> Scope {
-        let deadline = match self.inner.deadline {
+        let deadline = match self.deadline() {
             Some(parent) => parent.min(deadline),
             None => deadline,
         };
-        self.child_with(Some(deadline))
+        self.child_limited(Some(deadline), None)
     }
 
     /// A child ending at `min(parent deadline, now + timeout)`: Go's
@@ -513,7 +483,7 @@ impl Scope {
         let Some(capped) = Instant::now().checked_add(cap) else {
             return self.child();
         };
-        let deadline = match self.inner.deadline {
+        let deadline = match self.deadline() {
             Some(parent) => parent.min(capped),
             None => capped,
         };
@@ -543,7 +513,7 @@ impl Scope {
     /// ```
     pub fn reserve(&self, reserve: Duration) -> Result<Scope, Ended> {
         self.check()?;
-        let Some(deadline) = self.inner.deadline else {
+        let Some(deadline) = self.deadline() else {
             return Ok(self.child());
         };
         match deadline.checked_sub(reserve) {
@@ -610,10 +580,10 @@ impl Scope {
     ///
     /// Threads cannot be stopped from outside, so `work` receives the scope
     /// and should call [`check`](Scope::check) between steps. Work that is
-    /// still running after the scope ended is counted by
-    /// in the [`Metrics`] of the server layer that
-    /// made the request's scope (`tonic_deadline_outlived_total`), and
-    /// logged with how long it outlived its scope.
+    /// still running after the scope ended is logged with how long it
+    /// outlived its scope, and counted in the
+    /// [`Metrics`](crate::observe::Metrics) of the server layer that made the
+    /// request's scope (`tonic_deadline_outlived_total`).
     ///
     /// # Errors
     ///
@@ -631,11 +601,16 @@ impl Scope {
         let watched = scope.clone();
         // Closes when the work returns, which may be after its parent's span
         // closed at the deadline: the trace shows the lost cancellation.
-        let span = crate::observe::spans::blocking();
+        let span = self.attachment().and_then(Attachment::blocking_span);
         #[allow(clippy::disallowed_methods)] // the scope goes with the work
         let handle = tokio::task::spawn_blocking(move || {
-            let out = span.in_scope(|| work(&watched));
-            crate::observe::spans::blocking_ended(&span, &watched);
+            let out = match &span {
+                Some(span) => span.in_scope(|| work(&watched)),
+                None => work(&watched),
+            };
+            if let (Some(span), Some(attached)) = (&span, watched.attachment()) {
+                attached.blocking_returned(span, &watched);
+            }
             task::note_if_outlived(&watched, "blocking work");
             out
         });
@@ -649,20 +624,63 @@ impl Scope {
         }
     }
 
-    /// Incoming metadata the server layer was told to forward.
-    pub(crate) fn forwarded(&self) -> Option<&HeaderMap> {
-        self.inner.forwarded.as_deref()
+    /// What the layer that made this scope's root attached, if anything.
+    fn attachment(&self) -> Option<&dyn Attachment> {
+        self.node
+            .path()
+            .find_map(|node| node.data().attached.as_deref())
     }
 
-    /// The metrics of this scope's root, if its server layer has any.
-    pub(crate) fn metrics(&self) -> Option<&Metrics> {
-        let mut node = self;
-        loop {
-            if let Some(metrics) = &node.inner.metrics {
-                return Some(metrics);
-            }
-            node = node.inner.parent.as_ref()?;
+    /// The root's attachment, if it is a `T`.
+    pub(crate) fn attached<T: Attachment>(&self) -> Option<&T> {
+        let attached: &dyn Any = self.attachment()?;
+        attached.downcast_ref()
+    }
+}
+
+impl Data {
+    fn new(
+        deadline: Option<Instant>,
+        limit: Option<Limit>,
+        attached: Option<Arc<dyn Attachment>>,
+    ) -> Self {
+        Self {
+            deadline,
+            limit,
+            attached,
+            has_children: AtomicBool::new(false),
+            bridge: OnceLock::new(),
         }
+    }
+}
+
+/// See [`Scope::cancelled`].
+///
+/// # Cancellation safety
+///
+/// Safe: dropping it only stops the wait.
+#[derive(Debug)]
+pub(crate) struct Cancelled(Wait<Data, End>);
+
+impl Future for Cancelled {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.poll_ended(cx)
+    }
+}
+
+/// Cancels a token when woken: how [`Scope::cancellation_token`] hears of
+/// the end.
+struct CancelOnEnd(CancellationToken);
+
+impl Wake for CancelOnEnd {
+    fn wake(self: Arc<Self>) {
+        self.0.cancel();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.cancel();
     }
 }
 

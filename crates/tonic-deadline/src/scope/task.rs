@@ -50,15 +50,15 @@ impl Scope {
     }
 }
 
-/// Counts (in the scope's metrics, if any) and logs work that finished
-/// after its scope had already ended.
+/// Logs work that finished after its scope had already ended, and tells
+/// the root's attachment (the server layer counts it).
 pub(crate) fn note_if_outlived(scope: &Scope, what: &'static str) {
     let Some(cause) = scope.cause() else { return };
     let outlived = scope
         .deadline()
         .map(|d| tokio::time::Instant::now().saturating_duration_since(d));
-    if let Some(metrics) = scope.metrics() {
-        metrics.outlived_scope(outlived);
+    if let Some(attached) = scope.attachment() {
+        attached.outlived(what, outlived);
     }
     tracing::warn!(
         what,

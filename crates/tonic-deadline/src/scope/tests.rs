@@ -693,7 +693,13 @@ async fn check_converts_to_the_right_status() {
 #[tokio::test(start_paused = true)]
 async fn spawn_blocking_returns_the_work_output_in_time() {
     let metrics = crate::observe::Metrics::new();
-    let root = Scope::root_with_metadata(None, None, Some(metrics.clone()));
+    let root = Scope::root_attached(
+        None,
+        Some(Arc::new(crate::server::Attached::new(
+            None,
+            Some(metrics.clone()),
+        ))),
+    );
     let scope = root.with_timeout(Duration::from_secs(1));
     let out = scope
         .spawn_blocking(|scope| {
@@ -717,7 +723,13 @@ async fn spawn_blocking_returns_the_work_output_in_time() {
 #[tokio::test(start_paused = true)]
 async fn spawn_blocking_returns_at_scope_end_and_counts_outliving_work() {
     let metrics = crate::observe::Metrics::new();
-    let root = Scope::root_with_metadata(None, None, Some(metrics.clone()));
+    let root = Scope::root_attached(
+        None,
+        Some(Arc::new(crate::server::Attached::new(
+            None,
+            Some(metrics.clone()),
+        ))),
+    );
     let scope = root.with_timeout(Duration::from_secs(10));
     let (started_tx, started_rx) = oneshot::channel::<()>();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
@@ -787,5 +799,42 @@ fn cause_maps_to_code_and_text() {
         Cause::Abandoned.to_string(),
         Cause::Cancelled.to_string(),
         "logs must tell a caller cancel from a local one"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_given_up_leave_no_registration_behind() {
+    let root = Scope::background();
+    let capped = root.with_cap(Duration::from_secs(1));
+    for _ in 0..1000 {
+        let mut wait = capped.cancelled();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(
+            std::pin::Pin::new(&mut wait).poll(&mut cx).is_pending(),
+            "a live scope keeps its waiter waiting"
+        );
+    }
+    assert_eq!(
+        root.node.held_slots(),
+        0,
+        "the root keeps no slot of a wait dropped"
+    );
+    assert_eq!(capped.node.held_slots(), 0, "nor does the child waited on");
+}
+
+#[test]
+fn every_token_handed_out_shares_one_registration() {
+    let scope = Scope::background().child();
+    let tokens: Vec<_> = (0..100).map(|_| scope.cancellation_token()).collect();
+    assert_eq!(
+        scope.node.held_slots(),
+        1,
+        "a hundred tokens must not register a hundred times"
+    );
+    scope.cancel();
+    assert!(
+        tokens
+            .iter()
+            .all(tokio_util::sync::CancellationToken::is_cancelled)
     );
 }

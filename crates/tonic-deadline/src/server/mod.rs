@@ -51,7 +51,7 @@ mod future;
 mod layer;
 mod timer;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -60,7 +60,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::observe::{Metrics, ServerCall, ServerObserved, Stage, spans};
-use crate::scope::{CURRENT, Cause, Scope};
+use crate::scope::{Attachment, CURRENT, Cause, Scope};
 use crate::status::status_for;
 use crate::timeout_header;
 
@@ -92,6 +92,51 @@ pub(crate) struct Config {
     pub(crate) metrics: Option<Metrics>,
     /// Open a `grpc.server` span per request ([`ServerDeadlineLayer::trace_spans`]).
     pub(crate) spans: bool,
+    /// The attachment of every request that forwards no metadata, made
+    /// once per layer.
+    shared: OnceLock<Option<Arc<dyn Attachment>>>,
+}
+
+/// What the server layer attaches to each request's scope: the metadata
+/// its outbound calls forward, and where work that outlives the request is
+/// reported.
+#[derive(Debug)]
+pub(crate) struct Attached {
+    forwarded: Option<HeaderMap>,
+    metrics: Option<Metrics>,
+    spans: bool,
+}
+
+impl Attached {
+    #[cfg(test)]
+    pub(crate) fn new(forwarded: Option<HeaderMap>, metrics: Option<Metrics>) -> Self {
+        Self {
+            forwarded,
+            metrics,
+            spans: false,
+        }
+    }
+
+    /// Incoming metadata the layer was told to forward.
+    pub(crate) fn forwarded(&self) -> Option<&HeaderMap> {
+        self.forwarded.as_ref()
+    }
+}
+
+impl Attachment for Attached {
+    fn outlived(&self, _what: &'static str, by: Option<Duration>) {
+        if let Some(metrics) = &self.metrics {
+            metrics.outlived_scope(by);
+        }
+    }
+
+    fn blocking_span(&self) -> Option<tracing::Span> {
+        self.spans.then(spans::blocking)
+    }
+
+    fn blocking_returned(&self, span: &tracing::Span, scope: &Scope) {
+        spans::blocking_ended(span, scope);
+    }
 }
 
 impl Config {
@@ -119,7 +164,7 @@ impl Config {
     }
 
     /// The allow-listed incoming metadata, `None` when there is none.
-    pub(crate) fn forwarded(&self, headers: &HeaderMap) -> Option<Arc<HeaderMap>> {
+    fn forwarded(&self, headers: &HeaderMap) -> Option<HeaderMap> {
         if self.forward.is_empty() {
             return None;
         }
@@ -129,7 +174,28 @@ impl Config {
                 out.append(name.clone(), value.clone());
             }
         }
-        (!out.is_empty()).then(|| Arc::new(out))
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// What a request's scope carries: nothing for a layer that forwards,
+    /// counts and traces nothing; one value shared by every request that
+    /// forwards nothing; a value of its own for a request that does.
+    pub(crate) fn attachment(&self, headers: &HeaderMap) -> Option<Arc<dyn Attachment>> {
+        let attached = |forwarded| Attached {
+            forwarded,
+            metrics: self.metrics.clone(),
+            spans: self.spans,
+        };
+        match self.forwarded(headers) {
+            Some(forwarded) => Some(Arc::new(attached(Some(forwarded)))),
+            None => self
+                .shared
+                .get_or_init(|| {
+                    (self.metrics.is_some() || self.spans)
+                        .then(|| Arc::new(attached(None)) as Arc<dyn Attachment>)
+                })
+                .clone(),
+        }
     }
 }
 
@@ -208,11 +274,7 @@ where
             return ResponseFuture::answer(status_for(Cause::DeadlineExceeded));
         }
         let deadline = budget.and_then(|b| start.unwrap_or_else(Instant::now).checked_add(b));
-        let scope = Scope::root_with_metadata(
-            deadline,
-            self.config.forwarded(request.headers()),
-            self.config.metrics.clone(),
-        );
+        let scope = Scope::root_attached(deadline, self.config.attachment(request.headers()));
         request.extensions_mut().insert(scope.clone());
         let timer = deadline.map(|d| d.checked_sub(TONIC_TIMER_LEAD).unwrap_or(d));
         let inner = {

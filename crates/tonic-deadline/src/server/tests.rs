@@ -661,7 +661,10 @@ async fn forward_metadata_copies_only_the_allow_list() {
         .expect("the body completes");
 
     let scope = rx.try_recv().expect("the handler ran");
-    let forwarded = scope.forwarded().expect("listed keys were present");
+    let forwarded = scope
+        .attached::<super::Attached>()
+        .and_then(super::Attached::forwarded)
+        .expect("listed keys were present");
     assert!(
         !forwarded.contains_key("grpc-timeout"),
         "grpc-* keys must never be forwarded as metadata"

@@ -15,6 +15,7 @@ mod peers;
 mod plain_tonic_baseline;
 mod propagation;
 mod round_trip;
+mod scope_tree;
 mod seams;
 mod wait_for_ready;
 mod wire;
