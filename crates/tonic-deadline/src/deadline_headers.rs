@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::timeout_header;
+use crate::wire::timeout_header;
 
 /// One HTTP header that can carry a request's deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

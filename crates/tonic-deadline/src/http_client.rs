@@ -57,8 +57,9 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::BoxError;
 use crate::deadline_headers::DeadlineHeader;
+use crate::scope::Ended;
 use crate::scope::{Cause, Scope};
-use crate::status::{Ended, chain};
+use crate::status::chain;
 
 /// Bounds every outbound request by the current scope. See the
 /// [module docs](self).

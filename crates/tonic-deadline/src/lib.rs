@@ -33,12 +33,12 @@ pub mod scope;
 pub mod server;
 pub mod service_config;
 pub mod status;
-pub mod timeout_header;
+mod wire;
 
 pub use client::ClientDeadlineLayer;
-pub use scope::{Cause, JoinSet, Scope, detach, spawn};
+pub use scope::{Cause, Ended, JoinSet, Scope, detach, spawn};
 pub use server::ServerDeadlineLayer;
-pub use status::Ended;
+pub use wire::timeout_header;
 
 /// The error type that crosses service boundaries (as in tower and tonic).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

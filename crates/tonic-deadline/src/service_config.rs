@@ -79,6 +79,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tonic::Code;
 
+use crate::wire::{code_from_name, code_name};
+
 /// The most attempts a policy may ask for; larger values are treated as
 /// this (gRPC's default channel limit).
 pub const MAX_ATTEMPTS_LIMIT: u32 = 5;
@@ -759,43 +761,6 @@ fn parse_throttling(value: &Value) -> Result<Throttling, ConfigError> {
         max_tokens: max_tokens as u32,
         token_ratio_milli: token_ratio_milli as u32,
     })
-}
-
-const NAMES: [(&str, Code); 17] = [
-    ("OK", Code::Ok),
-    ("CANCELLED", Code::Cancelled),
-    ("UNKNOWN", Code::Unknown),
-    ("INVALID_ARGUMENT", Code::InvalidArgument),
-    ("DEADLINE_EXCEEDED", Code::DeadlineExceeded),
-    ("NOT_FOUND", Code::NotFound),
-    ("ALREADY_EXISTS", Code::AlreadyExists),
-    ("PERMISSION_DENIED", Code::PermissionDenied),
-    ("RESOURCE_EXHAUSTED", Code::ResourceExhausted),
-    ("FAILED_PRECONDITION", Code::FailedPrecondition),
-    ("ABORTED", Code::Aborted),
-    ("OUT_OF_RANGE", Code::OutOfRange),
-    ("UNIMPLEMENTED", Code::Unimplemented),
-    ("INTERNAL", Code::Internal),
-    ("UNAVAILABLE", Code::Unavailable),
-    ("DATA_LOSS", Code::DataLoss),
-    ("UNAUTHENTICATED", Code::Unauthenticated),
-];
-
-/// The code named as in the gRPC spec (`"UNAVAILABLE"`); case-insensitive,
-/// as grpc-java accepts it.
-pub fn code_from_name(name: &str) -> Option<Code> {
-    NAMES
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|&(_, code)| code)
-}
-
-/// The gRPC spec's name of `code` (`DEADLINE_EXCEEDED`).
-pub fn code_name(code: Code) -> &'static str {
-    NAMES
-        .iter()
-        .find(|(_, c)| *c == code)
-        .map_or("UNKNOWN", |&(n, _)| n)
 }
 
 #[cfg(test)]

@@ -7,26 +7,11 @@
 //! details of which request and how much budget was left go to logs.
 
 use std::error::Error;
-use std::fmt;
 use std::sync::LazyLock;
 
-use tonic::{Code, Status};
+use tonic::Status;
 
-use crate::scope::Cause;
-
-/// `grpc-status`, made once: a lookup by a `&str` parses the name first.
-pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
-
-/// `grpc-message`, made once.
-pub(crate) const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
-
-/// The code for each cause. Exhaustive on purpose: a new cause must pick one.
-pub(crate) fn code_for(cause: Cause) -> Code {
-    match cause {
-        Cause::DeadlineExceeded => Code::DeadlineExceeded,
-        Cause::Cancelled | Cause::Abandoned | Cause::Completed => Code::Cancelled,
-    }
-}
+use crate::scope::{Cause, Ended};
 
 /// The status reported for a scope that ended with `cause`.
 ///
@@ -52,7 +37,7 @@ pub(crate) fn cause_status(cause: Cause) -> &'static Status {
             Cause::Abandoned,
             Cause::Completed,
         ]
-        .map(|cause| Status::new(code_for(cause), cause.to_string()))
+        .map(|cause| Status::new(cause.code(), cause.to_string()))
     });
     &STATUSES[index_of(cause)]
 }
@@ -76,37 +61,7 @@ pub(crate) fn chain<'a>(
     std::iter::successors(Some(err), |&err| err.source())
 }
 
-/// The error of work stopped because its scope ended.
-///
-/// Converts into [`tonic::Status`] with the right code, so `?` in a handler is
-/// always correct — the Go pitfall of returning `ctx.Err()` and answering
-/// `UNKNOWN` has no Rust equivalent here.
-///
-/// ```
-/// use tonic_deadline::{Cause, Ended};
-/// fn handler_step(ended: Ended) -> Result<(), tonic::Status> {
-///     Err(ended)?
-/// }
-/// # let scope = tonic_deadline::Scope::background();
-/// # scope.cancel();
-/// let status = handler_step(scope.check().unwrap_err()).unwrap_err();
-/// assert_eq!(status.code(), tonic::Code::Cancelled);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ended {
-    cause: Cause,
-}
-
 impl Ended {
-    pub(crate) const fn new(cause: Cause) -> Self {
-        Self { cause }
-    }
-
-    /// Why the scope ended.
-    pub fn cause(&self) -> Cause {
-        self.cause
-    }
-
     /// The `Ended` of `cause` as a constant, for errors that name it as
     /// their [`source`](Error::source) without holding one.
     pub(crate) fn of(cause: Cause) -> &'static Ended {
@@ -120,12 +75,6 @@ impl Ended {
     }
 }
 
-impl fmt::Display for Ended {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "scope ended: {}", self.cause)
-    }
-}
-
 /// An `Ended` names its status as its source, so anything that looks for a
 /// [`Status`] in an error's source chain finds the right one — tonic's own
 /// `Status::from_error` included. Without it, an `Ended` that travelled as a
@@ -133,7 +82,7 @@ impl fmt::Display for Ended {
 /// `UNKNOWN`.
 impl Error for Ended {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(cause_status(self.cause))
+        Some(cause_status(self.cause()))
     }
 }
 
@@ -178,7 +127,7 @@ pub fn from_error(err: &(dyn Error + 'static)) -> Status {
 
 impl From<Ended> for Status {
     fn from(ended: Ended) -> Status {
-        status_for(ended.cause)
+        status_for(ended.cause())
     }
 }
 

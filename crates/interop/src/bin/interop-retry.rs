@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use interop::hostile::code_name;
 use interop::relay_pb::WorkRequest;
 use interop::relay_pb::downstream_client::DownstreamClient;
 use tokio::time::Instant;
@@ -20,7 +21,6 @@ use tonic::transport::Endpoint;
 use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::observe::Metrics;
 use tonic_deadline::retry::RetryLayer;
-use tonic_deadline::service_config::code_name;
 use tonic_deadline::{ClientDeadlineLayer, Scope};
 
 /// The default policy: up to 4 attempts on UNAVAILABLE, 50 ms first backoff.

@@ -48,7 +48,7 @@ use pin_project_lite::pin_project;
 use super::WaitForReady;
 use super::round_trip::{Meter, RoundTrip};
 use crate::BoxError;
-use crate::timeout_header::{self, GRPC_TIMEOUT};
+use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
 /// A tonic [`Channel`] whose readiness means "connected": put it under a
 /// [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) and the budget on the

@@ -11,9 +11,10 @@ use super::abandon::Abandon;
 use super::body::ClientBody;
 use super::transport::lost_connection_status;
 use crate::BoxError;
-use crate::observe::{ClientObserved, status_code};
+use crate::observe::ClientObserved;
 use crate::scope::{Cancelled, Cause, Scope};
-use crate::status::{GRPC_MESSAGE, GRPC_STATUS, status_for};
+use crate::status::status_for;
+use crate::wire::{GRPC_MESSAGE, GRPC_STATUS, status_code};
 
 pin_project! {
     /// The response future of [`ClientDeadline`](super::ClientDeadline).

@@ -75,7 +75,7 @@ use crate::BoxError;
 use crate::observe::{ClientCall, ClientObserved, Stage, spans};
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
-use crate::timeout_header::{self, GRPC_TIMEOUT};
+use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
 pub use body::ClientBody;
 use body::RequestBody;

@@ -22,7 +22,7 @@ use super::ClientDeadline;
 use super::future::Race;
 use crate::BoxError;
 use crate::scope::{Cause, Scope};
-use crate::timeout_header;
+use crate::wire::timeout_header;
 
 const MS: Duration = Duration::from_millis(1);
 

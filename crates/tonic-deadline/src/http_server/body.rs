@@ -6,9 +6,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::BoxError;
+use crate::scope::Ended;
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::server::{EndGuard, LazyTimer};
-use crate::status::Ended;
 
 pin_project! {
     /// The response body of [`HttpDeadline`](super::HttpDeadline): the

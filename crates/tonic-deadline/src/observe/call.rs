@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::spans::{self, Ending};
 use super::{Method, Metrics};
 use crate::scope::{Cause, Scope};
+use crate::wire::status_code;
 
 /// The `cause` labels of `tonic_deadline_scope_ended_total`.
 pub(super) const CAUSE_LABELS: [&str; 6] = [
@@ -42,14 +43,6 @@ impl Stage {
             Stage::Client => STAGE_LABELS[2],
         }
     }
-}
-
-/// The `grpc-status` in `headers` (response headers of a trailers-only
-/// answer, or trailers), if any.
-pub(crate) fn status_code(headers: &HeaderMap) -> Option<tonic::Code> {
-    let value = headers.get(crate::status::GRPC_STATUS)?;
-    let n: i32 = value.to_str().ok()?.parse().ok()?;
-    Some(tonic::Code::from_i32(n))
 }
 
 /// A server call under way: started, and reported when its scope ends.

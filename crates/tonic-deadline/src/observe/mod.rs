@@ -41,7 +41,7 @@ mod histogram;
 mod resilience;
 pub mod spans;
 
-pub(crate) use call::{ClientCall, ClientObserved, ServerCall, ServerObserved, Stage, status_code};
+pub(crate) use call::{ClientCall, ClientObserved, ServerCall, ServerObserved, Stage};
 pub use histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Histogram, LATENCY_BOUNDS};
 pub(crate) use resilience::CallReport;
 
@@ -326,7 +326,7 @@ impl Method {
         cells[i].get_or_init(|| {
             family.get_or_create_owned(&MethodStatus {
                 grpc_method: self.name.clone(),
-                grpc_status: crate::service_config::code_name(code),
+                grpc_status: crate::wire::code_name(code),
             })
         })
     }

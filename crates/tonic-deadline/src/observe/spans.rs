@@ -37,9 +37,9 @@ use tokio::time::Instant;
 use tracing::Span;
 use tracing::field::Empty;
 
-use super::status_code;
 use crate::scope::{Cause, Scope};
-use crate::service_config::code_name;
+use crate::wire::code_name;
+use crate::wire::status_code;
 
 /// A span that ends when it is dropped, not at its last poll.
 ///

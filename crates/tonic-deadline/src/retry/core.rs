@@ -23,7 +23,7 @@ use crate::client::WaitForReady;
 use crate::observe::Metrics;
 use crate::scope::Scope;
 use crate::service_config::{Codes, Resolved, ServiceConfig};
-use crate::timeout_header::{self, GRPC_TIMEOUT};
+use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
 /// The header a server sets to ask for a pause before the next attempt.
 pub(crate) const PUSHBACK: &str = "grpc-retry-pushback-ms";
@@ -287,7 +287,7 @@ pub(crate) enum Outcome<B> {
 pub(crate) fn classify<B>(result: Result<Response<B>, BoxError>) -> Outcome<B> {
     match result {
         Ok(response) => {
-            let Some(status) = response.headers().get(crate::status::GRPC_STATUS) else {
+            let Some(status) = response.headers().get(crate::wire::GRPC_STATUS) else {
                 return Outcome::Committed(response);
             };
             let code = status

@@ -67,7 +67,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::status::Ended;
 use tree::{Node, Wait};
 
 pub(crate) use current::CURRENT;
@@ -116,7 +115,11 @@ impl Cause {
     /// assert_eq!(Cause::Abandoned.code(), tonic::Code::Cancelled);
     /// ```
     pub fn code(self) -> tonic::Code {
-        crate::status::code_for(self)
+        // Exhaustive on purpose: a new cause must pick one.
+        match self {
+            Cause::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            Cause::Cancelled | Cause::Abandoned | Cause::Completed => tonic::Code::Cancelled,
+        }
     }
 }
 
@@ -128,6 +131,44 @@ impl fmt::Display for Cause {
             Cause::Abandoned => "abandoned before the answer",
             Cause::Completed => "request completed",
         })
+    }
+}
+
+/// The error of work stopped because its scope ended.
+///
+/// Converts into [`tonic::Status`] with the right code, so `?` in a handler is
+/// always correct — the Go pitfall of returning `ctx.Err()` and answering
+/// `UNKNOWN` has no Rust equivalent here.
+///
+/// ```
+/// use tonic_deadline::{Cause, Ended};
+/// fn handler_step(ended: Ended) -> Result<(), tonic::Status> {
+///     Err(ended)?
+/// }
+/// # let scope = tonic_deadline::Scope::background();
+/// # scope.cancel();
+/// let status = handler_step(scope.check().unwrap_err()).unwrap_err();
+/// assert_eq!(status.code(), tonic::Code::Cancelled);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    cause: Cause,
+}
+
+impl Ended {
+    pub(crate) const fn new(cause: Cause) -> Self {
+        Self { cause }
+    }
+
+    /// Why the scope ended.
+    pub fn cause(&self) -> Cause {
+        self.cause
+    }
+}
+
+impl fmt::Display for Ended {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "scope ended: {}", self.cause)
     }
 }
 

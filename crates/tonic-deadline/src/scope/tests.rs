@@ -15,7 +15,6 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, advance};
 
 use super::*;
-use crate::status::Ended;
 
 const MS: Duration = Duration::from_millis(1);
 

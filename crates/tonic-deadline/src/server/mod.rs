@@ -62,7 +62,7 @@ use tower_service::Service;
 use crate::observe::{Metrics, ServerCall, ServerObserved, Stage, spans};
 use crate::scope::{Attachment, CURRENT, Cause, Scope};
 use crate::status::status_for;
-use crate::timeout_header;
+use crate::wire::timeout_header;
 
 pub use body::ServerBody;
 pub use future::ResponseFuture;

@@ -15,7 +15,7 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 
 use super::{ServerDeadlineLayer, TONIC_TIMER_LEAD};
 use crate::scope::{Cause, Scope};
-use crate::timeout_header;
+use crate::wire::timeout_header;
 
 const MS: Duration = Duration::from_millis(1);
 

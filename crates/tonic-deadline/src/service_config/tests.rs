@@ -683,11 +683,7 @@ fn timeout_and_wait_for_ready_are_read_or_refused_by_name() {
 }
 
 #[test]
-fn codes_print_by_name_and_round_trip() {
-    for i in 0..17 {
-        let code = Code::from_i32(i);
-        assert_eq!(code_from_name(code_name(code)), Some(code), "{code:?}");
-    }
+fn codes_print_by_name() {
     let set = Codes::empty().with(Code::Unavailable).with(Code::Aborted);
     assert_eq!(format!("{set:?}"), "{\"ABORTED\", \"UNAVAILABLE\"}");
 }

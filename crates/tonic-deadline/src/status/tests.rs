@@ -1,3 +1,7 @@
+use std::fmt;
+
+use tonic::Code;
+
 use super::*;
 
 #[test]
@@ -198,7 +202,7 @@ mod every_error {
 
     #[test]
     fn malformed_grpc_timeout_answers_internal() {
-        let malformed = || crate::timeout_header::decode(b"1x").expect_err("x is no unit");
+        let malformed = || crate::wire::timeout_header::decode(b"1x").expect_err("x is no unit");
         answers("MalformedTimeout", malformed, Code::Internal, false);
         assert_eq!(
             Status::from(malformed()).message(),
