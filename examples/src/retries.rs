@@ -20,8 +20,7 @@ use tokio::time::Instant;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
 use tonic_deadline::client::ReadyChannel;
-use tonic_deadline::hedge::HedgeLayer;
-use tonic_deadline::retry::RetryLayer;
+use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{Cause, ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tonic_deadline_examples::work::work_client::WorkClient;
 use tonic_deadline_examples::work::work_server::{Work, WorkServer};
@@ -33,10 +32,10 @@ const RETRY_CONFIG: &str = r#"{"methodConfig": [{
     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.1s",
                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
 
-/// Hedging is only for methods declared idempotent.
+/// A hedge sends the call more than once: configure it only for methods for
+/// which that is harmless.
 const HEDGE_CONFIG: &str = r#"{"methodConfig": [{
     "name": [{"service": "work.v1.Work"}],
-    "idempotent": true,
     "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.03s"}}]}"#;
 
 /// How long the hedged call's first attempt would stall.
@@ -134,7 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (channel, seen, _) = serve(2, false).await?;
     let mut client = WorkClient::new(
         tower::ServiceBuilder::new()
-            .layer(RetryLayer::from_service_config(RETRY_CONFIG)?)
+            .layer(ResilienceLayer::from_service_config(RETRY_CONFIG)?)
             .layer(ClientDeadlineLayer::new())
             .service(channel),
     );
@@ -169,7 +168,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (channel, seen, mut ended) = serve(0, true).await?;
     let mut client = WorkClient::new(
         tower::ServiceBuilder::new()
-            .layer(HedgeLayer::from_service_config(HEDGE_CONFIG)?)
+            .layer(ResilienceLayer::from_service_config(HEDGE_CONFIG)?)
             .layer(ClientDeadlineLayer::new())
             .service(channel),
     );

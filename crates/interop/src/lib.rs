@@ -10,7 +10,7 @@
 //!   calls it, it calls a foreign service under the request's scope;
 //! - [`hostile`]: malformed and edge-case `grpc-timeout` values sent over raw
 //!   HTTP/2, with the answer the spec requires for each;
-//! - `interop-retry`: one call through our retry layer, for the check
+//! - `interop-retry`: one call through our resilience layer, for the check
 //!   against a foreign server that fails the first attempts.
 //!
 //! How it differs from tonic's interop crate: that one leaves

@@ -18,7 +18,6 @@ pub mod db;
 #[cfg(any(feature = "http", feature = "reqwest"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "reqwest"))))]
 pub mod deadline_headers;
-pub mod hedge;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod http_client;
@@ -28,7 +27,7 @@ pub mod http_server;
 #[cfg(feature = "jobs")]
 pub mod jobs;
 pub mod observe;
-pub mod retry;
+pub mod resilience;
 pub mod scope;
 pub mod server;
 pub mod service_config;

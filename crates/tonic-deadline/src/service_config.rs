@@ -13,8 +13,7 @@
 //! Fields this crate does not use (load balancing, message sizes) are
 //! accepted and ignored.
 //!
-//! What the fields do, through [`RetryLayer`](crate::retry::RetryLayer) or
-//! [`HedgeLayer`](crate::hedge::HedgeLayer):
+//! What the fields do, through [`ResilienceLayer`](crate::resilience::ResilienceLayer):
 //! - `timeout` caps the call's deadline: the call ends at the earlier of the
 //!   caller's [`Scope`](crate::Scope) deadline and `timeout` after the call,
 //!   retries and hedges included, and the server is told that budget;

@@ -11,7 +11,7 @@
 //!   the call, not to its caller: when the caller stops waiting at 100 ms,
 //!   the loop goes on (what a hop that retries on its own timeouts does
 //!   once its caller is gone);
-//! - **ours**: the retry layer over the client layer, the same 5 attempts
+//! - **ours**: the resilience layer over the client layer, the same 5 attempts
 //!   on `UNAVAILABLE` and `RESOURCE_EXHAUSTED`, inside the caller's
 //!   deadline, with gRPC's `retryThrottling` (10 tokens, ratio 0.1) — and,
 //!   as a second row, with a retry budget (10 % of calls + 1/s) instead.
@@ -33,7 +33,7 @@ use tonic::service::Routes;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
-use tonic_deadline::retry::{Retry, RetryBudget, RetryLayer};
+use tonic_deadline::resilience::{Resilience, ResilienceLayer, RetryBudget};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::bench::overload::{self, Load};
@@ -134,7 +134,7 @@ impl Probe for Flaky {
 enum Variant {
     Single(ProbeClient<ClientDeadline<ReadyChannel>>),
     Naive(ProbeClient<Channel>),
-    Ours(ProbeClient<Retry<ClientDeadline<ReadyChannel>>>),
+    Ours(ProbeClient<Resilience<ClientDeadline<ReadyChannel>>>),
 }
 
 impl Variant {
@@ -206,8 +206,8 @@ pub async fn measure(load: Load) -> anyhow::Result<Storm> {
     let mut budgeted = Vec::new();
     // One layer per variant: its channels to the one server share its
     // throttle (or budget), as a client's connections to one target do.
-    let throttle = RetryLayer::from_service_config(OUR_CONFIG)?;
-    let budget = RetryLayer::from_service_config(OUR_CONFIG)?.budget(RetryBudget::new(0.1, 1));
+    let throttle = ResilienceLayer::from_service_config(OUR_CONFIG)?;
+    let budget = ResilienceLayer::from_service_config(OUR_CONFIG)?.budget(RetryBudget::new(0.1, 1));
     for _ in 0..channels {
         use tower::Layer;
         single.push(Variant::Single(ProbeClient::new(

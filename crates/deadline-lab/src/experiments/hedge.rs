@@ -1,6 +1,6 @@
 //! Hedging against a slow tail ("The Tail at Scale"): 5 % of the server's
 //! answers take 200 ms, the rest 5 ms; 1 000 calls, each with a 1 s budget,
-//! without hedging, through our hedging layer, and through `tower::hedge`.
+//! without hedging, through our resilience layer, and through `tower::hedge`.
 //!
 //! The server records, for every attempt, when its scope ended and why, so
 //! a losing hedge that was reset shows up as a server scope ended
@@ -22,8 +22,8 @@ use tokio_stream::Stream;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
-use tonic_deadline::hedge::{Hedge, HedgeLayer};
 use tonic_deadline::observe::Metrics;
+use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use crate::net;
@@ -187,7 +187,7 @@ impl Probe for Tail {
 #[derive(Clone)]
 enum Caller {
     None(ProbeClient<ClientDeadline<ReadyChannel>>),
-    Ours(ProbeClient<Hedge<ClientDeadline<ReadyChannel>>>),
+    Ours(ProbeClient<Resilience<ClientDeadline<ReadyChannel>>>),
     /// tower's Hedge is not `Clone`: the callers share one.
     Tower(Arc<tokio::sync::Mutex<TowerHedge>>),
 }
@@ -389,11 +389,14 @@ pub async fn measure() -> anyhow::Result<(HedgeRows, Metrics)> {
     let metrics = Metrics::new();
     let none = Caller::None(ProbeClient::new(net::connect_layered(addr).await?));
     let hedged = tower::ServiceBuilder::new()
-        .layer(HedgeLayer::from_service_config(OUR_CONFIG)?.metrics(&metrics))
+        .layer(ResilienceLayer::from_service_config(OUR_CONFIG)?.metrics(&metrics))
         .service(net::connect_layered(addr).await?);
     let ours = Caller::Ours(ProbeClient::new(hedged));
     let adaptive = tower::ServiceBuilder::new()
-        .layer(HedgeLayer::from_service_config(OUR_CONFIG)?.adaptive_delay(ADAPTIVE_QUANTILE))
+        .layer(
+            ResilienceLayer::from_service_config(OUR_CONFIG)?
+                .adaptive_hedging_delay(ADAPTIVE_QUANTILE),
+        )
         .service(net::connect_layered(addr).await?);
     let adaptive = Caller::Ours(ProbeClient::new(adaptive));
     let plain = PlainCall(ProbeClient::new(net::connect(addr).await?));

@@ -1,6 +1,6 @@
 //! Retries inside one deadline: a scripted server fails the first attempts
 //! of each call the way a case needs, and records what every attempt
-//! carried on the wire; the client is a tonic client over our retry layer
+//! carried on the wire; the client is a tonic client over our resilience layer
 //! over our client layer.
 
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ use tonic::service::Routes;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tonic_deadline::client::ClientDeadline;
 use tonic_deadline::client::ReadyChannel;
-use tonic_deadline::retry::{Retry, RetryLayer};
+use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::experiments::status_name;
@@ -193,12 +193,12 @@ fn config(idempotent: bool, initial_backoff: &str, codes: &[&str]) -> String {
     .to_string()
 }
 
-type Client = ProbeClient<Retry<ClientDeadline<ReadyChannel>>>;
+type Client = ProbeClient<Resilience<ClientDeadline<ReadyChannel>>>;
 
 async fn client(addr: std::net::SocketAddr, json: &str) -> anyhow::Result<Client> {
     let channel = ReadyChannel::connect(&net::endpoint(addr)?).await?;
     let service = tower::ServiceBuilder::new()
-        .layer(RetryLayer::from_service_config(json)?)
+        .layer(ResilienceLayer::from_service_config(json)?)
         .service(net::layered(channel));
     Ok(ProbeClient::new(service))
 }
@@ -421,7 +421,7 @@ pub fn outcome(cases: &RetryCases) -> Outcome {
         })
         .collect();
     Outcome {
-        title: "retry: tonic client → retry layer → client layer → scripted server; every attempt inside the caller's one deadline".into(),
+        title: "retry: tonic client → resilience layer → client layer → scripted server; every attempt inside the caller's one deadline".into(),
         json: crate::report::to_json(cases),
         columns: vec![
             "case",

@@ -1,11 +1,11 @@
-//! One call through our retry layer, for the retry conformance test.
+//! One call through our resilience layer, for the retry conformance test.
 //!
 //! ```text
 //! interop-retry --server 127.0.0.1:50052 --tag 'name/2/100' --timeout_ms 2000
 //! ```
 //!
 //! Calls `conformance.relay.Downstream/Work` once, under a scope of
-//! `--timeout_ms`, through [`RetryLayer`] over our client layer over a
+//! `--timeout_ms`, through [`ResilienceLayer`] over our client layer over a
 //! `ReadyChannel`, with the service config given by `--service_config` (a
 //! retry policy for the Downstream service by default). Prints one JSON
 //! line: `{"status": "OK" | code name, "elapsed_ms": N, "attempts": N}`.
@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::observe::Metrics;
-use tonic_deadline::retry::RetryLayer;
+use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope};
 
 /// The default policy: up to 4 attempts on UNAVAILABLE, 50 ms first backoff.
@@ -50,10 +50,10 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let metrics = Metrics::new();
     let json = args.service_config.as_deref().unwrap_or(SERVICE_CONFIG);
-    let retry = RetryLayer::from_service_config(json)?.metrics(&metrics);
+    let resilience = ResilienceLayer::from_service_config(json)?.metrics(&metrics);
     let endpoint = Endpoint::from_shared(format!("http://{}", args.server))?;
     let channel = tower::ServiceBuilder::new()
-        .layer(retry)
+        .layer(resilience)
         .layer(ClientDeadlineLayer::new())
         .service(ReadyChannel::connect(&endpoint).await?);
     let mut client = DownstreamClient::new(channel);

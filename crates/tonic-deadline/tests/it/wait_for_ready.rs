@@ -17,7 +17,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::transport::Endpoint;
 use tonic_deadline::client::ReadyChannel;
-use tonic_deadline::retry::RetryLayer;
+use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
@@ -37,7 +37,7 @@ fn config(fields: &str) -> String {
 /// The probe client: `config`'s layer over the client layer over `channel`.
 fn client(config: &str, channel: ReadyChannel) -> Client {
     let stack = ServiceBuilder::new()
-        .layer(RetryLayer::from_service_config(config).expect("a valid config"))
+        .layer(ResilienceLayer::from_service_config(config).expect("a valid config"))
         .layer(ClientDeadlineLayer::new())
         .service(channel)
         .map_response(|r: Response<_>| r.map(Body::new))

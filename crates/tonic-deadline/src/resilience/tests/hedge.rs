@@ -1,19 +1,13 @@
-//! The hedging layer over the client layer over a scripted server, on a
-//! paused clock.
+//! Hedged methods: attempts racing inside the one deadline.
 
 use std::time::Duration;
 
-use http::{Request, Response};
-use tokio::time::Instant;
 use tonic::Code;
-use tower::{Layer, Service, ServiceExt};
 
-use super::*;
+use super::super::*;
+use super::{Server, Step, answer, cancel_after, fail, outcome, stack};
+use crate::Scope;
 use crate::observe::Metrics;
-use crate::retry::tests::{Server, answer, fail, request};
-use crate::{ClientDeadlineLayer, Scope};
-
-const PATH: &str = "/kv.Store/Get";
 
 fn config(max: u32, delay: &str, non_fatal: &str) -> String {
     format!(
@@ -23,43 +17,11 @@ fn config(max: u32, delay: &str, non_fatal: &str) -> String {
     )
 }
 
-fn stack(
-    layer: HedgeLayer,
-    server: &Server,
-) -> impl Service<
-    Request<tonic::body::Body>,
-    Response = Response<crate::client::ClientBody<tonic::body::Body>>,
-    Error = BoxError,
-> + Clone {
-    layer.layer(ClientDeadlineLayer::new().layer(server.service()))
-}
-
-async fn outcome<S, RB>(service: &mut S, scope: &Scope) -> (Code, Duration)
-where
-    S: Service<Request<tonic::body::Body>, Response = Response<RB>, Error = BoxError>,
-{
-    let started = Instant::now();
-    let mut req = request(PATH);
-    req.extensions_mut().insert(scope.clone());
-    let result = service.ready().await.expect("ready").call(req).await;
-    let code = match result {
-        Ok(response) => response
-            .headers()
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .map_or(Code::Ok, Code::from_i32),
-        Err(err) => err
-            .downcast_ref::<tonic::Status>()
-            .map_or(Code::Unknown, tonic::Status::code),
-    };
-    (code, started.elapsed())
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_first_answer_wins_and_the_slow_attempt_is_dropped_at_once() {
     let server = Server::new(vec![answer(200), answer(5)]);
     let metrics = Metrics::new();
-    let layer = HedgeLayer::from_service_config(&config(3, "0.02s", ""))
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.02s", ""))
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -102,7 +64,7 @@ async fn the_first_answer_wins_and_the_slow_attempt_is_dropped_at_once() {
 async fn a_fast_answer_sends_no_hedge() {
     let server = Server::new(vec![answer(5)]);
     let metrics = Metrics::new();
-    let layer = HedgeLayer::from_service_config(&config(3, "0.02s", ""))
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.02s", ""))
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -123,8 +85,8 @@ async fn a_fast_answer_sends_no_hedge() {
 #[tokio::test(start_paused = true)]
 async fn a_non_fatal_status_sends_the_next_hedge_at_once() {
     let server = Server::new(vec![fail(Code::Unavailable, 3), answer(5)]);
-    let layer =
-        HedgeLayer::from_service_config(&config(3, "0.5s", r#""UNAVAILABLE""#)).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.5s", r#""UNAVAILABLE""#))
+        .expect("valid");
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(1));
     let (code, took) = outcome(&mut service, &scope).await;
@@ -140,7 +102,7 @@ async fn a_non_fatal_status_sends_the_next_hedge_at_once() {
 async fn a_fatal_status_ends_the_call_and_drops_the_rest() {
     let server = Server::new(vec![answer(300), fail(Code::InvalidArgument, 5)]);
     let metrics = Metrics::new();
-    let layer = HedgeLayer::from_service_config(&config(3, "0.01s", r#""UNAVAILABLE""#))
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.01s", r#""UNAVAILABLE""#))
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -164,8 +126,8 @@ async fn a_fatal_status_ends_the_call_and_drops_the_rest() {
 #[tokio::test(start_paused = true)]
 async fn every_non_fatal_answer_gives_the_last_one() {
     let server = Server::new(vec![fail(Code::Unavailable, 2); 3]);
-    let layer =
-        HedgeLayer::from_service_config(&config(3, "0.01s", r#""UNAVAILABLE""#)).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.01s", r#""UNAVAILABLE""#))
+        .expect("valid");
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(1));
     let (code, _) = outcome(&mut service, &scope).await;
@@ -177,7 +139,7 @@ async fn every_non_fatal_answer_gives_the_last_one() {
 async fn no_hedge_is_sent_that_the_deadline_cannot_fit() {
     let server = Server::new(vec![answer(500), answer(5)]);
     let metrics = Metrics::new();
-    let layer = HedgeLayer::from_service_config(&config(3, "0.09s", ""))
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.09s", ""))
         .expect("valid")
         .min_attempt_time(Duration::from_millis(20))
         .metrics(&metrics);
@@ -196,14 +158,14 @@ async fn no_hedge_is_sent_that_the_deadline_cannot_fit() {
 #[tokio::test(start_paused = true)]
 async fn pushback_delays_the_next_hedge_and_a_negative_one_stops_them() {
     let server = Server::new(vec![
-        crate::retry::tests::Step {
+        Step {
             pushback: Some("40"),
             ..fail(Code::Unavailable, 2)
         },
         answer(5),
     ]);
-    let layer =
-        HedgeLayer::from_service_config(&config(3, "0.5s", r#""UNAVAILABLE""#)).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.5s", r#""UNAVAILABLE""#))
+        .expect("valid");
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(1));
     let (code, took) = outcome(&mut service, &scope).await;
@@ -214,14 +176,14 @@ async fn pushback_delays_the_next_hedge_and_a_negative_one_stops_them() {
     );
 
     let server = Server::new(vec![
-        crate::retry::tests::Step {
+        Step {
             pushback: Some("-1"),
             ..fail(Code::Unavailable, 2)
         },
         answer(5),
     ]);
-    let layer =
-        HedgeLayer::from_service_config(&config(3, "0.01s", r#""UNAVAILABLE""#)).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.01s", r#""UNAVAILABLE""#))
+        .expect("valid");
     let mut service = stack(layer, &server);
     let (code, _) = outcome(&mut service, &scope).await;
     assert_eq!(code, Code::Unavailable, "a negative pushback stops hedging");
@@ -234,9 +196,9 @@ async fn the_adaptive_delay_waits_for_the_learned_quantile() {
     steps.push(answer(300));
     steps.push(answer(10));
     let server = Server::new(steps);
-    let layer = HedgeLayer::from_service_config(&config(2, "0.2s", ""))
+    let layer = ResilienceLayer::from_service_config(&config(2, "0.2s", ""))
         .expect("valid")
-        .adaptive_delay(0.95);
+        .adaptive_hedging_delay(0.95);
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(5));
     for _ in 0..20 {
@@ -254,14 +216,10 @@ async fn the_adaptive_delay_waits_for_the_learned_quantile() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_caller_ends_every_attempt() {
     let server = Server::new(vec![answer(500), answer(500)]);
-    let layer = HedgeLayer::from_service_config(&config(2, "0.01s", "")).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(2, "0.01s", "")).expect("valid");
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(5));
-    let canceller = scope.clone();
-    let cancel = async move {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        canceller.cancel();
-    };
+    let cancel = cancel_after(&scope, Duration::from_millis(50));
     let ((code, took), ()) = tokio::join!(outcome(&mut service, &scope), cancel);
     assert_eq!((code, took), (Code::Cancelled, Duration::from_millis(50)));
     for seen in server.seen() {
@@ -270,4 +228,52 @@ async fn a_cancelled_caller_ends_every_attempt() {
             "every attempt is reset"
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_adaptive_delay_keeps_hedging_delay_until_eight_attempts_were_answered() {
+    let mut steps = vec![answer(10); 7];
+    steps.extend([answer(300), answer(10), answer(300), answer(10)]);
+    let server = Server::new(steps);
+    let layer = ResilienceLayer::from_service_config(&config(2, "0.2s", ""))
+        .expect("valid")
+        .adaptive_hedging_delay(0.95);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(5));
+    for _ in 0..7 {
+        outcome(&mut service, &scope).await;
+    }
+    assert_eq!(
+        outcome(&mut service, &scope).await,
+        (Code::Ok, Duration::from_millis(210)),
+        "seven answers: the hedge still waits hedgingDelay (200 ms)"
+    );
+    assert_eq!(
+        outcome(&mut service, &scope).await,
+        (Code::Ok, Duration::from_millis(20)),
+        "eight answers: the hedge waits the learned p95 (10 ms)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_caller_ends_a_call_waiting_out_a_pushback_at_once() {
+    let server = Server::new(vec![
+        Step {
+            pushback: Some("400"),
+            ..fail(Code::Unavailable, 2)
+        },
+        answer(5),
+    ]);
+    let layer = ResilienceLayer::from_service_config(&config(3, "0.5s", r#""UNAVAILABLE""#))
+        .expect("valid");
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(5));
+    let cancel = cancel_after(&scope, Duration::from_millis(50));
+    let ((code, took), ()) = tokio::join!(outcome(&mut service, &scope), cancel);
+    assert_eq!(
+        (code, took),
+        (Code::Cancelled, Duration::from_millis(50)),
+        "no attempt is in flight to see the cancel: the call itself must"
+    );
+    assert_eq!(server.seen().len(), 1, "no attempt after the cancel");
 }

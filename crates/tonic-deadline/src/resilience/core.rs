@@ -1,6 +1,6 @@
-//! What the retry and hedging layers share: the frozen configuration, the
-//! per-server limiter, the learned attempt latencies, the replay buffer and
-//! the reading of an attempt's outcome.
+//! What retried and hedged calls share: the frozen configuration, the
+//! channel's one limiter, the learned attempt latencies and the planner that
+//! reads them, the replay buffer and the reading of an attempt's outcome.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tonic::Code;
 
 use super::limiter::Limiter;
@@ -22,7 +22,7 @@ use crate::BoxError;
 use crate::client::WaitForReady;
 use crate::observe::Metrics;
 use crate::scope::Scope;
-use crate::service_config::{Codes, Resolved, ServiceConfig};
+use crate::service_config::{Codes, HedgingPolicy, Resolved, ServiceConfig};
 use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
 /// The header a server sets to ask for a pause before the next attempt.
@@ -34,12 +34,12 @@ pub(crate) const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 pub(crate) const DEFAULT_REPLAY_BUFFER: usize = 256 * 1024;
 /// Recent attempt latencies kept per method.
 const WINDOW: usize = 128;
-/// Samples needed before a learned latency *quantile* (the adaptive hedging
-/// delay) is trusted. Whether an attempt fits needs only one: from the first
-/// answered attempt on, a doomed attempt is not sent.
-const QUANTILE_SAMPLES: usize = 8;
+/// Samples needed before the adaptive hedging delay replaces `hedgingDelay`.
+/// Whether an attempt fits needs only one: from the first answered attempt
+/// on, a doomed attempt is not sent.
+pub(crate) const HEDGING_DELAY_SAMPLES: usize = 8;
 
-/// The settings both layers' builders collect.
+/// What the layer's builder collects.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) metrics: Option<Metrics>,
@@ -48,6 +48,9 @@ pub(crate) struct Settings {
     pub(crate) budget: Option<super::RetryBudget>,
     pub(crate) min_attempt_time: Duration,
     pub(crate) attempt_time_quantile: f64,
+    /// The quantile of the answered attempts' latency a hedge waits for,
+    /// instead of `hedgingDelay`.
+    pub(crate) adaptive_hedging_delay: Option<f64>,
 }
 
 impl Default for Settings {
@@ -59,12 +62,13 @@ impl Default for Settings {
             budget: None,
             min_attempt_time: Duration::from_millis(1),
             attempt_time_quantile: 0.5,
+            adaptive_hedging_delay: None,
         }
     }
 }
 
-/// The state one layered service (one target server) and all its clones
-/// share.
+/// The state every service one layer builds (one channel) and all their
+/// clones share.
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) config: ServiceConfig,
@@ -120,11 +124,15 @@ impl Core {
         }
     }
 
-    /// The `q`-quantile of the recent answered attempts of `path`, once
-    /// enough were seen to speak of a distribution.
-    pub(crate) fn latency_quantile(&self, path: &str, q: f64) -> Option<Duration> {
-        let map = self.latencies.lock().ok()?;
-        map.get(path)?.quantile(q, QUANTILE_SAMPLES)
+    /// How long a hedged call of `path` waits before its next attempt: the
+    /// adaptive quantile of the method's answered attempts once
+    /// [`HEDGING_DELAY_SAMPLES`] were seen, `hedgingDelay` otherwise.
+    pub(crate) fn hedging_delay(&self, path: &str, policy: &HedgingPolicy) -> Duration {
+        let learned = self.settings.adaptive_hedging_delay.and_then(|q| {
+            let map = self.latencies.lock().ok()?;
+            map.get(path)?.quantile(q, HEDGING_DELAY_SAMPLES)
+        });
+        learned.unwrap_or(policy.hedging_delay)
     }
 
     /// The least time an attempt of `path` needs to be of use: the
@@ -147,6 +155,53 @@ impl Core {
             None => true,
             Some(left) => left >= after + self.useful_attempt(path),
         }
+    }
+
+    /// The planner: may another attempt of `path` start `after` from now?
+    /// Refused, and counted, when it cannot fit what `scope` has left, or
+    /// when the throttle (or budget) says no; a budget is charged for an
+    /// attempt it grants.
+    pub(crate) fn permit(&self, scope: Option<&Scope>, path: &str, after: Duration) -> Permit {
+        if !self.fits(scope, path, after) {
+            if let Some(m) = self.metrics() {
+                m.attempt_refused_for_time();
+            }
+            return Permit::NoTime;
+        }
+        if !self.limiter.allow_retry() {
+            if let Some(m) = self.metrics() {
+                m.retry_throttled();
+            }
+            return Permit::Throttled;
+        }
+        Permit::Send
+    }
+
+    /// Reads how an attempt of `path` that took `took` ended, and tells the
+    /// throttle (a status in `failures` costs a token, a committed attempt
+    /// gives some back) and the learned latencies (attempts the server
+    /// answered only).
+    pub(crate) fn settle<B>(
+        &self,
+        path: &str,
+        took: Duration,
+        result: Result<Response<B>, BoxError>,
+        failures: Codes,
+    ) -> Outcome<B> {
+        let outcome = classify(result);
+        match &outcome {
+            Outcome::Committed(_) => {
+                self.limiter.on_attempt(false);
+                self.record_latency(path, took);
+            }
+            Outcome::Failed { code, answered, .. } => {
+                if *answered {
+                    self.record_latency(path, took);
+                }
+                self.limiter.on_attempt(failures.contains(*code));
+            }
+        }
+        outcome
     }
 
     /// The scope one attempt runs in: a child of the caller's, capped by the
@@ -238,6 +293,16 @@ fn mark_wait_for_ready<B>(request: &mut Request<B>, resolved: &Resolved<'_>) {
     if resolved.wait_for_ready {
         request.extensions_mut().insert(WaitForReady);
     }
+}
+
+/// The planner's answer to "may another attempt start?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Permit {
+    Send,
+    /// What the caller's scope has left cannot fit it.
+    NoTime,
+    /// Throttling or the budget says no.
+    Throttled,
 }
 
 /// What the server's `grpc-retry-pushback-ms` says.
@@ -507,10 +572,16 @@ impl Body for Prefixed {
     }
 }
 
-/// When a backoff or hedge delay ends, or the scope does.
-pub(crate) fn deadline_or(scope: Option<&Scope>, at: Instant) -> Instant {
-    match scope.and_then(Scope::deadline) {
+/// Sets `timer` (a backoff or the next hedge) to fire `after` from now, or
+/// when `scope` reaches its deadline if that comes first.
+pub(crate) fn arm(timer: &mut Option<Pin<Box<Sleep>>>, scope: Option<&Scope>, after: Duration) {
+    let at = Instant::now() + after;
+    let at = match scope.and_then(Scope::deadline) {
         Some(deadline) => deadline.min(at),
         None => at,
+    };
+    match timer.as_mut() {
+        Some(sleep) => sleep.as_mut().reset(at),
+        None => *timer = Some(Box::pin(tokio::time::sleep_until(at))),
     }
 }

@@ -9,18 +9,20 @@ use tokio::time::Instant;
 
 use crate::service_config::Throttling;
 
-/// A retry budget: retries may add at most `ratio` of the calls made in the
-/// last `ttl`, plus `min_per_second` — the alternative to gRPC's
-/// `retryThrottling`, after Finagle's and Linkerd's budgets.
+/// A retry budget: retries and hedges together may add at most `ratio` of
+/// the retried and hedged calls made in the last `ttl`, plus
+/// `min_per_second` — the alternative to gRPC's `retryThrottling`, after
+/// Finagle's and Linkerd's budgets. Give it to
+/// [`ResilienceLayer::budget`](super::ResilienceLayer::budget).
 ///
 /// Where throttling reacts to failures (and stops retrying once half its
 /// tokens are gone), a budget bounds the *extra load* directly: with a
-/// ratio of 0.1, retries can never make more than about 1.1 attempts per
-/// call however the server fails.
+/// ratio of 0.1, retries and hedges can never make more than about 1.1
+/// attempts per call however the server fails.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::retry::RetryBudget;
+/// use tonic_deadline::resilience::RetryBudget;
 /// let budget = RetryBudget::new(0.1, 5).ttl(Duration::from_secs(10));
 /// # let _ = budget;
 /// ```

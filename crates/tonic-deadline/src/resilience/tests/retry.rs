@@ -1,146 +1,16 @@
-//! The retry layer over the client layer over a scripted server, on a
-//! paused clock: every figure is exact.
+//! Retried methods: attempts one after another inside the one deadline.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Request, Response};
 use tokio::time::Instant;
 use tonic::Code;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Service, ServiceExt};
 
-use super::*;
+use super::super::core;
+use super::super::*;
+use super::{PATH, Server, Step, answer, cancel_after, code_of, fail, outcome, request, stack};
+use crate::Scope;
 use crate::observe::Metrics;
-use crate::{ClientDeadlineLayer, Scope, timeout_header};
-
-/// What one attempt does on the scripted server.
-#[derive(Debug, Clone)]
-pub(crate) struct Step {
-    pub(crate) after: Duration,
-    /// `None`: answers with response headers (the call commits).
-    pub(crate) code: Option<Code>,
-    pub(crate) pushback: Option<&'static str>,
-}
-
-pub(crate) fn fail(code: Code, after_ms: u64) -> Step {
-    Step {
-        after: Duration::from_millis(after_ms),
-        code: Some(code),
-        pushback: None,
-    }
-}
-
-pub(crate) fn answer(after_ms: u64) -> Step {
-    Step {
-        after: Duration::from_millis(after_ms),
-        code: None,
-        pushback: None,
-    }
-}
-
-/// What the server saw of one attempt.
-#[derive(Debug, Clone)]
-pub(crate) struct Seen {
-    pub(crate) at: Instant,
-    pub(crate) budget: Option<Duration>,
-    pub(crate) previous: Option<String>,
-    pub(crate) body: Vec<u8>,
-    /// Set when the attempt's future was dropped before it answered.
-    pub(crate) dropped: Arc<Mutex<Option<Instant>>>,
-}
-
-#[derive(Clone, Default)]
-pub(crate) struct Server {
-    pub(crate) script: Arc<Mutex<Vec<Step>>>,
-    pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-struct DropMark(Arc<Mutex<Option<Instant>>>, bool);
-
-impl Drop for DropMark {
-    fn drop(&mut self) {
-        if !self.1 {
-            *self.0.lock().expect("not poisoned") = Some(Instant::now());
-        }
-    }
-}
-
-impl Server {
-    pub(crate) fn new(steps: Vec<Step>) -> Self {
-        Self {
-            script: Arc::new(Mutex::new(steps)),
-            seen: Arc::default(),
-        }
-    }
-
-    pub(crate) fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().expect("not poisoned").clone()
-    }
-
-    pub(crate) fn service(
-        &self,
-    ) -> impl Service<
-        Request<tonic::body::Body>,
-        Response = Response<tonic::body::Body>,
-        Error = BoxError,
-        Future = impl Send,
-    > + Clone {
-        let server = self.clone();
-        tower::service_fn(move |request: Request<tonic::body::Body>| {
-            let server = server.clone();
-            async move {
-                let budget = timeout_header::from_headers(request.headers()).expect("well formed");
-                let previous = request
-                    .headers()
-                    .get(core::PREVIOUS_ATTEMPTS)
-                    .map(|v| v.to_str().expect("ascii").to_owned());
-                let body = http_body_util::BodyExt::collect(request.into_body())
-                    .await
-                    .map(|b| b.to_bytes().to_vec())
-                    .unwrap_or_default();
-                let step = {
-                    let mut script = server.script.lock().expect("not poisoned");
-                    if script.is_empty() {
-                        answer(0)
-                    } else {
-                        script.remove(0)
-                    }
-                };
-                let dropped = Arc::new(Mutex::new(None));
-                server.seen.lock().expect("not poisoned").push(Seen {
-                    at: Instant::now(),
-                    budget,
-                    previous,
-                    body,
-                    dropped: dropped.clone(),
-                });
-                let mut mark = DropMark(dropped, false);
-                tokio::time::sleep(step.after).await;
-                mark.1 = true;
-                let mut response = Response::new(tonic::body::Body::empty());
-                if let Some(code) = step.code {
-                    let headers = response.headers_mut();
-                    headers.insert("content-type", "application/grpc".parse().expect("valid"));
-                    headers.insert("grpc-status", (code as i32).into());
-                    if let Some(p) = step.pushback {
-                        headers.insert(core::PUSHBACK, p.parse().expect("valid"));
-                    }
-                }
-                Ok::<_, BoxError>(response)
-            }
-        })
-    }
-}
-
-pub(crate) fn request(path: &str) -> Request<tonic::body::Body> {
-    let mut request = Request::new(tonic::body::Body::new(http_body_util::Full::new(
-        bytes::Bytes::from_static(b"\0\0\0\0\x02hi"),
-    )));
-    *request.uri_mut() = format!("http://server{path}").parse().expect("a valid uri");
-    request
-}
-
-const PATH: &str = "/kv.Store/Get";
 
 fn config(idempotent: bool, codes: &str, extra: &str) -> String {
     format!(
@@ -149,45 +19,6 @@ fn config(idempotent: bool, codes: &str, extra: &str) -> String {
                             "backoffMultiplier": 2, "retryableStatusCodes": [{codes}]}}}}]{extra}}}"#
     )
 }
-
-fn stack(
-    layer: RetryLayer,
-    server: &Server,
-) -> impl Service<
-    Request<tonic::body::Body>,
-    Response = Response<crate::client::ClientBody<tonic::body::Body>>,
-    Error = BoxError,
-> + Clone {
-    layer.layer(ClientDeadlineLayer::new().layer(server.service()))
-}
-
-/// Trailers-only answers carry their status in the headers: turn them into
-/// the call's code for the assertions.
-fn code_of<B>(response: &Response<B>) -> Code {
-    response
-        .headers()
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-        .map_or(Code::Ok, Code::from_i32)
-}
-
-async fn outcome<S, RB>(service: &mut S, scope: &Scope) -> (Code, Duration)
-where
-    S: Service<Request<tonic::body::Body>, Response = Response<RB>, Error = BoxError>,
-{
-    let started = Instant::now();
-    let mut req = request(PATH);
-    req.extensions_mut().insert(scope.clone());
-    let result = service.ready().await.expect("ready").call(req).await;
-    let code = match result {
-        Ok(response) => code_of(&response),
-        Err(err) => err
-            .downcast_ref::<tonic::Status>()
-            .map_or(Code::Unknown, tonic::Status::code),
-    };
-    (code, started.elapsed())
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_call_retried_to_success_tells_the_server_less_at_each_attempt() {
     let server = Server::new(vec![
@@ -196,7 +27,7 @@ async fn a_call_retried_to_success_tells_the_server_less_at_each_attempt() {
         answer(10),
     ]);
     let metrics = Metrics::new();
-    let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -260,7 +91,7 @@ async fn backoff_beyond_the_deadline_answers_deadline_exceeded_with_no_attempt_a
     let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"1s\"");
     let server = Server::new(vec![fail(Code::Unavailable, 10); 2000]);
     let metrics = Metrics::new();
-    let layer = RetryLayer::from_service_config(&json)
+    let layer = ResilienceLayer::from_service_config(&json)
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -302,14 +133,10 @@ async fn the_backoff_ends_when_the_caller_cancels() {
     let json = config(false, r#""UNAVAILABLE""#, "")
         .replace("\"0.1s\"", "\"1s\"")
         .replace("\"1s\",", "\"10s\",");
-    let layer = RetryLayer::from_service_config(&json).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&json).expect("valid");
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(60));
-    let canceller = scope.clone();
-    let cancel = async move {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        canceller.cancel();
-    };
+    let cancel = cancel_after(&scope, Duration::from_millis(50));
     let ((code, took), ()) = tokio::join!(outcome(&mut service, &scope), cancel);
     assert_eq!(code, Code::Cancelled, "a cancelled caller gets CANCELLED");
     assert!(
@@ -329,7 +156,7 @@ async fn negative_or_malformed_pushback_stops_retrying() {
             answer(5),
         ]);
         let metrics = Metrics::new();
-        let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
             .expect("valid")
             .metrics(&metrics);
         let mut service = stack(layer, &server);
@@ -359,8 +186,8 @@ async fn a_valid_pushback_replaces_the_backoff() {
         fail(Code::Unavailable, 10),
         answer(10),
     ]);
-    let layer =
-        RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, "")).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid");
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(5));
     let (code, _) = outcome(&mut service, &scope).await;
@@ -386,7 +213,7 @@ async fn deadline_exceeded_is_retried_only_for_idempotent_methods() {
             r#""UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED""#,
             "",
         );
-        let layer = RetryLayer::from_service_config(&json).expect("valid");
+        let layer = ResilienceLayer::from_service_config(&json).expect("valid");
         let mut service = stack(layer, &server);
         let scope = Scope::background().with_timeout(Duration::from_secs(2));
         let (code, _) = outcome(&mut service, &scope).await;
@@ -411,7 +238,7 @@ async fn deadline_exceeded_is_retried_only_for_idempotent_methods() {
 #[tokio::test(start_paused = true)]
 async fn a_per_attempt_timeout_gives_way_to_the_next_attempt_of_an_idempotent_method() {
     let server = Server::new(vec![answer(5_000), answer(10)]);
-    let layer = RetryLayer::from_service_config(&config(true, r#""DEADLINE_EXCEEDED""#, ""))
+    let layer = ResilienceLayer::from_service_config(&config(true, r#""DEADLINE_EXCEEDED""#, ""))
         .expect("valid")
         .per_attempt_timeout(Duration::from_millis(100));
     let mut service = stack(layer, &server);
@@ -438,7 +265,7 @@ async fn a_per_attempt_timeout_gives_way_to_the_next_attempt_of_an_idempotent_me
 async fn a_per_request_timeout_counts_from_the_call_not_from_each_attempt() {
     let server = Server::new(vec![fail(Code::Unavailable, 100); 5]);
     let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
-    let layer = RetryLayer::from_service_config(&json).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&json).expect("valid");
     let mut service = stack(layer, &server);
     let mut req = request(PATH);
     req.headers_mut()
@@ -474,7 +301,7 @@ async fn an_attempt_the_learned_latency_cannot_fit_is_not_sent() {
     let server = Server::new(steps);
     let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
     let metrics = Metrics::new();
-    let layer = RetryLayer::from_service_config(&json)
+    let layer = ResilienceLayer::from_service_config(&json)
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -504,7 +331,7 @@ async fn from_the_first_answered_failure_on_no_attempt_starts_that_cannot_fit() 
     let server = Server::new(vec![fail(Code::Unavailable, 150); 5]);
     let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
     let metrics = Metrics::new();
-    let layer = RetryLayer::from_service_config(&json)
+    let layer = ResilienceLayer::from_service_config(&json)
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -533,7 +360,7 @@ async fn throttling_stops_retries_once_half_the_tokens_are_gone() {
     )
     .replace("\"0.1s\"", "\"0.001s\"");
     let metrics = Metrics::new();
-    let layer = RetryLayer::from_service_config(&json)
+    let layer = ResilienceLayer::from_service_config(&json)
         .expect("valid")
         .metrics(&metrics);
     let service = stack(layer, &server);
@@ -558,7 +385,7 @@ async fn a_retry_budget_bounds_retries_to_its_ratio() {
     let server = Server::new(vec![fail(Code::Unavailable, 1); 1000]);
     let json = config(false, r#""UNAVAILABLE""#, "").replace("\"0.1s\"", "\"0.001s\"");
     let metrics = Metrics::new();
-    let layer = RetryLayer::from_service_config(&json)
+    let layer = ResilienceLayer::from_service_config(&json)
         .expect("valid")
         .budget(RetryBudget::new(0.1, 0))
         .metrics(&metrics);
@@ -581,8 +408,8 @@ async fn a_retry_budget_bounds_retries_to_its_ratio() {
 #[tokio::test(start_paused = true)]
 async fn response_headers_commit_the_call() {
     let server = Server::new(vec![answer(10)]);
-    let layer =
-        RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, "")).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid");
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_secs(1));
     let (code, _) = outcome(&mut service, &scope).await;
@@ -594,7 +421,7 @@ async fn response_headers_commit_the_call() {
 async fn a_live_request_stream_or_an_oversized_body_is_sent_once() {
     let metrics = Metrics::new();
     let server = Server::new(vec![fail(Code::Unavailable, 1), answer(1)]);
-    let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
         .expect("valid")
         .replay_buffer(4)
         .metrics(&metrics);
@@ -614,8 +441,8 @@ async fn a_live_request_stream_or_an_oversized_body_is_sent_once() {
     assert_eq!(metrics.committed_unreplayable(), 1);
 
     let server = Server::new(vec![fail(Code::Unavailable, 1), answer(1)]);
-    let layer =
-        RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, "")).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid");
     let mut service = stack(layer, &server);
     let (tx, rx) =
         tokio::sync::mpsc::channel::<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>(1);
@@ -646,7 +473,7 @@ async fn a_live_request_stream_or_an_oversized_body_is_sent_once() {
 async fn methods_without_a_retry_policy_pass_straight_through() {
     let server = Server::new(vec![fail(Code::Unavailable, 1), answer(1)]);
     let metrics = Metrics::new();
-    let layer = RetryLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
         .expect("valid")
         .metrics(&metrics);
     let mut service = stack(layer, &server);
@@ -682,7 +509,7 @@ fn backoff_is_random_below_the_exponential_bound() {
     for n in 1..=6u32 {
         let bound = Duration::from_millis(100 * 2u64.pow(n - 1)).min(Duration::from_secs(1));
         let draws: Vec<Duration> = (0..200)
-            .map(|_| future::backoff(&core, &policy, n))
+            .map(|_| retry::backoff(&core, &policy, n))
             .collect();
         assert!(
             draws.iter().all(|d| *d < bound),
@@ -708,7 +535,7 @@ async fn one_layer_shares_its_throttle_across_the_services_it_builds() {
         r#", "retryThrottling": {"maxTokens": 4, "tokenRatio": 0.5}"#,
     )
     .replace("\"0.1s\"", "\"0.001s\"");
-    let layer = RetryLayer::from_service_config(&json).expect("valid");
+    let layer = ResilienceLayer::from_service_config(&json).expect("valid");
     // Two connections to the same server, one layer.
     let mut first = stack(layer.clone(), &server);
     let mut second = stack(layer, &server);
