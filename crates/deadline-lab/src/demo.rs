@@ -28,8 +28,7 @@ pub async fn run(report: &Path) -> anyhow::Result<()> {
         let name = entry.step();
         eprintln!("[{:>2}/{total}] {name} …", i + 1);
         if let Some(missing) = entry.missing_tool().await {
-            eprintln!("        {name}: skipped ({})", missing.why);
-            println!("{name}: skipped ({missing})\n");
+            println!("{name}: skipped ({missing}; {})\n", missing.why);
             skipped.push(Skipped {
                 name,
                 needs: missing.to_string(),

@@ -437,6 +437,7 @@ pub fn outcome(cases: &RetryCases) -> Outcome {
         notes: vec![
             "retryPolicy: maxAttempts 4, backoff random(0, min(initialBackoff x 2^(n-1), 2 s)), retryable UNAVAILABLE (and DEADLINE_EXCEEDED in the two DEADLINE_EXCEEDED cases)".into(),
             "budget on the wire: grpc-timeout as the server received it — what was left of the one deadline when that attempt was sent".into(),
+            "the WARN logged at this step is the 'not idempotent' case's, on purpose: the layer names a config that lists DEADLINE_EXCEEDED for a method not declared idempotent".into(),
         ],
     }
 }
