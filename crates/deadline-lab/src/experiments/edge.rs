@@ -77,11 +77,11 @@ pub struct LayerRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolAfter {
     /// Connections open.
-    pub size: u32,
+    pub size: usize,
     /// Connections idle.
     pub idle: usize,
     /// The pool's maximum.
-    pub max_size: u32,
+    pub max_size: usize,
     /// `pg_cancel_backend` requests sent.
     pub cancels_sent: u64,
     /// Connections closed because they could not be cleaned.
@@ -416,7 +416,7 @@ pub async fn measure() -> anyhow::Result<Edge> {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    while (pool.stats().cleanups_running > 0 || pool.stats().idle < pool.stats().size as usize)
+    while (pool.stats().cleanups_running > 0 || pool.stats().idle < pool.stats().size)
         && waited.elapsed() < Duration::from_secs(8)
     {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -455,9 +455,9 @@ pub async fn measure() -> anyhow::Result<Edge> {
         size: stats.size,
         idle: stats.idle,
         max_size: stats.max_size,
-        cancels_sent: stats.cancels_sent,
+        cancels_sent: stats.cancels,
         discarded: stats.discarded,
-        whole: stats.idle == stats.size as usize && stats.discarded == 0 && stats.size > 0,
+        whole: stats.idle == stats.size && stats.discarded == 0 && stats.size > 0,
         queries_still_active: still,
     };
     let sqlx_costs = costs(&url, &pool).await?;
