@@ -8,10 +8,10 @@
 //! 1. [`SqlxPgPool::acquire`] waits for a connection through a
 //!    deadline-aware [`Admission`] and then sqlx's own pool, both racing the
 //!    scope (queue time spends the budget);
-//! 2. every statement on the acquired connection is preceded by
-//!    `set_config('statement_timeout', …)` with the scope's remaining
-//!    budget, so the server stops on its own at the deadline even if nothing
-//!    else reaches it;
+//! 2. the first statement on the acquired connection is preceded by
+//!    `set_config('statement_timeout', …)` with the scope's remaining budget,
+//!    so the server stops on its own even if nothing else reaches it (a
+//!    backstop: see below);
 //! 3. when the scope ends before a statement does (deadline, caller cancel),
 //!    the statement gets
 //!    `pg_cancel_backend` for its backend from a side connection: the server
@@ -34,15 +34,20 @@
 //!   behind a pooler in transaction mode (the backend pid is not the
 //!   client's); [`SqlxPgPoolBuilder::cancel_requests`] turns it off, leaving
 //!   `statement_timeout` alone.
-//! - sqlx has no pipelining, so the `statement_timeout` costs one round trip
-//!   before each statement (`deadline-lab experiment edge` measures it). The
-//!   same round trip reads the backend pid, so that costs nothing more.
-//! - Every statement of one [`run`](SqlxPgConn::run) closure is bounded by
-//!   the budget left when the closure started; the cancel request stops any
-//!   of them at the deadline itself. A cancel request that cannot be
-//!   delivered is counted
+//! - sqlx has no pipelining, so setting `statement_timeout` costs a round
+//!   trip of its own. The cancel request already stops a statement at the
+//!   deadline, so the timeout is set once per acquired connection, before
+//!   its first statement (the same round trip reads the backend pid): every
+//!   statement on that connection is bounded on the server by the budget
+//!   that was left then, and stopped by the cancel request at the deadline
+//!   itself. A cancel request that cannot be delivered is counted
 //!   ([`PoolStats::cancels_failed`](super::PoolStats::cancels_failed)) and
-//!   logged at WARN.
+//!   logged at WARN; its statement then stops at that timeout, or its
+//!   connection is closed after 5 s. With
+//!   [`cancel_requests(false)`](SqlxPgPoolBuilder::cancel_requests) the
+//!   timeout is all that stops a statement, so it is refreshed to the
+//!   remaining budget before every statement: one round trip each
+//!   (`deadline-lab experiment edge` measures both).
 //!
 //! # Example
 //!
@@ -178,8 +183,8 @@ impl SqlxPgPoolBuilder {
     /// sqlx's own pool options (lifetimes, timeouts, hooks); their
     /// `max_connections` is replaced by [`size`](Self::size). The default
     /// differs from sqlx's in one point: no test before every acquire (the
-    /// `statement_timeout` round trip that starts every statement tests the
-    /// connection anyway).
+    /// `statement_timeout` round trip before a connection's first statement
+    /// tests it anyway).
     pub fn pool_options(mut self, options: PgPoolOptions) -> Self {
         self.pool = options;
         self
@@ -188,7 +193,8 @@ impl SqlxPgPoolBuilder {
     /// Whether a statement whose scope ends gets `pg_cancel_backend` (on by
     /// default). Turn it off where it cannot reach the backend (a pooler in
     /// transaction mode, a role without the right to signal): statements
-    /// then stop through their `statement_timeout` alone.
+    /// then stop through their `statement_timeout` alone, refreshed before
+    /// every statement (one round trip each).
     pub fn cancel_requests(mut self, on: bool) -> Self {
         self.cancel_requests = on;
         self
@@ -311,6 +317,7 @@ impl SqlxPgPool {
             scope: scope.clone(),
             shared: self.shared.clone(),
             pid: None,
+            timeout_set: false,
             dirty: false,
         })
     }
@@ -339,6 +346,9 @@ pub struct SqlxPgConn {
     shared: Arc<Shared>,
     /// The backend's process id, once a statement has read it.
     pid: Option<i32>,
+    /// `statement_timeout` is set for this scope (refreshed before every
+    /// statement when cancel requests are off).
+    timeout_set: bool,
     /// A statement was started and its end not yet seen (its call was
     /// dropped), or a stopped call left something to clean.
     dirty: bool,
@@ -363,8 +373,8 @@ enum Outcome<T> {
 }
 
 /// sqlx's defaults, less the test before every acquire: the
-/// `statement_timeout` round trip that starts every statement tests the
-/// connection anyway.
+/// `statement_timeout` round trip before a connection's first statement
+/// tests the connection anyway.
 fn default_options() -> PgPoolOptions {
     PgPoolOptions::new().test_before_acquire(false)
 }
@@ -398,7 +408,9 @@ impl Shared {
             tracing::warn!(
                 pid,
                 %why,
-                "pg_cancel_backend not delivered: the statement stops only at its statement_timeout"
+                "pg_cancel_backend not delivered: the statement stops only at the statement_timeout \
+                 its connection got for the budget left at its first statement; if this persists, \
+                 turn cancel_requests off to refresh that timeout before every statement"
             );
         }
     }
@@ -468,12 +480,20 @@ impl SqlxPgConn {
     }
 
     /// Before a statement: the scope is live, the connection clean, and the
-    /// server's `statement_timeout` is the remaining budget.
+    /// server's `statement_timeout` bounds the statement: the budget left at
+    /// the connection's first statement while cancel requests stop
+    /// statements at the deadline, the remaining budget otherwise.
     async fn begin(&mut self) -> Result<(), Error> {
         self.scope.check()?;
         if self.dirty {
             let cause = self.scope.cause().unwrap_or(Cause::Cancelled);
             self.stop(cause).await?;
+        }
+        if self.timeout_set && self.shared.side.is_some() {
+            // The cancel request stops this statement at the deadline; the
+            // timeout set before the first one is its backstop.
+            self.dirty = true;
+            return Ok(());
         }
         let timeout = statement_timeout_ms(&self.scope).to_string();
         self.dirty = true;
@@ -486,6 +506,7 @@ impl SqlxPgConn {
         let outcome = shared.race(&scope, pid, set).await;
         let row = self.finish(outcome).await?;
         self.pid = Some(row.try_get(0).map_err(Error::database)?);
+        self.timeout_set = true;
         // The statement itself follows; until its end is seen, a dropped
         // call leaves the connection to be cleaned.
         self.dirty = true;

@@ -49,7 +49,8 @@ async fn backend_pid(conn: &mut SqlxPgConn) -> i32 {
         .get(0)
 }
 
-/// The server's `statement_timeout` on `conn`, as its next statement sees it.
+/// The server's `statement_timeout` on `conn`, read by a statement of its
+/// own (which, in the scheme under test, may or may not refresh it first).
 async fn statement_timeout(conn: &mut SqlxPgConn) -> Duration {
     let shown: String = conn
         .fetch_all(sqlx::query(
@@ -217,6 +218,95 @@ async fn statement_timeout_from_the_budget_stops_the_server_without_a_cancel() {
     assert!(
         start.elapsed() < Duration::from_secs(3),
         "well before the 5 s query would end"
+    );
+}
+
+/// A statement that starts after most of its connection's budget is spent.
+struct Late {
+    /// The server's `statement_timeout` when it started.
+    timeout: Duration,
+    /// How long it ran before its call returned.
+    ran: Duration,
+    err: tonic_deadline::db::Error,
+    /// Whether its backend was still running it afterwards.
+    still_active: bool,
+}
+
+/// Takes a connection of `pool` under a 1.5 s budget, spends `spend_s`
+/// seconds of it in a statement, and starts a 10 s statement.
+async fn late_statement(pool: &SqlxPgPool, spend_s: f64) -> Late {
+    let mut monitor = monitor().await;
+    let scope = Scope::background().with_timeout(Duration::from_millis(1500));
+    let mut conn = pool.acquire(&scope).await.expect("a connection");
+    let pid = backend_pid(&mut conn).await;
+    conn.execute(sqlx::query("SELECT pg_sleep($1)").bind(spend_s))
+        .await
+        .expect("the first statements fit the 1.5 s budget");
+    let timeout = statement_timeout(&mut conn).await;
+    let started = Instant::now();
+    let err = conn
+        .fetch_all(sqlx::query("SELECT pg_sleep(10)"))
+        .await
+        .expect_err("a 10 s statement cannot finish in what is left");
+    let ran = started.elapsed();
+    Late {
+        timeout,
+        ran,
+        err,
+        still_active: active(&mut monitor, pid).await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_statement_is_stopped_at_the_deadline_by_the_cancel_not_by_its_older_timeout() {
+    let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
+    // The first statement sets the server's timeout to the whole budget;
+    // the second spends 1 s of it.
+    let late = late_statement(&pool, 1.0).await;
+    assert!(
+        late.timeout >= Duration::from_millis(1000),
+        "set once for the connection, not refreshed before every statement: {:?}",
+        late.timeout
+    );
+    assert_eq!(late.err.cause(), Some(Cause::DeadlineExceeded));
+    assert!(
+        !late.still_active,
+        "the statement must have stopped on the server"
+    );
+    assert_eq!(
+        pool.stats().cancels,
+        1,
+        "stopped by the cancel request: {:?}",
+        pool.stats()
+    );
+    assert!(
+        late.ran < late.timeout,
+        "stopped at the deadline, {:?} after it started, before its own {:?} timeout",
+        late.ran,
+        late.timeout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cancel_requests_the_timeout_is_refreshed_before_every_statement() {
+    let pool = SqlxPgPool::builder(url().parse().expect("url"))
+        .size(1)
+        .cancel_requests(false)
+        .build()
+        .expect("pool");
+    let late = late_statement(&pool, 0.8).await;
+    assert!(
+        late.timeout <= Duration::from_millis(700),
+        "the timeout is all that stops a statement here: it must be what is left, not {:?}",
+        late.timeout
+    );
+    assert_eq!(late.err.cause(), Some(Cause::DeadlineExceeded));
+    assert!(!late.still_active, "stopped on the server");
+    assert_eq!(pool.stats().cancels, 0, "no cancel request was sent");
+    assert!(
+        late.ran < Duration::from_secs(3),
+        "near the deadline, not after the 10 s statement: {:?}",
+        late.ran
     );
 }
 
