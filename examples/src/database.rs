@@ -46,10 +46,11 @@ impl Store for Counter {
         let up_to = i64::try_from(request.into_inner().up_to)
             .map_err(|_| Status::invalid_argument("up_to is too large"))?;
         let returned = self.returned.clone();
-        // `run` takes the request's scope from the server layer; an ended
-        // scope comes back as DEADLINE_EXCEEDED or CANCELLED through `?`.
-        let count = self
-            .pool
+        // The connection is taken under the request's scope, which the
+        // server layer installed; an ended scope comes back as
+        // DEADLINE_EXCEEDED or CANCELLED through `?`.
+        let mut conn = self.pool.acquire(&Scope::current()).await?;
+        let count = conn
             .run(move |conn| {
                 let started = Instant::now();
                 let out = conn.query_row(COUNT, [up_to], |row| row.get::<_, i64>(0));

@@ -1202,8 +1202,11 @@ mod tests {
             },
             sqlx_costs: SqlxCosts {
                 plain_statement_us: 50.0,
-                scoped_statement_us: 140.0,
-                extra_us: 90.0,
+                scoped_statement_us: 51.0,
+                extra_us: 1.0,
+                plain_call_us: 60.0,
+                scoped_call_us: 120.0,
+                call_extra_us: 60.0,
             },
         };
         let json = serde_json::to_value(&edge).expect("serialises");

@@ -319,7 +319,9 @@ impl Probe for Store {
         self.children.fetch_add(1, Ordering::Relaxed);
         let count: i64 = self
             .pool
-            .run_in(&scope, move |c| {
+            .acquire(&scope)
+            .await?
+            .run(move |c| {
                 c.query_row(
                     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < ?1) \
                      SELECT count(*) FROM c",
@@ -699,7 +701,7 @@ pub async fn run(load: Load) -> anyhow::Result<Soak> {
             .clone(),
         client_cancels: tally.cancels.load(Ordering::Relaxed),
         client_drops: tally.drops.load(Ordering::Relaxed),
-        queries_interrupted: store.pool.stats().interrupted,
+        queries_interrupted: store.pool.stats().cancels,
         permits_granted: admission.granted,
         children_spawned: store.children.load(Ordering::Relaxed),
         settled: after_warmup.settled && end.settled,

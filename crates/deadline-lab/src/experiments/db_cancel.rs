@@ -90,20 +90,24 @@ async fn sqlite() -> anyhow::Result<Sqlite> {
     let pool = SqlitePool::open_in_memory(1)?;
     let scope = Scope::background().with_timeout(DEADLINE);
     let start = Instant::now();
-    let stopped = pool
-        .run_in(&scope, |c| {
-            c.query_row(SQLITE_5S, [], |r| r.get::<_, i64>(0))
-        })
-        .await;
+    let stopped = match pool.acquire(&scope).await {
+        Ok(mut conn) => {
+            conn.run(|c| c.query_row(SQLITE_5S, [], |r| r.get::<_, i64>(0)))
+                .await
+        }
+        Err(refused) => Err(refused),
+    };
     let stopped_after = start.elapsed();
     let cause = stopped.as_ref().err().and_then(|e| e.cause());
     let again = Instant::now();
-    let reusable = pool
-        .run_in(
-            &Scope::background().with_timeout(Duration::from_secs(1)),
-            |c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)),
-        )
-        .await;
+    let next = Scope::background().with_timeout(Duration::from_secs(1));
+    let reusable = match pool.acquire(&next).await {
+        Ok(mut conn) => {
+            conn.run(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
+                .await
+        }
+        Err(refused) => Err(refused),
+    };
     Ok(Sqlite {
         query_stopped_ms: ms(stopped_after),
         cause: cause.map(|c| c.to_string()),
@@ -243,7 +247,10 @@ async fn postgres() -> anyhow::Result<PostgresRun> {
     let pool = PgPool::connect(&url, 2).map_err(|e| anyhow::anyhow!("{e}"))?;
     let start = Instant::now();
     let scope = Scope::background().with_timeout(DEADLINE);
-    let mut conn = pool.get(&scope).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut conn = pool
+        .acquire(&scope)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let pid: i32 = conn
         .query("SELECT pg_backend_pid()", &[])
         .await
@@ -265,7 +272,7 @@ async fn postgres() -> anyhow::Result<PostgresRun> {
         query_stopped_ms: ms(stopped_after),
         cause: cause.map(|c| c.to_string()),
         server_side_stopped: active == 0 && cause.is_some(),
-        cancel_requests_sent: stats.cancels_sent,
+        cancel_requests_sent: stats.cancels,
         pool_idle_after: stats.idle,
         pool_size: stats.size,
         pool_max_size: stats.max_size,

@@ -6,9 +6,12 @@
 //! Each layer reports the budget it saw on entry and when its work stopped;
 //! the query is watched in `pg_stat_activity` from a second connection, and
 //! the pool is checked whole afterwards. Two contrasts measure what the
-//! sqlx integration cannot avoid: plain sqlx leaving a dropped query running
-//! (and the connection's next query waiting behind it), and the extra round
-//! trip per statement that `statement_timeout` costs without pipelining.
+//! sqlx integration costs and what it avoids: plain sqlx leaving a dropped
+//! query running (and the connection's next query waiting behind it), and
+//! the latency of a statement and of a whole call (take a connection, run
+//! one statement) through the scoped pool beside plain sqlx — the call pays
+//! the round trip that sets `statement_timeout`, once per connection taken,
+//! since sqlx cannot pipeline it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -48,7 +51,7 @@ const QUERY: &str = "SELECT pg_sleep(5) /* deadline-lab edge */";
 const REST_WORK: Duration = Duration::from_secs(5);
 /// How long plain sqlx's abandoned query runs.
 const PLAIN_QUERY: &str = "SELECT pg_sleep(2) /* deadline-lab plain sqlx */";
-/// Statements timed for the per-statement cost.
+/// Statements (and calls) timed for the costs.
 const COST_SAMPLES: usize = 200;
 
 /// The layers, as named in the result rows.
@@ -77,11 +80,11 @@ pub struct LayerRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolAfter {
     /// Connections open.
-    pub size: u32,
+    pub size: usize,
     /// Connections idle.
     pub idle: usize,
     /// The pool's maximum.
-    pub max_size: u32,
+    pub max_size: usize,
     /// `pg_cancel_backend` requests sent.
     pub cancels_sent: u64,
     /// Connections closed because they could not be cleaned.
@@ -105,16 +108,26 @@ pub struct PlainSqlx {
     pub next_query_waited_ms: f64,
 }
 
-/// What a statement costs through the scoped pool, against plain sqlx.
+/// What a statement and a call cost through the scoped pool, against plain
+/// sqlx.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SqlxCosts {
     /// Median `SELECT 1` on a plain sqlx connection, in µs.
     pub plain_statement_us: f64,
-    /// Median `SELECT 1` through [`SqlxPgPool`] (with its
-    /// `statement_timeout` round trip), in µs.
+    /// Median `SELECT 1` on one connection taken from [`SqlxPgPool`], after
+    /// its first statement, in µs.
     pub scoped_statement_us: f64,
-    /// The difference: the round trip sqlx's lack of pipelining costs.
+    /// `scoped_statement_us - plain_statement_us`.
     pub extra_us: f64,
+    /// Median call on a plain `sqlx::PgPool` (no test before acquire): take
+    /// a connection, `SELECT 1`, give it back; in µs.
+    pub plain_call_us: f64,
+    /// Median call through [`SqlxPgPool`]: acquire under a scope (the
+    /// admission queue), set `statement_timeout` (one round trip per
+    /// connection taken), `SELECT 1`, give it back; in µs.
+    pub scoped_call_us: f64,
+    /// `scoped_call_us - plain_call_us`.
+    pub call_extra_us: f64,
 }
 
 /// The experiment's result: shared by the table, `--json` and the tests.
@@ -323,8 +336,15 @@ fn median_us(mut samples: Vec<Duration>) -> f64 {
 
 async fn costs(url: &str, pool: &SqlxPgPool) -> anyhow::Result<SqlxCosts> {
     let mut plain = sqlx::PgConnection::connect(url).await?;
+    let plain_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(url)
+        .await?;
     let scope = Scope::background().with_timeout(Duration::from_secs(30));
     let mut scoped = pool.acquire(&scope).await?;
+    // Its first statement sets the connection's statement_timeout.
+    scoped.fetch_all(sqlx::query("SELECT 1")).await?;
     let (mut a, mut b) = (Vec::new(), Vec::new());
     // Interleaved, so both see the same machine load.
     for _ in 0..COST_SAMPLES {
@@ -335,11 +355,31 @@ async fn costs(url: &str, pool: &SqlxPgPool) -> anyhow::Result<SqlxCosts> {
         scoped.fetch_all(sqlx::query("SELECT 1")).await?;
         b.push(t.elapsed());
     }
+    drop(scoped);
+    let (mut c, mut d) = (Vec::new(), Vec::new());
+    for _ in 0..COST_SAMPLES {
+        let t = Instant::now();
+        let mut conn = plain_pool.acquire().await?;
+        conn.execute("SELECT 1").await?;
+        drop(conn);
+        c.push(t.elapsed());
+        let t = Instant::now();
+        let mut conn = pool.acquire(&scope).await?;
+        conn.fetch_all(sqlx::query("SELECT 1")).await?;
+        drop(conn);
+        d.push(t.elapsed());
+    }
+    plain_pool.close().await;
     let (plain_us, scoped_us) = (median_us(a), median_us(b));
+    let (plain_call_us, scoped_call_us) = (median_us(c), median_us(d));
+    let tenth = |us: f64| (us * 10.0).round() / 10.0;
     Ok(SqlxCosts {
         plain_statement_us: plain_us,
         scoped_statement_us: scoped_us,
-        extra_us: ((scoped_us - plain_us) * 10.0).round() / 10.0,
+        extra_us: tenth(scoped_us - plain_us),
+        plain_call_us,
+        scoped_call_us,
+        call_extra_us: tenth(scoped_call_us - plain_call_us),
     })
 }
 
@@ -416,7 +456,7 @@ pub async fn measure() -> anyhow::Result<Edge> {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    while (pool.stats().cleanups_running > 0 || pool.stats().idle < pool.stats().size as usize)
+    while (pool.stats().cleanups_running > 0 || pool.stats().idle < pool.stats().size)
         && waited.elapsed() < Duration::from_secs(8)
     {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -455,9 +495,9 @@ pub async fn measure() -> anyhow::Result<Edge> {
         size: stats.size,
         idle: stats.idle,
         max_size: stats.max_size,
-        cancels_sent: stats.cancels_sent,
+        cancels_sent: stats.cancels,
         discarded: stats.discarded,
-        whole: stats.idle == stats.size as usize && stats.discarded == 0 && stats.size > 0,
+        whole: stats.idle == stats.size && stats.discarded == 0 && stats.size > 0,
         queries_still_active: still,
     };
     let sqlx_costs = costs(&url, &pool).await?;
@@ -521,8 +561,12 @@ pub async fn run() -> anyhow::Result<Outcome> {
             plain.next_query_waited_ms
         ),
         format!(
-            "cost per statement (median of {COST_SAMPLES}): plain sqlx {:.1} µs, scoped {:.1} µs: +{:.1} µs for the statement_timeout round trip",
+            "cost per statement on a connection taken (median of {COST_SAMPLES}): plain sqlx {:.1} µs, scoped {:.1} µs: {:+.1} µs",
             c.plain_statement_us, c.scoped_statement_us, c.extra_us
+        ),
+        format!(
+            "cost per call, take a connection + one statement (median of {COST_SAMPLES}): plain sqlx pool {:.1} µs, scoped {:.1} µs: {:+.1} µs, mostly the statement_timeout round trip",
+            c.plain_call_us, c.scoped_call_us, c.call_extra_us
         ),
     ];
     Ok(Outcome {

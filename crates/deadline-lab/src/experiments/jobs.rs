@@ -31,7 +31,7 @@ use tonic_deadline::jobs::JobState;
 use crate::experiments::db_cancel;
 use crate::netns::{self, Host, Network};
 use crate::report::{Outcome, ms};
-use crate::systems::jobs::Setup;
+use crate::systems::jobs::{Setup, query};
 
 /// Jobs submitted before the workers start.
 const JOBS: i64 = 40;
@@ -344,17 +344,17 @@ fn spawn(mut command: Command) -> anyhow::Result<Process> {
 /// The job `worker` is in the middle of (started, not ended), with its
 /// idempotence.
 async fn mid_job(pool: &PgPool, table: &str, worker: &str) -> anyhow::Result<Option<(i64, bool)>> {
-    let rows = pool
-        .query(
-            &format!(
-                "SELECT e.job, j.idempotent FROM {table}_effects e JOIN {table} j ON j.id = e.job
+    let rows = query(
+        pool,
+        &format!(
+            "SELECT e.job, j.idempotent FROM {table}_effects e JOIN {table} j ON j.id = e.job
                  WHERE e.worker = $1 AND e.phase = 'start' AND NOT EXISTS (
                      SELECT 1 FROM {table}_effects f
                      WHERE f.job = e.job AND f.attempt = e.attempt AND f.phase = 'end')"
-            ),
-            &[&worker],
-        )
-        .await?;
+        ),
+        &[&worker],
+    )
+    .await?;
     Ok(rows.first().map(|r| (r.get(0), r.get(1))))
 }
 
@@ -380,7 +380,7 @@ pub async fn run() -> anyhow::Result<JobsRun> {
         job_time: Duration::from_millis(100),
     };
     let (queue, effects) = setup.open().await?;
-    let server: String = effects.query("SHOW server_version", &[]).await?[0].get(0);
+    let server: String = query(&effects, "SHOW server_version", &[]).await?[0].get(0);
 
     let mut accepted = BTreeMap::new();
     for i in 0..JOBS {
@@ -441,12 +441,12 @@ pub async fn run() -> anyhow::Result<JobsRun> {
         .into_iter()
         .map(|(id, state, _)| (id, state))
         .collect();
-    let rows = effects
-        .query(
-            &format!("SELECT job, worker, phase FROM {}_effects", setup.table),
-            &[],
-        )
-        .await?;
+    let rows = query(
+        &effects,
+        &format!("SELECT job, worker, phase FROM {}_effects", setup.table),
+        &[],
+    )
+    .await?;
     let mut starts: BTreeMap<i64, u64> = BTreeMap::new();
     let mut ends: BTreeMap<i64, u64> = BTreeMap::new();
     let mut by_worker: BTreeMap<String, u64> = BTreeMap::new();
@@ -495,11 +495,11 @@ pub async fn run() -> anyhow::Result<JobsRun> {
         job_ms: ms(setup.job_time),
         drained_after_kill_ms: ms(drained_after),
     };
-    let _ = effects
-        .query(
-            &format!("DROP TABLE {t}, {t}_effects", t = setup.table),
-            &[],
-        )
-        .await;
+    let _ = query(
+        &effects,
+        &format!("DROP TABLE {t}, {t}_effects", t = setup.table),
+        &[],
+    )
+    .await;
     Ok(result)
 }

@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
+use tonic_deadline::Scope;
 use tonic_deadline::db::postgres::PgPool;
+use tonic_deadline::db::postgres::tokio_postgres::Row;
+use tonic_deadline::db::postgres::tokio_postgres::types::ToSql;
 use tonic_deadline::jobs::postgres::{PgStore, PgStoreOptions};
 use tonic_deadline::jobs::{Job, JobQueue, Worker};
 
@@ -37,9 +40,9 @@ impl Setup {
             .lease(self.lease);
         let store = PgStore::connect(&self.url, options).await?;
         let effects = PgPool::connect(&self.url, 2)?;
-        effects
-            .query(
-                &format!(
+        query(
+            &effects,
+            &format!(
                     "CREATE TABLE IF NOT EXISTS {}_effects (job BIGINT NOT NULL, attempt INT NOT NULL, \
                      worker TEXT NOT NULL, phase TEXT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
                     self.table
@@ -51,6 +54,22 @@ impl Setup {
     }
 }
 
+/// One statement on a connection of `pool`, under the current scope.
+///
+/// # Errors
+///
+/// As [`PgConn::query`](tonic_deadline::db::postgres::PgConn::query).
+pub async fn query(
+    pool: &PgPool,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, tonic_deadline::db::Error> {
+    pool.acquire(&Scope::current())
+        .await?
+        .query(sql, params)
+        .await
+}
+
 async fn effect(
     pool: &PgPool,
     table: &str,
@@ -59,7 +78,8 @@ async fn effect(
     phase: &str,
 ) -> Result<(), String> {
     let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
-    pool.query(
+    query(
+        pool,
         &format!(
             "INSERT INTO {table}_effects (job, attempt, worker, phase) VALUES ($1, $2, $3, $4)"
         ),

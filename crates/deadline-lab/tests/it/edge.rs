@@ -75,4 +75,11 @@ fn edge_experiment_one_budget_crosses_http_grpc_and_sql_and_stops_on_the_databas
             && costs.scoped_statement_us > 0.0,
         "both statement costs must be measured: {costs:?}"
     );
+    assert!(
+        costs.plain_call_us.is_finite()
+            && costs.plain_call_us > 0.0
+            && costs.scoped_call_us.is_finite()
+            && costs.scoped_call_us > 0.0,
+        "both call costs must be measured: {costs:?}"
+    );
 }

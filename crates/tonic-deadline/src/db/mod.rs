@@ -7,21 +7,66 @@
 //! - [`sqlite`] (feature `sqlite`, the embedded default): each query runs on
 //!   a blocking thread and is interrupted (`sqlite3_interrupt`, plus a
 //!   progress handler that watches the scope between statements) the moment
-//!   the scope ends; the connection is back in the pool, ready for the next
-//!   caller, before the call returns.
+//!   the scope ends; the connection is idle again, ready for its next query,
+//!   before the call returns.
 //! - [`postgres`] (feature `postgres`): when the scope ends a cancel request
 //!   stops the running statement on the server (SQLSTATE 57014), and every
 //!   statement also carries a `statement_timeout` derived from the remaining
 //!   budget, so the server stops on its own even if the cancel request is
 //!   lost. The connection is checked and goes back to the pool healthy.
+//! - [`sqlx_postgres`] and [`sqlx_sqlite`] (features `sqlx-postgres`,
+//!   `sqlx-sqlite`): the same guarantees for [sqlx](https://docs.rs/sqlx)
+//!   connections, within what sqlx allows (each module says what that is).
 //!
-//! Both wait for a connection through an [`Admission`](crate::admission::Admission),
-//! so time spent waiting for a connection spends the caller's budget, and a
-//! caller that cannot finish in time is refused before it takes one.
+//! # One shape
+//!
+//! Every pool is used the same way:
+//!
+//! - built by `connect(url, size)` or `open(path, size)` (and
+//!   `open_in_memory(size)` for SQLite), or configured step by step with
+//!   `builder(..)`: `size(n)`, `admission(..)`, then `build()`; sizes are
+//!   `usize`, and every constructor fails with [`Error`];
+//! - `pool.acquire(&scope).await?` waits for a connection under a scope
+//!   and gives a connection whose statements run under that scope; dropping
+//!   it returns the connection to the pool (cleaned first if a call on it
+//!   was dropped mid-way);
+//! - `pool.stats()` reports [`PoolStats`], `pool.admission()` is the queue
+//!   in front of the connections;
+//! - every failure is an [`Error`], which converts into the right
+//!   `tonic::Status`, boxed or not.
+//!
+//! Every pool waits for a connection through an [`Admission`], so time
+//! spent waiting for a connection spends the caller's budget, and a caller
+//! that cannot finish in time is refused before it takes one.
+//!
+//! # Example
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tonic_deadline::db::Error> {
+//! use std::time::Duration;
+//! use tonic_deadline::Scope;
+//! use tonic_deadline::db::sqlite::SqlitePool;
+//!
+//! let pool = SqlitePool::open_in_memory(2)?;
+//! let scope = Scope::background().with_timeout(Duration::from_secs(1));
+//! let mut conn = pool.acquire(&scope).await?;
+//! let n = conn.run(|c| c.query_row("SELECT 41 + 1", [], |r| r.get::<_, i64>(0))).await?;
+//! assert_eq!(n, 42);
+//! drop(conn);
+//! assert_eq!(pool.stats().idle, 2);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 #[cfg(feature = "sqlx-postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-postgres")))]
@@ -34,7 +79,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::BoxError;
-use crate::admission::Refused;
+use crate::admission::{Admission, Refused};
 use crate::scope::Cause;
 use crate::status::status_for;
 
@@ -52,7 +97,8 @@ use crate::status::status_for;
 /// let pool = SqlitePool::open_in_memory(1).unwrap();
 /// let scope = tonic_deadline::Scope::background();
 /// scope.cancel();
-/// let err = pool.run_in(&scope, |c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))).await.unwrap_err();
+/// let err = pool.acquire(&scope).await.unwrap_err();
+/// assert_eq!(err.cause(), Some(tonic_deadline::Cause::Cancelled));
 /// assert_eq!(tonic::Status::from(err).code(), tonic::Code::Cancelled);
 /// # }
 /// # #[cfg(not(feature = "sqlite"))]
@@ -168,5 +214,161 @@ impl From<Error> for tonic::Status {
                 status
             }
         }
+    }
+}
+
+/// Counters of a pool, the same for every pool of this module: for metrics
+/// and leak checks.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::PoolStats;
+/// use tonic_deadline::db::sqlite::SqlitePool;
+///
+/// let pool = SqlitePool::open_in_memory(2)?;
+/// let stats: PoolStats = pool.stats();
+/// assert_eq!((stats.max_size, stats.idle, stats.queued), (2, 2, 0));
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// The most connections the pool opens.
+    pub max_size: usize,
+    /// Connections open right now.
+    pub size: usize,
+    /// Open connections idle in the pool right now.
+    pub idle: usize,
+    /// Callers waiting for a connection right now.
+    pub queued: usize,
+    /// Statements the pool stopped on the database because their scope
+    /// ended: PostgreSQL cancel requests (`pg_cancel_backend` for sqlx) and
+    /// SQLite interrupts. The PostgreSQL pools also count the cancel
+    /// requests they send for calls dropped mid-statement.
+    pub cancels: u64,
+    /// Cancel requests that could not be delivered (PostgreSQL only); the
+    /// statement then stopped at its `statement_timeout`, or its connection
+    /// was closed.
+    pub cancels_failed: u64,
+    /// Connections closed because they could not be cleaned.
+    pub discarded: u64,
+    /// Connections being cleaned after a call dropped mid-statement.
+    pub cleanups_running: u64,
+}
+
+/// The future a `run` closure of the sqlx connections returns:
+/// [`SqlxPgConn::run`](sqlx_postgres::SqlxPgConn::run) and
+/// [`SqlxSqliteConn::run`](sqlx_sqlite::SqlxSqliteConn::run).
+///
+/// ```
+/// # #[cfg(feature = "sqlx-sqlite")]
+/// # mod example {
+/// use tonic_deadline::db::BoxQuery;
+/// use tonic_deadline::db::sqlx_sqlite::sqlx;
+///
+/// fn answer<'c>(c: &'c mut sqlx::SqliteConnection) -> BoxQuery<'c, (i64,)> {
+///     Box::pin(async move { sqlx::query_as("SELECT 42").fetch_one(c).await })
+/// }
+/// # }
+/// ```
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite")))
+)]
+pub type BoxQuery<'c, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+
+/// A builder's size when none is given.
+pub(crate) const DEFAULT_SIZE: usize = 10;
+
+/// The admission in front of a pool of `size` connections: `given`, which
+/// must have one permit per connection, or an adaptive-LIFO queue.
+pub(crate) fn admission_for(size: usize, given: Option<Admission>) -> Result<Admission, Error> {
+    if size == 0 {
+        return Err(Error::database("a pool needs at least one connection"));
+    }
+    match given {
+        None => Ok(Admission::new(size)),
+        Some(admission) if admission.stats().permits == size => Ok(admission),
+        Some(admission) => Err(Error::database(format!(
+            "the admission has {} permits for a pool of {size} connections: give it one per connection",
+            admission.stats().permits
+        ))),
+    }
+}
+
+/// A pool size as sqlx counts it.
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+pub(crate) fn sqlx_size(size: usize) -> Result<u32, Error> {
+    u32::try_from(size).map_err(|_| {
+        Error::database(format!(
+            "a pool of {size} connections is too large for sqlx"
+        ))
+    })
+}
+
+/// The statement timeout for what is left of `scope`: whole milliseconds,
+/// rounded up, at least 1 (0 would mean "no timeout"); 0 (none) without a
+/// deadline.
+#[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+pub(crate) fn statement_timeout_ms(scope: &crate::Scope) -> u128 {
+    match scope.remaining() {
+        None => 0,
+        Some(left) => left.as_micros().div_ceil(1000).max(1),
+    }
+}
+
+/// Runs the clean-up of a connection dropped mid-statement on the current
+/// runtime, counted in `running` until it ends (`cleanup` takes one off
+/// `running` when it is done), or warns that it cannot: outside a runtime
+/// only the database's own limits (a `statement_timeout`) stop what still
+/// runs.
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlx-postgres",
+    feature = "sqlx-sqlite"
+))]
+pub(crate) fn spawn_cleanup(
+    running: &std::sync::atomic::AtomicU64,
+    cleanup: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            running.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // The pool's own work, not the request's.
+            runtime.spawn(cleanup);
+        }
+        Err(_) => tracing::warn!(
+            "a pooled connection was dropped mid-statement outside a runtime, where it cannot be cleaned"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_refuses_zero_connections_and_an_admission_of_another_size() {
+        let zero = admission_for(0, None).expect_err("a pool of nothing");
+        assert!(zero.to_string().contains("at least one"), "{zero}");
+        let mismatch = admission_for(4, Some(Admission::new(2))).expect_err("2 permits for 4");
+        assert!(
+            mismatch.to_string().contains("2 permits for a pool of 4"),
+            "the error must say what does not match: {mismatch}"
+        );
+        assert_eq!(
+            admission_for(4, Some(Admission::new(4)))
+                .expect("one permit per connection")
+                .stats()
+                .permits,
+            4
+        );
+        assert_eq!(admission_for(3, None).expect("default").stats().permits, 3);
     }
 }

@@ -28,7 +28,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = PgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
 //! let scope = Scope::background().with_timeout(Duration::from_millis(200));
-//! let mut conn = pool.get(&scope).await?;
+//! let mut conn = pool.acquire(&scope).await?;
 //! let err = conn.query("SELECT pg_sleep(5)", &[]).await.expect_err("stopped at 200 ms");
 //! assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
 //! # Ok(())
@@ -54,7 +54,7 @@ pub use tokio_postgres;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
 
-use super::Error;
+use super::{DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, statement_timeout_ms};
 use crate::admission::{Admission, Permit};
 use crate::scope::{Cause, Scope};
 
@@ -63,6 +63,16 @@ const CLEANUP_LIMIT: Duration = Duration::from_secs(5);
 
 /// A pool of PostgreSQL connections (no TLS: loopback and trusted networks)
 /// behind a deadline-aware queue. Cheap to clone. See the [module docs](self).
+///
+/// ```
+/// # fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::postgres::PgPool;
+/// // Connections open on first use.
+/// let pool = PgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
+/// assert_eq!(pool.stats().max_size, 8);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct PgPool {
     shared: Arc<Shared>,
@@ -73,29 +83,10 @@ struct Shared {
     config: tokio_postgres::Config,
     admission: Admission,
     cancel_requests: bool,
-    cancels_sent: AtomicU64,
+    cancels: AtomicU64,
+    cancels_failed: AtomicU64,
     discarded: AtomicU64,
     cleanups_running: AtomicU64,
-}
-
-/// Counters of a [`PgPool`], for metrics and leak checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PgPoolStats {
-    /// The most connections the pool opens.
-    pub max_size: usize,
-    /// Connections open right now.
-    pub size: usize,
-    /// Open connections idle in the pool right now.
-    pub idle: usize,
-    /// Callers waiting for a connection right now.
-    pub queued: usize,
-    /// Cancel requests sent for statements whose scope ended.
-    pub cancels_sent: u64,
-    /// Connections discarded because they could not be cleaned.
-    pub discarded: u64,
-    /// Connections being cleaned in the background (after a dropped call).
-    pub cleanups_running: u64,
 }
 
 impl fmt::Debug for PgPool {
@@ -103,6 +94,84 @@ impl fmt::Debug for PgPool {
         f.debug_struct("PgPool")
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+/// Configures a [`PgPool`]; [`build`](Self::build) freezes it.
+///
+/// ```
+/// # fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::postgres::{PgPool, tokio_postgres};
+///
+/// let config: tokio_postgres::Config = "host=127.0.0.1 user=postgres".parse().expect("valid");
+/// // Behind a pooler in transaction mode, where cancel requests go astray.
+/// let pool = PgPool::builder(config).size(4).cancel_requests(false).build()?;
+/// assert_eq!(pool.stats().max_size, 4);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build`"]
+pub struct PgPoolBuilder {
+    config: tokio_postgres::Config,
+    size: usize,
+    cancel_requests: bool,
+    admission: Option<Admission>,
+}
+
+impl PgPoolBuilder {
+    /// The most connections the pool opens (default 10).
+    pub fn size(mut self, size: usize) -> Self {
+        self.size = size;
+        self
+    }
+
+    /// Whether a statement whose scope ends gets a cancel request (on by
+    /// default). Turn it off where cancel requests cannot reach the server
+    /// (some poolers in transaction mode): statements then stop through
+    /// their `statement_timeout` alone.
+    pub fn cancel_requests(mut self, on: bool) -> Self {
+        self.cancel_requests = on;
+        self
+    }
+
+    /// Waits for connections through `admission` instead of the default
+    /// adaptive-LIFO queue. It must have one permit per connection.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// The pool; connections open on first use.
+    ///
+    /// # Errors
+    ///
+    /// A size of zero, or an admission whose permits differ from the size.
+    pub fn build(self) -> Result<PgPool, Error> {
+        let admission = admission_for(self.size, self.admission)?;
+        let manager = Manager::from_config(
+            self.config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.size)
+            .build()
+            .map_err(Error::database)?;
+        Ok(PgPool {
+            shared: Arc::new(Shared {
+                pool,
+                config: self.config,
+                admission,
+                cancel_requests: self.cancel_requests,
+                cancels: AtomicU64::new(0),
+                cancels_failed: AtomicU64::new(0),
+                discarded: AtomicU64::new(0),
+                cleanups_running: AtomicU64::new(0),
+            }),
+        })
     }
 }
 
@@ -115,77 +184,36 @@ impl PgPool {
     /// The URL does not parse, or `size` is zero.
     pub fn connect(url: &str, size: usize) -> Result<Self, Error> {
         let config: tokio_postgres::Config = url.parse().map_err(Error::database)?;
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        if size == 0 {
-            return Err(Error::database("a pool needs at least one connection"));
+        Self::builder(config).size(size).build()
+    }
+
+    /// A builder for a pool connecting with `config`.
+    pub fn builder(config: tokio_postgres::Config) -> PgPoolBuilder {
+        PgPoolBuilder {
+            config,
+            size: DEFAULT_SIZE,
+            cancel_requests: true,
+            admission: None,
         }
-        let pool = Pool::builder(manager)
-            .max_size(size)
-            .build()
-            .map_err(Error::database)?;
-        Ok(Self {
-            shared: Arc::new(Shared {
-                pool,
-                config,
-                admission: Admission::new(size),
-                cancel_requests: true,
-                cancels_sent: AtomicU64::new(0),
-                discarded: AtomicU64::new(0),
-                cleanups_running: AtomicU64::new(0),
-            }),
-        })
-    }
-
-    fn rebuild(self, change: impl FnOnce(&mut Shared)) -> Self {
-        match Arc::try_unwrap(self.shared) {
-            Ok(mut shared) => {
-                change(&mut shared);
-                Self {
-                    shared: Arc::new(shared),
-                }
-            }
-            Err(shared) => Self { shared },
-        }
-    }
-
-    /// Whether a statement whose scope ends gets a cancel request (on by
-    /// default). Turn it off where cancel requests cannot reach the server
-    /// (some poolers in transaction mode): statements then stop through
-    /// their `statement_timeout` alone. A builder step, before the pool is
-    /// cloned.
-    pub fn cancel_requests(self, on: bool) -> Self {
-        self.rebuild(|s| s.cancel_requests = on)
-    }
-
-    /// Waits for connections through `admission` instead of the default
-    /// adaptive-LIFO queue; it must have one permit per connection. A
-    /// builder step, before the pool is cloned.
-    pub fn admission(self, admission: Admission) -> Self {
-        self.rebuild(|s| s.admission = admission)
     }
 
     /// Counters: connections open and idle, callers queued, cancels sent.
-    pub fn stats(&self) -> PgPoolStats {
+    pub fn stats(&self) -> PoolStats {
         let status = self.shared.pool.status();
-        PgPoolStats {
+        PoolStats {
             max_size: status.max_size,
             size: status.size,
             idle: status.available,
             queued: self.shared.admission.stats().queued,
-            cancels_sent: self.shared.cancels_sent.load(Ordering::Relaxed),
+            cancels: self.shared.cancels.load(Ordering::Relaxed),
+            cancels_failed: self.shared.cancels_failed.load(Ordering::Relaxed),
             discarded: self.shared.discarded.load(Ordering::Relaxed),
             cleanups_running: self.shared.cleanups_running.load(Ordering::Relaxed),
         }
     }
 
     /// The admission queue in front of the connections.
-    pub fn admission_queue(&self) -> &Admission {
+    pub fn admission(&self) -> &Admission {
         &self.shared.admission
     }
 
@@ -200,7 +228,7 @@ impl PgPool {
     /// # Cancellation safety
     ///
     /// Safe: dropping the future leaves the queue or returns the connection.
-    pub async fn get(&self, scope: &Scope) -> Result<PgConn, Error> {
+    pub async fn acquire(&self, scope: &Scope) -> Result<PgConn, Error> {
         let permit = self.shared.admission.acquire(scope).await?;
         let object = tokio::select! {
             biased;
@@ -216,20 +244,6 @@ impl PgPool {
             in_transaction: false,
         })
     }
-
-    /// Runs one query on a pooled connection under the current scope.
-    ///
-    /// # Errors
-    ///
-    /// As [`get`](Self::get) and [`PgConn::query`].
-    pub async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, Error> {
-        let mut conn = self.get(&Scope::current()).await?;
-        conn.query(sql, params).await
-    }
 }
 
 /// A pooled connection bound to the scope it was taken under.
@@ -237,6 +251,16 @@ impl PgPool {
 /// Dropping it returns the connection to the pool — after cancelling a
 /// statement still running on the server and rolling back a transaction left
 /// open, on a background task, if the call was dropped mid-way.
+///
+/// ```no_run
+/// # async fn run(pool: tonic_deadline::db::postgres::PgPool) -> Result<(), tonic_deadline::db::Error> {
+/// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
+/// conn.begin().await?;
+/// conn.execute("UPDATE stock SET n = n - 1 WHERE item = $1", &[&42_i64]).await?;
+/// conn.commit().await?; // rolled back instead if the scope ends first
+/// # Ok(())
+/// # }
+/// ```
 pub struct PgConn {
     object: Option<Object>,
     permit: Option<Permit>,
@@ -254,16 +278,6 @@ impl fmt::Debug for PgConn {
             .field("scope", &self.scope)
             .field("in_transaction", &self.in_transaction)
             .finish_non_exhaustive()
-    }
-}
-
-/// The statement timeout for what is left of `scope`: whole milliseconds,
-/// rounded up, at least 1 (0 would mean "no timeout"); none without a
-/// deadline.
-fn statement_timeout_ms(scope: &Scope) -> u128 {
-    match scope.remaining() {
-        None => 0,
-        Some(left) => left.as_micros().div_ceil(1000).max(1),
     }
 }
 
@@ -486,10 +500,13 @@ async fn clean(
     in_transaction: bool,
 ) -> Result<(), Error> {
     if in_flight && shared.cancel_requests {
-        shared.cancels_sent.fetch_add(1, Ordering::Relaxed);
+        shared.cancels.fetch_add(1, Ordering::Relaxed);
         let sent = tokio::time::timeout(CLEANUP_LIMIT, send_cancel(&shared.config, client)).await;
         if !matches!(sent, Ok(Ok(()))) {
-            tracing::debug!("cancel request not delivered; relying on statement_timeout");
+            shared.cancels_failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "cancel request not delivered; the statement stops at its statement_timeout (the budget it started with)"
+            );
         }
     }
     let check = async {
@@ -612,7 +629,7 @@ impl Drop for PgConn {
         // own, then release. The caller is gone; the connection is not.
         let (shared, in_flight, in_transaction) =
             (self.shared.clone(), self.in_flight, self.in_transaction);
-        shared.cleanups_running.fetch_add(1, Ordering::Relaxed);
+        let running = &self.shared.cleanups_running;
         let cleanup = async move {
             match clean(&shared, &object, in_flight, in_transaction).await {
                 Ok(()) => drop(object),
@@ -625,15 +642,6 @@ impl Drop for PgConn {
             drop(permit);
             shared.cleanups_running.fetch_sub(1, Ordering::Relaxed);
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(cleanup);
-            }
-            Err(_) => {
-                tracing::warn!(
-                    "PgConn dropped outside a runtime mid-statement; the server's statement_timeout will stop it"
-                );
-            }
-        }
+        spawn_cleanup(running, cleanup);
     }
 }

@@ -1,11 +1,13 @@
 //! A SQLite pool whose queries stop when the scope ends.
 //!
-//! Each query runs on tokio's blocking pool with a connection taken from the
-//! pool through a deadline-aware [`Admission`]. When the scope ends (deadline,
-//! caller cancel, or the call's future being dropped) the running statement
-//! is interrupted with `sqlite3_interrupt`, and a progress handler stops any
-//! statement that starts later; the call returns once the connection is back
-//! in the pool, so the next caller can use it at once.
+//! [`SqlitePool::acquire`] waits for a connection through a deadline-aware
+//! [`Admission`]; [`SqliteConn::run`] runs a query with it on tokio's
+//! blocking pool. When the scope ends (deadline, caller cancel, or the `run`
+//! future being dropped) the running statement is interrupted with
+//! `sqlite3_interrupt`, and a progress handler stops any statement that
+//! starts later; `run` returns once SQLite has stopped, so the connection is
+//! idle again, ready for its next query. Dropping the [`SqliteConn`] returns
+//! the connection to the pool.
 //!
 //! How it differs from wrapping `spawn_blocking` in `tokio::time::timeout`:
 //! the timeout returns, but the query runs on, holding its connection and a
@@ -19,32 +21,37 @@
 //! use tonic_deadline::db::sqlite::SqlitePool;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let pool = SqlitePool::open_in_memory(2).expect("in-memory databases open");
+//! # async fn main() -> Result<(), tonic_deadline::db::Error> {
+//! let pool = SqlitePool::open_in_memory(2)?;
 //! let scope = Scope::background().with_timeout(Duration::from_millis(50));
 //! // Far more than 50 ms of work: stopped on the database at the deadline.
 //! let endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
 //!                SELECT count(*) FROM c";
-//! let err = pool
-//!     .run_in(&scope, move |c| c.query_row(endless, [], |r| r.get::<_, i64>(0)))
+//! let mut conn = pool.acquire(&scope).await?;
+//! let err = conn
+//!     .run(move |c| c.query_row(endless, [], |r| r.get::<_, i64>(0)))
 //!     .await
 //!     .expect_err("the query cannot finish in 50 ms");
 //! assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
+//! drop(conn);
 //! assert_eq!(pool.stats().idle, 2, "the connection is back in the pool");
+//! # Ok(())
 //! # }
 //! ```
 //!
 //! # Invariants
 //!
-//! 1. A connection is either idle in the pool or owned by exactly one
-//!    running query; it is returned to the pool before that query's permit
-//!    is released, so a permit always finds an idle connection. An
-//!    interrupt reaches a connection only while the query it was meant for
-//!    still owns it.
-//! 2. When [`run_in`](SqlitePool::run_in) returns because the scope ended,
-//!    the query has already stopped and its connection is idle — unless the
+//! 1. A connection is either idle in the pool or held by exactly one
+//!    [`SqliteConn`] (on a blocking thread while one of its queries runs);
+//!    it is returned to the pool before its permit is released, so a permit
+//!    always finds an idle connection. An interrupt reaches a connection
+//!    only while the query it was meant for still runs on it.
+//! 2. When [`run`](SqliteConn::run) returns because the scope ended, the
+//!    query has already stopped and its connection is idle — unless the
 //!    closure's own Rust code ignores the scope, in which case it is counted
-//!    in the server layer's [`Metrics`](crate::observe::Metrics) when it finally returns.
+//!    in the server layer's [`Metrics`](crate::observe::Metrics) when it
+//!    finally returns, the connection's next query waits for it, and
+//!    dropping the `SqliteConn` returns the connection once it is done.
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;
@@ -55,10 +62,11 @@ use std::time::Duration;
 
 pub use rusqlite;
 use rusqlite::Connection;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::Error;
+use super::{DEFAULT_SIZE, Error, PoolStats, admission_for};
 use crate::admission::{Admission, Permit};
 use crate::scope::{Scope, note_if_outlived};
 
@@ -71,6 +79,15 @@ const STOP_GRACE: Duration = Duration::from_millis(50);
 
 /// A pool of SQLite connections behind a deadline-aware queue. Cheap to
 /// clone. See the [module docs](self).
+///
+/// ```
+/// # fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::sqlite::SqlitePool;
+/// let pool = SqlitePool::open_in_memory(4)?;
+/// assert_eq!(pool.stats().size, 4);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct SqlitePool {
     shared: Arc<Shared>,
@@ -80,27 +97,14 @@ struct Shared {
     admission: Admission,
     idle: Mutex<Vec<Connection>>,
     size: usize,
-    interrupted: AtomicU64,
+    cancels: AtomicU64,
+    cleanups_running: AtomicU64,
 }
 
 impl Shared {
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// Counters of a [`SqlitePool`], for metrics and leak checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolStats {
-    /// Connections in the pool.
-    pub size: usize,
-    /// Connections idle right now.
-    pub idle: usize,
-    /// Callers waiting for a connection right now.
-    pub queued: usize,
-    /// Queries interrupted because their scope ended.
-    pub interrupted: u64,
 }
 
 impl fmt::Debug for SqlitePool {
@@ -111,38 +115,94 @@ impl fmt::Debug for SqlitePool {
     }
 }
 
-impl SqlitePool {
-    /// A pool over `connections` (all to the same database, typically), with
-    /// an adaptive-LIFO admission queue.
-    ///
-    /// # Panics
-    ///
-    /// If `connections` is empty.
-    pub fn new(connections: Vec<Connection>) -> Self {
-        let admission = Admission::new(connections.len());
-        Self::with_admission(connections, admission)
+/// Configures a [`SqlitePool`]; [`build`](Self::build) opens its
+/// connections and freezes it.
+///
+/// ```
+/// # fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::admission::Admission;
+/// use tonic_deadline::db::sqlite::{SqlitePool, rusqlite};
+///
+/// let pool = SqlitePool::builder(|| {
+///     let conn = rusqlite::Connection::open_in_memory()?;
+///     conn.pragma_update(None, "foreign_keys", "ON")?;
+///     Ok(conn)
+/// })
+/// .size(2)
+/// .admission(Admission::new(2))
+/// .build()?;
+/// assert_eq!(pool.stats().idle, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a builder does nothing until `build`"]
+pub struct SqlitePoolBuilder {
+    open: Box<dyn FnMut() -> rusqlite::Result<Connection> + Send>,
+    size: usize,
+    admission: Option<Admission>,
+}
+
+impl fmt::Debug for SqlitePoolBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlitePoolBuilder")
+            .field("size", &self.size)
+            .field("admission", &self.admission)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlitePoolBuilder {
+    /// How many connections the pool holds (default 10). All are opened by
+    /// [`build`](Self::build).
+    pub fn size(mut self, size: usize) -> Self {
+        self.size = size;
+        self
     }
 
-    /// A pool over `connections` whose callers wait through `admission`
-    /// (for another queue discipline or a seeded service time). The
-    /// admission must have exactly one permit per connection.
+    /// Waits for connections through `admission` instead of the default
+    /// adaptive-LIFO queue (for another queue discipline or a seeded
+    /// service time). It must have one permit per connection.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// Opens the connections: the pool.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If the admission's permits differ from the number of connections.
-    pub fn with_admission(connections: Vec<Connection>, admission: Admission) -> Self {
-        assert_eq!(
-            admission.stats().permits,
-            connections.len(),
-            "one permit per connection"
-        );
-        Self {
+    /// A size of zero, an admission whose permits differ from the size, or
+    /// SQLite could not open or configure a connection.
+    pub fn build(mut self) -> Result<SqlitePool, Error> {
+        let admission = admission_for(self.size, self.admission.take())?;
+        let connections = (0..self.size)
+            .map(|_| (self.open)())
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(Error::database)?;
+        Ok(SqlitePool {
             shared: Arc::new(Shared {
                 admission,
                 size: connections.len(),
                 idle: Mutex::new(connections),
-                interrupted: AtomicU64::new(0),
+                cancels: AtomicU64::new(0),
+                cleanups_running: AtomicU64::new(0),
             }),
+        })
+    }
+}
+
+impl SqlitePool {
+    /// A builder for a pool whose connections `open` makes (all to the same
+    /// database, typically), called once per connection by
+    /// [`build`](SqlitePoolBuilder::build).
+    pub fn builder<F>(open: F) -> SqlitePoolBuilder
+    where
+        F: FnMut() -> rusqlite::Result<Connection> + Send + 'static,
+    {
+        SqlitePoolBuilder {
+            open: Box::new(open),
+            size: DEFAULT_SIZE,
+            admission: None,
         }
     }
 
@@ -151,16 +211,17 @@ impl SqlitePool {
     ///
     /// # Errors
     ///
-    /// Opening or configuring a connection failed.
-    pub fn open(path: impl AsRef<Path>, size: usize) -> rusqlite::Result<Self> {
-        let mut connections = Vec::with_capacity(size);
-        for _ in 0..size.max(1) {
-            let conn = Connection::open(path.as_ref())?;
+    /// A size of zero, or opening or configuring a connection failed.
+    pub fn open(path: impl AsRef<Path>, size: usize) -> Result<Self, Error> {
+        let path = path.as_ref().to_owned();
+        Self::builder(move || {
+            let conn = Connection::open(&path)?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.busy_timeout(Duration::from_secs(5))?;
-            connections.push(conn);
-        }
-        Ok(Self::new(connections))
+            Ok(conn)
+        })
+        .size(size)
+        .build()
     }
 
     /// `size` independent in-memory databases (useful for tests and for
@@ -168,21 +229,22 @@ impl SqlitePool {
     ///
     /// # Errors
     ///
-    /// Opening a connection failed.
-    pub fn open_in_memory(size: usize) -> rusqlite::Result<Self> {
-        let connections = (0..size.max(1))
-            .map(|_| Connection::open_in_memory())
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(Self::new(connections))
+    /// A size of zero, or opening a connection failed.
+    pub fn open_in_memory(size: usize) -> Result<Self, Error> {
+        Self::builder(Connection::open_in_memory).size(size).build()
     }
 
     /// Counters: connections idle, callers queued, queries interrupted.
     pub fn stats(&self) -> PoolStats {
         PoolStats {
+            max_size: self.shared.size,
             size: self.shared.size,
             idle: self.shared.idle().len(),
             queued: self.shared.admission.stats().queued,
-            interrupted: self.shared.interrupted.load(Ordering::Relaxed),
+            cancels: self.shared.cancels.load(Ordering::Relaxed),
+            cancels_failed: 0,
+            discarded: 0,
+            cleanups_running: self.shared.cleanups_running.load(Ordering::Relaxed),
         }
     }
 
@@ -191,36 +253,18 @@ impl SqlitePool {
         &self.shared.admission
     }
 
-    /// Runs `query` under the current scope (see [`run_in`](Self::run_in)).
+    /// Waits for a connection under `scope`; its queries run under the same
+    /// scope.
     ///
     /// # Errors
     ///
-    /// As [`run_in`](Self::run_in).
-    pub async fn run<T, F>(&self, query: F) -> Result<T, Error>
-    where
-        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.run_in(&Scope::current(), query).await
-    }
-
-    /// Waits for a connection under `scope`, then runs `query` with it on a
-    /// blocking thread; stops the query on the database when the scope ends.
-    ///
-    /// # Errors
-    ///
-    /// Not admitted (scope ended while waiting, not enough time left, queue
-    /// full), stopped because the scope ended, or SQLite's own error.
+    /// Not admitted: the scope ended while waiting, not enough time left,
+    /// or the queue is full.
     ///
     /// # Cancellation safety
     ///
-    /// Dropping the future stops the query as if the scope had ended, and the
-    /// connection returns to the pool as soon as SQLite has stopped.
-    pub async fn run_in<T, F>(&self, scope: &Scope, query: F) -> Result<T, Error>
-    where
-        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-        T: Send + 'static,
-    {
+    /// Safe: dropping the future leaves the queue.
+    pub async fn acquire(&self, scope: &Scope) -> Result<SqliteConn, Error> {
         let permit = self.shared.admission.acquire(scope).await?;
         let conn = self.shared.idle().pop();
         let Some(conn) = conn else {
@@ -229,104 +273,250 @@ impl SqlitePool {
                 "sqlite pool: no idle connection for a permit",
             ));
         };
-        let lease = Lease {
-            conn: Some(conn),
-            permit: Some(permit),
+        Ok(SqliteConn {
+            lease: Some(Lease {
+                conn: Some(conn),
+                permit: Some(permit),
+                shared: self.shared.clone(),
+            }),
+            running: None,
+            scope: scope.clone(),
+            shared: self.shared.clone(),
+        })
+    }
+}
+
+/// A pooled connection bound to the scope it was taken under; its queries
+/// run on tokio's blocking pool.
+///
+/// Dropping it returns the connection to the pool — once a query whose
+/// `run` call was dropped has stopped.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::Scope;
+/// use tonic_deadline::db::sqlite::SqlitePool;
+///
+/// let pool = SqlitePool::open_in_memory(1)?;
+/// let mut conn = pool.acquire(&Scope::current()).await?;
+/// conn.run(|c| c.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (7)"))
+///     .await?;
+/// let x = conn.run(|c| c.query_row("SELECT x FROM t", [], |r| r.get::<_, i64>(0))).await?;
+/// assert_eq!(x, 7);
+/// # Ok(())
+/// # }
+/// ```
+pub struct SqliteConn {
+    /// The connection and its permit, while no query runs on it.
+    lease: Option<Lease>,
+    /// A query still running on the connection: its `run` call was dropped,
+    /// or the query ignored the interrupt. The task hands the lease back.
+    running: Option<JoinHandle<Lease>>,
+    scope: Scope,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for SqliteConn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteConn")
+            .field("scope", &self.scope)
+            .field("running", &self.running.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteConn {
+    /// Runs `query` with the connection on a blocking thread; stops it on
+    /// the database when the connection's scope ends.
+    ///
+    /// Each `run` is a unit: a transaction `query` leaves open (because it
+    /// was stopped, or failed) is rolled back before `run` returns. Use
+    /// [`Connection::transaction`] within one `run`.
+    ///
+    /// # Errors
+    ///
+    /// Stopped because the scope ended, or SQLite's own error.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping the future stops the query as if the scope had ended; the
+    /// connection's next query (or the pool, once the `SqliteConn` is
+    /// dropped) gets the connection as soon as SQLite has stopped.
+    pub async fn run<T, F>(&mut self, query: F) -> Result<T, Error>
+    where
+        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.scope.check()?;
+        self.reclaim().await?;
+        let Some(lease) = self.lease.take() else {
+            return Err(Error::database("connection already released"));
+        };
+        // The query's own scope: ended with the connection's, and also when
+        // this future is dropped.
+        let watched = self.scope.child();
+        let run = Arc::new(Run::default());
+        let _stop_on_drop = StopOnDrop {
+            scope: watched.clone(),
+            run: run.clone(),
             shared: self.shared.clone(),
         };
-        // The query's own scope: ended with the caller's, and also when this
-        // future is dropped.
-        let watched = scope.child();
-        let _stop_on_drop = StopOnDrop(watched.clone());
-        // The interrupt is delivered only while this call still owns the
+        // The interrupt is delivered only while this query still runs on the
         // connection: the blocking thread takes the handle away, under the
-        // lock, before the connection goes back to the pool. Otherwise a late
-        // interrupt could stop the *next* caller's query on it.
+        // lock, when the query returns. Otherwise a late interrupt could
+        // stop the connection's *next* query.
         let interrupt = Arc::new(Mutex::new(Some(lease.connection().get_interrupt_handle())));
         let ended_at: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+        let (sent, mut out) = tokio::sync::oneshot::channel();
         let span = tracing::Span::current();
         // The query watches `watched` itself and is interrupted when it ends.
         #[allow(clippy::disallowed_methods)]
-        let mut handle = tokio::task::spawn_blocking({
-            let watched = watched.clone();
-            let ended_at = ended_at.clone();
-            let interrupt = interrupt.clone();
+        let handle = tokio::task::spawn_blocking({
+            let (watched, ended_at) = (watched.clone(), ended_at.clone());
+            let (interrupt, shared) = (interrupt.clone(), self.shared.clone());
             move || {
                 let _span = span.enter();
                 let mut lease = lease;
-                let out = lease.run(&watched, query);
+                let result = lease.run(&watched, query);
                 if let Some(at) = ended_at.get()
                     && at.elapsed() > STOP_GRACE
                 {
                     note_if_outlived(&watched, "sqlite query");
                 }
                 interrupt.lock().unwrap_or_else(|p| p.into_inner()).take();
-                drop(lease); // connection back, then permit released
-                out
+                run.finish(&shared);
+                let _ = sent.send(result);
+                lease // back to the connection, or to the pool if it is gone
             }
         });
-        tokio::select! {
+        let running = self.running.insert(handle);
+        let ended = tokio::select! {
             biased;
-            joined = &mut handle => {
-                let out = finish(joined);
-                match (&out, watched.cause()) {
+            joined = running => Ok(joined),
+            cause = watched.ended() => Err(cause),
+        };
+        match ended {
+            Ok(joined) => {
+                self.returned(joined).map_err(rethrow)?;
+                // The task sends its result before it hands the lease back.
+                let result = out
+                    .try_recv()
+                    .map_err(|_| Error::database("the query returned no result"))?;
+                result.map_err(|err| match watched.cause() {
                     // The progress handler saw the end first.
-                    (Err(err), Some(cause)) if is_interrupt(err) => {
-                        self.shared.interrupted.fetch_add(1, Ordering::Relaxed);
-                        Err(Error::ended(cause))
+                    Some(cause) if is_interrupt(&err) => {
+                        self.shared.cancels.fetch_add(1, Ordering::Relaxed);
+                        Error::ended(cause)
                     }
-                    _ => out,
-                }
+                    _ => Error::database(err),
+                })
             }
-            cause = watched.ended() => {
+            Err(cause) => {
                 let _ = ended_at.set(Instant::now());
                 if let Some(handle) = interrupt.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
                     handle.interrupt();
                 }
-                self.shared.interrupted.fetch_add(1, Ordering::Relaxed);
+                self.shared.cancels.fetch_add(1, Ordering::Relaxed);
                 // SQLite stops within a few VM steps; wait for it, so the
                 // connection is idle again when we return.
-                match tokio::time::timeout(STOP_GRACE, &mut handle)
-                    .instrument(tracing::Span::current())
-                    .await
-                {
-                    Ok(joined) => {
-                        if let Err(panic) = joined {
-                            std::panic::resume_unwind(panic.into_panic());
-                        }
+                if let Some(running) = self.running.as_mut() {
+                    match tokio::time::timeout(STOP_GRACE, running)
+                        .instrument(tracing::Span::current())
+                        .await
+                    {
+                        Ok(joined) => self.returned(joined).map_err(rethrow)?,
+                        Err(_) => tracing::warn!(
+                            %cause,
+                            "sqlite query still running after the interrupt; it keeps its connection until it returns"
+                        ),
                     }
-                    Err(_) => tracing::warn!(
-                        %cause,
-                        "sqlite query still running after the interrupt; it keeps its connection until it returns"
-                    ),
                 }
                 Err(Error::ended(cause))
             }
         }
     }
-}
 
-fn finish<T>(joined: Result<rusqlite::Result<T>, tokio::task::JoinError>) -> Result<T, Error> {
-    match joined {
-        Ok(Ok(out)) => Ok(out),
-        Ok(Err(err)) => Err(Error::database(err)),
-        Err(err) => std::panic::resume_unwind(err.into_panic()),
+    /// Takes the connection back from a query that returned, or gives the
+    /// task's failure (the connection went back to the pool as the query's
+    /// panic unwound).
+    fn returned(
+        &mut self,
+        joined: Result<Lease, tokio::task::JoinError>,
+    ) -> Result<(), tokio::task::JoinError> {
+        self.running = None;
+        self.lease = Some(joined?);
+        Ok(())
+    }
+
+    /// Waits, under the scope, for a query still running on the connection
+    /// (its call was dropped, so it is being interrupted).
+    async fn reclaim(&mut self) -> Result<(), Error> {
+        let Some(running) = self.running.as_mut() else {
+            return Ok(());
+        };
+        let joined = tokio::select! {
+            biased;
+            joined = running => joined,
+            cause = self.scope.ended() => return Err(Error::ended(cause)),
+        };
+        // The caller of a query that panicked is gone: this one gets an
+        // error, not the panic.
+        self.returned(joined).map_err(Error::database)
     }
 }
 
-fn is_interrupt(err: &Error) -> bool {
-    err.database_error()
-        .and_then(|e| e.downcast_ref::<rusqlite::Error>())
-        .and_then(rusqlite::Error::sqlite_error_code)
-        == Some(rusqlite::ErrorCode::OperationInterrupted)
+/// The panic of a query, in the caller's task; any other failure of its
+/// task as an error.
+fn rethrow(err: tokio::task::JoinError) -> Error {
+    if err.is_panic() {
+        std::panic::resume_unwind(err.into_panic());
+    }
+    Error::database(err)
+}
+
+fn is_interrupt(err: &rusqlite::Error) -> bool {
+    err.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted)
+}
+
+/// Whether a query's call is over before the query itself.
+#[derive(Default)]
+struct Run {
+    /// (the query returned, its call was dropped or returned first)
+    state: Mutex<(bool, bool)>,
+}
+
+impl Run {
+    /// The query returned; a clean-up counted for it is over.
+    fn finish(&self, shared: &Shared) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.0 = true;
+        if state.1 {
+            shared.cleanups_running.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The call is over; if the query still runs, it counts as a clean-up.
+    fn leave(&self, shared: &Shared) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.0 && !state.1 {
+            state.1 = true;
+            shared.cleanups_running.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Ends the query's scope when the call's future goes away.
-struct StopOnDrop(Scope);
+struct StopOnDrop {
+    scope: Scope,
+    run: Arc<Run>,
+    shared: Arc<Shared>,
+}
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        self.0.cancel();
+        self.scope.cancel();
+        self.run.leave(&self.shared);
     }
 }
 
@@ -358,7 +548,7 @@ impl Lease {
         conn.progress_handler(PROGRESS_STEPS, None::<fn() -> bool>);
         if !conn.is_autocommit() {
             // A transaction left open by a stopped query must not reach the
-            // next caller.
+            // next query.
             let _ = conn.execute_batch("ROLLBACK");
         }
         out

@@ -3,15 +3,17 @@
 //!
 //! Dropping a sqlx query future does not stop the query: the server runs it
 //! to its end, and the connection's next query waits behind it (sqlx drains
-//! the abandoned answer first). Here every statement
+//! the abandoned answer first). Here
 //!
-//! 1. waits for a connection through a deadline-aware [`Admission`] and
-//!    then sqlx's own pool, both racing the scope (queue time spends the
-//!    budget);
-//! 2. is preceded by `set_config('statement_timeout', …)` with the scope's
-//!    remaining budget, so the server stops on its own at the deadline even
-//!    if nothing else reaches it;
-//! 3. when the scope ends first (deadline, caller cancel), gets
+//! 1. [`SqlxPgPool::acquire`] waits for a connection through a
+//!    deadline-aware [`Admission`] and then sqlx's own pool, both racing the
+//!    scope (queue time spends the budget);
+//! 2. the first statement on the acquired connection is preceded by
+//!    `set_config('statement_timeout', …)` with the scope's remaining budget,
+//!    so the server stops on its own even if nothing else reaches it (a
+//!    backstop: see below);
+//! 3. when the scope ends before a statement does (deadline, caller cancel),
+//!    the statement gets
 //!    `pg_cancel_backend` for its backend from a side connection: the server
 //!    stops it with SQLSTATE 57014. The statement's own future is then
 //!    polled on until sqlx has read the server's answer, so the connection
@@ -32,12 +34,20 @@
 //!   behind a pooler in transaction mode (the backend pid is not the
 //!   client's); [`SqlxPgPoolBuilder::cancel_requests`] turns it off, leaving
 //!   `statement_timeout` alone.
-//! - sqlx has no pipelining, so the `statement_timeout` costs one round trip
-//!   before each statement (`deadline-lab experiment edge` measures it). The
-//!   same round trip reads the backend pid, so that costs nothing more.
-//! - Every statement of one [`run`](SqlxPgConn::run) closure is bounded by
-//!   the budget left when the closure started; the cancel request stops any
-//!   of them at the deadline itself.
+//! - sqlx has no pipelining, so setting `statement_timeout` costs a round
+//!   trip of its own. The cancel request already stops a statement at the
+//!   deadline, so the timeout is set once per acquired connection, before
+//!   its first statement (the same round trip reads the backend pid): every
+//!   statement on that connection is bounded on the server by the budget
+//!   that was left then, and stopped by the cancel request at the deadline
+//!   itself. A cancel request that cannot be delivered is counted
+//!   ([`PoolStats::cancels_failed`](super::PoolStats::cancels_failed)) and
+//!   logged at WARN; its statement then stops at that timeout, or its
+//!   connection is closed after 5 s. With
+//!   [`cancel_requests(false)`](SqlxPgPoolBuilder::cancel_requests) the
+//!   timeout is all that stops a statement, so it is refreshed to the
+//!   remaining budget before every statement: one round trip each
+//!   (`deadline-lab experiment edge` measures both).
 //!
 //! # Example
 //!
@@ -69,7 +79,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -80,7 +89,10 @@ use sqlx::postgres::{
 };
 use sqlx::{Executor, Row};
 
-use super::Error;
+use super::{
+    BoxQuery, DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, sqlx_size,
+    statement_timeout_ms,
+};
 use crate::admission::{Admission, Permit};
 use crate::scope::{Cause, Scope};
 
@@ -96,11 +108,19 @@ const SIDE_CONNECTIONS: u32 = 2;
 /// SQLSTATE `query_canceled`: a cancel request or `statement_timeout`.
 const QUERY_CANCELED: &str = "57014";
 
-/// The future a [`SqlxPgConn::run`] closure returns.
-pub type BoxQuery<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
-
 /// A pool of sqlx PostgreSQL connections behind a deadline-aware queue.
 /// Cheap to clone. See the [module docs](self).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::sqlx_postgres::SqlxPgPool;
+/// // Connections open on first use.
+/// let pool = SqlxPgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
+/// assert_eq!(pool.stats().max_size, 8);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct SqlxPgPool {
     shared: Arc<Shared>,
@@ -110,30 +130,10 @@ struct Shared {
     pool: sqlx::PgPool,
     side: Option<sqlx::PgPool>,
     admission: Admission,
-    cancels_sent: AtomicU64,
+    cancels: AtomicU64,
+    cancels_failed: AtomicU64,
     discarded: AtomicU64,
     cleanups_running: AtomicU64,
-}
-
-/// Counters of a [`SqlxPgPool`], for metrics and leak checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SqlxPgPoolStats {
-    /// The most connections the pool opens.
-    pub max_size: u32,
-    /// Connections open right now.
-    pub size: u32,
-    /// Open connections idle in the pool right now.
-    pub idle: usize,
-    /// Callers waiting for a connection right now.
-    pub queued: usize,
-    /// Cancel requests (`pg_cancel_backend`) sent for statements whose scope
-    /// ended.
-    pub cancels_sent: u64,
-    /// Connections closed because they could not be cleaned.
-    pub discarded: u64,
-    /// Connections being cleaned in the background (after a dropped call).
-    pub cleanups_running: u64,
 }
 
 impl fmt::Debug for SqlxPgPool {
@@ -145,19 +145,46 @@ impl fmt::Debug for SqlxPgPool {
 }
 
 /// Configures a [`SqlxPgPool`]; [`build`](Self::build) freezes it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use std::time::Duration;
+/// use tonic_deadline::db::sqlx_postgres::{SqlxPgPool, sqlx};
+///
+/// let connect: sqlx::postgres::PgConnectOptions =
+///     "postgresql://postgres@127.0.0.1:5432/postgres".parse().expect("valid");
+/// let pool = SqlxPgPool::builder(connect)
+///     .size(4)
+///     .pool_options(sqlx::postgres::PgPoolOptions::new().idle_timeout(Duration::from_secs(60)))
+///     .build()?;
+/// assert_eq!(pool.stats().max_size, 4);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
+#[must_use = "a builder does nothing until `build`"]
 pub struct SqlxPgPoolBuilder {
     connect: PgConnectOptions,
     pool: PgPoolOptions,
+    size: usize,
     cancel_requests: bool,
     admission: Option<Admission>,
 }
 
 impl SqlxPgPoolBuilder {
-    /// sqlx's own pool options (size, lifetimes, hooks). The pool's size is
-    /// its `max_connections`. The default differs from sqlx's in one point:
-    /// no test before every acquire (the `statement_timeout` round trip
-    /// that starts every statement tests the connection anyway).
+    /// The most connections the pool opens (default 10). It replaces the
+    /// `max_connections` of [`pool_options`](Self::pool_options).
+    pub fn size(mut self, size: usize) -> Self {
+        self.size = size;
+        self
+    }
+
+    /// sqlx's own pool options (lifetimes, timeouts, hooks); their
+    /// `max_connections` is replaced by [`size`](Self::size). The default
+    /// differs from sqlx's in one point: no test before every acquire (the
+    /// `statement_timeout` round trip before a connection's first statement
+    /// tests it anyway).
     pub fn pool_options(mut self, options: PgPoolOptions) -> Self {
         self.pool = options;
         self
@@ -166,7 +193,8 @@ impl SqlxPgPoolBuilder {
     /// Whether a statement whose scope ends gets `pg_cancel_backend` (on by
     /// default). Turn it off where it cannot reach the backend (a pooler in
     /// transaction mode, a role without the right to signal): statements
-    /// then stop through their `statement_timeout` alone.
+    /// then stop through their `statement_timeout` alone, refreshed before
+    /// every statement (one round trip each).
     pub fn cancel_requests(mut self, on: bool) -> Self {
         self.cancel_requests = on;
         self
@@ -180,8 +208,14 @@ impl SqlxPgPoolBuilder {
     }
 
     /// The pool; connections open on first use.
-    pub fn build(self) -> SqlxPgPool {
-        let size = self.pool.get_max_connections().max(1);
+    ///
+    /// # Errors
+    ///
+    /// A size of zero or beyond sqlx's `u32`, or an admission whose permits
+    /// differ from the size.
+    pub fn build(self) -> Result<SqlxPgPool, Error> {
+        let admission = admission_for(self.size, self.admission)?;
+        let size = sqlx_size(self.size)?;
         let side = self.cancel_requests.then(|| {
             PgPoolOptions::new()
                 .max_connections(SIDE_CONNECTIONS)
@@ -194,18 +228,17 @@ impl SqlxPgPoolBuilder {
             .pool
             .max_connections(size)
             .connect_lazy_with(self.connect);
-        SqlxPgPool {
+        Ok(SqlxPgPool {
             shared: Arc::new(Shared {
                 pool,
                 side,
-                admission: self
-                    .admission
-                    .unwrap_or_else(|| Admission::new(size as usize)),
-                cancels_sent: AtomicU64::new(0),
+                admission,
+                cancels: AtomicU64::new(0),
+                cancels_failed: AtomicU64::new(0),
                 discarded: AtomicU64::new(0),
                 cleanups_running: AtomicU64::new(0),
             }),
-        }
+        })
     }
 }
 
@@ -214,12 +247,11 @@ impl SqlxPgPool {
     ///
     /// # Errors
     ///
-    /// The URL does not parse.
-    pub fn connect(url: &str, size: u32) -> Result<Self, Error> {
+    /// The URL does not parse, or the size is refused (as in
+    /// [`SqlxPgPoolBuilder::build`]).
+    pub fn connect(url: &str, size: usize) -> Result<Self, Error> {
         let connect: PgConnectOptions = url.parse().map_err(Error::database)?;
-        Ok(Self::builder(connect)
-            .pool_options(default_options().max_connections(size.max(1)))
-            .build())
+        Self::builder(connect).size(size).build()
     }
 
     /// A builder for a pool connecting with `connect`.
@@ -227,27 +259,29 @@ impl SqlxPgPool {
         SqlxPgPoolBuilder {
             connect,
             pool: default_options(),
+            size: DEFAULT_SIZE,
             cancel_requests: true,
             admission: None,
         }
     }
 
     /// Counters: connections open and idle, callers queued, cancels sent.
-    pub fn stats(&self) -> SqlxPgPoolStats {
+    pub fn stats(&self) -> PoolStats {
         let pool = &self.shared.pool;
-        SqlxPgPoolStats {
-            max_size: pool.options().get_max_connections(),
-            size: pool.size(),
+        PoolStats {
+            max_size: pool.options().get_max_connections() as usize,
+            size: pool.size() as usize,
             idle: pool.num_idle(),
             queued: self.shared.admission.stats().queued,
-            cancels_sent: self.shared.cancels_sent.load(Ordering::Relaxed),
+            cancels: self.shared.cancels.load(Ordering::Relaxed),
+            cancels_failed: self.shared.cancels_failed.load(Ordering::Relaxed),
             discarded: self.shared.discarded.load(Ordering::Relaxed),
             cleanups_running: self.shared.cleanups_running.load(Ordering::Relaxed),
         }
     }
 
     /// The admission queue in front of the connections.
-    pub fn admission_queue(&self) -> &Admission {
+    pub fn admission(&self) -> &Admission {
         &self.shared.admission
     }
 
@@ -283,22 +317,9 @@ impl SqlxPgPool {
             scope: scope.clone(),
             shared: self.shared.clone(),
             pid: None,
+            timeout_set: false,
             dirty: false,
         })
-    }
-
-    /// Runs one query on a pooled connection under the current scope and
-    /// returns its rows.
-    ///
-    /// # Errors
-    ///
-    /// As [`acquire`](Self::acquire) and [`SqlxPgConn::fetch_all`].
-    pub async fn fetch_all<'q, E>(&self, query: E) -> Result<Vec<PgRow>, Error>
-    where
-        E: sqlx::Execute<'q, Postgres> + 'q,
-    {
-        let mut conn = self.acquire(&Scope::current()).await?;
-        conn.fetch_all(query).await
     }
 }
 
@@ -307,6 +328,17 @@ impl SqlxPgPool {
 /// Dropping it returns the connection to the pool — after stopping a
 /// statement still running on the server, on a background task, if a call
 /// was dropped mid-way.
+///
+/// ```no_run
+/// # async fn run(pool: tonic_deadline::db::sqlx_postgres::SqlxPgPool) -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::sqlx_postgres::sqlx;
+/// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
+/// conn.execute(sqlx::query("UPDATE stock SET n = n - 1 WHERE item = $1").bind(42_i64)).await?;
+/// let rows = conn.fetch_all(sqlx::query("SELECT n FROM stock")).await?;
+/// # let _ = rows;
+/// # Ok(())
+/// # }
+/// ```
 pub struct SqlxPgConn {
     conn: Option<PoolConnection<Postgres>>,
     permit: Option<Permit>,
@@ -314,6 +346,9 @@ pub struct SqlxPgConn {
     shared: Arc<Shared>,
     /// The backend's process id, once a statement has read it.
     pid: Option<i32>,
+    /// `statement_timeout` is set for this scope (refreshed before every
+    /// statement when cancel requests are off).
+    timeout_set: bool,
     /// A statement was started and its end not yet seen (its call was
     /// dropped), or a stopped call left something to clean.
     dirty: bool,
@@ -338,19 +373,10 @@ enum Outcome<T> {
 }
 
 /// sqlx's defaults, less the test before every acquire: the
-/// `statement_timeout` round trip that starts every statement tests the
-/// connection anyway.
+/// `statement_timeout` round trip before a connection's first statement
+/// tests the connection anyway.
 fn default_options() -> PgPoolOptions {
     PgPoolOptions::new().test_before_acquire(false)
-}
-
-/// The statement timeout for what is left of `scope`: whole milliseconds,
-/// rounded up, at least 1 (0 means no timeout); 0 without a deadline.
-fn statement_timeout_ms(scope: &Scope) -> u128 {
-    match scope.remaining() {
-        None => 0,
-        Some(left) => left.as_micros().div_ceil(1000).max(1),
-    }
 }
 
 fn is_query_canceled(err: &sqlx::Error) -> bool {
@@ -364,16 +390,28 @@ impl Shared {
     /// from a side connection, that returns once it is delivered.
     async fn cancel(&self, pid: i32) {
         let Some(side) = &self.side else { return };
-        self.cancels_sent.fetch_add(1, Ordering::Relaxed);
+        self.cancels.fetch_add(1, Ordering::Relaxed);
         let sent = tokio::time::timeout(
             CLEANUP_LIMIT,
-            sqlx::query("SELECT pg_cancel_backend($1)")
+            sqlx::query_scalar::<_, bool>("SELECT pg_cancel_backend($1)")
                 .bind(pid)
-                .execute(side),
+                .fetch_one(side),
         )
         .await;
-        if !matches!(sent, Ok(Ok(_))) {
-            tracing::debug!(pid, "cancel not delivered; relying on statement_timeout");
+        if !matches!(sent, Ok(Ok(true))) {
+            self.cancels_failed.fetch_add(1, Ordering::Relaxed);
+            let why = match sent {
+                Ok(Ok(_)) => "no such backend".to_owned(),
+                Ok(Err(err)) => err.to_string(),
+                Err(_) => "timed out".to_owned(),
+            };
+            tracing::warn!(
+                pid,
+                %why,
+                "pg_cancel_backend not delivered: the statement stops only at the statement_timeout \
+                 its connection got for the budget left at its first statement; if this persists, \
+                 turn cancel_requests off to refresh that timeout before every statement"
+            );
         }
     }
 
@@ -442,12 +480,20 @@ impl SqlxPgConn {
     }
 
     /// Before a statement: the scope is live, the connection clean, and the
-    /// server's `statement_timeout` is the remaining budget.
+    /// server's `statement_timeout` bounds the statement: the budget left at
+    /// the connection's first statement while cancel requests stop
+    /// statements at the deadline, the remaining budget otherwise.
     async fn begin(&mut self) -> Result<(), Error> {
         self.scope.check()?;
         if self.dirty {
             let cause = self.scope.cause().unwrap_or(Cause::Cancelled);
             self.stop(cause).await?;
+        }
+        if self.timeout_set && self.shared.side.is_some() {
+            // The cancel request stops this statement at the deadline; the
+            // timeout set before the first one is its backstop.
+            self.dirty = true;
+            return Ok(());
         }
         let timeout = statement_timeout_ms(&self.scope).to_string();
         self.dirty = true;
@@ -460,6 +506,7 @@ impl SqlxPgConn {
         let outcome = shared.race(&scope, pid, set).await;
         let row = self.finish(outcome).await?;
         self.pid = Some(row.try_get(0).map_err(Error::database)?);
+        self.timeout_set = true;
         // The statement itself follows; until its end is seen, a dropped
         // call leaves the connection to be cleaned.
         self.dirty = true;
@@ -536,12 +583,14 @@ impl SqlxPgConn {
         self.shared.discarded.fetch_add(1, Ordering::Relaxed);
         conn.close_on_drop();
         let (shared, pid, permit) = (self.shared.clone(), self.pid, self.permit.take());
-        spawn_or_drop(async move {
+        let running = &self.shared.cleanups_running;
+        spawn_cleanup(running, async move {
             if let Some(pid) = pid {
                 shared.cancel(pid).await;
             }
             drop(conn);
             drop(permit);
+            shared.cleanups_running.fetch_sub(1, Ordering::Relaxed);
         });
     }
 
@@ -614,19 +663,6 @@ impl SqlxPgConn {
     }
 }
 
-/// Runs `cleanup` on the current runtime, or drops it (with the connection
-/// it owns) when there is none.
-fn spawn_or_drop(cleanup: impl Future<Output = ()> + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(cleanup);
-        }
-        Err(_) => tracing::warn!(
-            "sqlx connection dropped outside a runtime mid-statement; the server's statement_timeout will stop it"
-        ),
-    }
-}
-
 impl Drop for SqlxPgConn {
     fn drop(&mut self) {
         let Some(mut conn) = self.conn.take() else {
@@ -641,8 +677,7 @@ impl Drop for SqlxPgConn {
         // Dropped mid-statement: clean on a task of its own, then release.
         // The caller is gone; the connection is not.
         let (shared, pid) = (self.shared.clone(), self.pid);
-        shared.cleanups_running.fetch_add(1, Ordering::Relaxed);
-        spawn_or_drop(async move {
+        spawn_cleanup(&self.shared.cleanups_running, async move {
             if let Err(err) = clean(&shared, &mut conn, pid).await {
                 tracing::warn!(error = %err, "closing a connection that could not be cleaned");
                 shared.discarded.fetch_add(1, Ordering::Relaxed);

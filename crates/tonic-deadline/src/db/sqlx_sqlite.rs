@@ -53,7 +53,6 @@
 use std::fmt;
 use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -66,7 +65,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Executor, Sqlite};
 
-use super::Error;
+use super::{BoxQuery, DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, sqlx_size};
 use crate::admission::{Admission, Permit};
 use crate::scope::{Cause, Scope};
 
@@ -82,11 +81,18 @@ const STOP_LIMIT: Duration = Duration::from_secs(5);
 /// SQLite's result code for an interrupted statement.
 const SQLITE_INTERRUPT: &str = "9";
 
-/// The future a [`SqlxSqliteConn::run`] closure returns.
-pub type BoxQuery<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
-
 /// A pool of sqlx SQLite connections behind a deadline-aware queue. Cheap to
 /// clone. See the [module docs](self).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::sqlx_sqlite::SqlxSqlitePool;
+/// let pool = SqlxSqlitePool::open_in_memory(2)?;
+/// assert_eq!(pool.stats().max_size, 2);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct SqlxSqlitePool {
     shared: Arc<Shared>,
@@ -95,29 +101,9 @@ pub struct SqlxSqlitePool {
 struct Shared {
     pool: sqlx::SqlitePool,
     admission: Admission,
-    interrupted: AtomicU64,
+    cancels: AtomicU64,
     discarded: AtomicU64,
     cleanups_running: AtomicU64,
-}
-
-/// Counters of a [`SqlxSqlitePool`], for metrics and leak checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SqlxSqlitePoolStats {
-    /// The most connections the pool opens.
-    pub max_size: u32,
-    /// Connections open right now.
-    pub size: u32,
-    /// Open connections idle in the pool right now.
-    pub idle: usize,
-    /// Callers waiting for a connection right now.
-    pub queued: usize,
-    /// Statements interrupted because their scope ended.
-    pub interrupted: u64,
-    /// Connections closed because a statement did not stop.
-    pub discarded: u64,
-    /// Connections being cleaned in the background (after a dropped call).
-    pub cleanups_running: u64,
 }
 
 impl fmt::Debug for SqlxSqlitePool {
@@ -128,25 +114,102 @@ impl fmt::Debug for SqlxSqlitePool {
     }
 }
 
+/// Configures a [`SqlxSqlitePool`]; [`build`](Self::build) freezes it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use std::time::Duration;
+/// use tonic_deadline::db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
+///
+/// let connect = sqlx::sqlite::SqliteConnectOptions::new()
+///     .filename("orders.db")
+///     .create_if_missing(true)
+///     .busy_timeout(Duration::from_millis(500));
+/// let pool = SqlxSqlitePool::builder(connect).size(4).build()?;
+/// assert_eq!(pool.stats().max_size, 4);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build`"]
+pub struct SqlxSqlitePoolBuilder {
+    connect: SqliteConnectOptions,
+    pool: SqlitePoolOptions,
+    size: usize,
+    admission: Option<Admission>,
+}
+
+impl SqlxSqlitePoolBuilder {
+    /// The most connections the pool opens (default 10). It replaces the
+    /// `max_connections` of [`pool_options`](Self::pool_options).
+    pub fn size(mut self, size: usize) -> Self {
+        self.size = size;
+        self
+    }
+
+    /// sqlx's own pool options (lifetimes, timeouts, hooks); their
+    /// `max_connections` is replaced by [`size`](Self::size).
+    pub fn pool_options(mut self, options: SqlitePoolOptions) -> Self {
+        self.pool = options;
+        self
+    }
+
+    /// Waits for connections through `admission` instead of the default
+    /// adaptive-LIFO queue. It must have one permit per connection.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// The pool; connections open on first use.
+    ///
+    /// # Errors
+    ///
+    /// A size of zero or beyond sqlx's `u32`, or an admission whose permits
+    /// differ from the size.
+    pub fn build(self) -> Result<SqlxSqlitePool, Error> {
+        let admission = admission_for(self.size, self.admission)?;
+        let size = sqlx_size(self.size)?;
+        Ok(SqlxSqlitePool {
+            shared: Arc::new(Shared {
+                pool: self
+                    .pool
+                    .max_connections(size)
+                    .connect_lazy_with(self.connect),
+                admission,
+                cancels: AtomicU64::new(0),
+                discarded: AtomicU64::new(0),
+                cleanups_running: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
 impl SqlxSqlitePool {
+    /// A builder for a pool connecting with `connect`.
+    pub fn builder(connect: SqliteConnectOptions) -> SqlxSqlitePoolBuilder {
+        SqlxSqlitePoolBuilder {
+            connect,
+            pool: SqlitePoolOptions::new(),
+            size: DEFAULT_SIZE,
+            admission: None,
+        }
+    }
+
     /// At most `size` connections to the database file at `path` (created if
     /// absent), in WAL mode with a 5 s busy timeout, opened on first use.
     ///
     /// # Errors
     ///
-    /// The path is not valid UTF-8.
-    pub fn open(path: impl AsRef<Path>, size: u32) -> Result<Self, Error> {
-        let path = path.as_ref();
+    /// The size is refused (as in [`SqlxSqlitePoolBuilder::build`]).
+    pub fn open(path: impl AsRef<Path>, size: usize) -> Result<Self, Error> {
         let options = SqliteConnectOptions::new()
-            .filename(path)
+            .filename(path.as_ref())
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(5));
-        Ok(Self::with_options(
-            SqlitePoolOptions::new().max_connections(size.max(1)),
-            options,
-            None,
-        ))
+        Self::builder(options).size(size).build()
     }
 
     /// `size` independent in-memory databases (for tests and computed
@@ -154,55 +217,37 @@ impl SqlxSqlitePool {
     ///
     /// # Errors
     ///
-    /// Never in practice; the signature matches [`open`](Self::open).
-    pub fn open_in_memory(size: u32) -> Result<Self, Error> {
+    /// The size is refused (as in [`SqlxSqlitePoolBuilder::build`]).
+    pub fn open_in_memory(size: usize) -> Result<Self, Error> {
         let options = SqliteConnectOptions::from_str("sqlite::memory:").map_err(Error::database)?;
-        Ok(Self::with_options(
+        Self::builder(options)
             // Keep every connection: an in-memory database dies with it.
-            SqlitePoolOptions::new()
-                .max_connections(size.max(1))
-                .idle_timeout(None)
-                .max_lifetime(None),
-            options,
-            None,
-        ))
-    }
-
-    /// A pool from sqlx's own options, waiting through `admission` (one
-    /// permit per connection) or, with `None`, an adaptive-LIFO queue.
-    pub fn with_options(
-        pool: SqlitePoolOptions,
-        connect: SqliteConnectOptions,
-        admission: Option<Admission>,
-    ) -> Self {
-        let size = pool.get_max_connections().max(1);
-        Self {
-            shared: Arc::new(Shared {
-                pool: pool.max_connections(size).connect_lazy_with(connect),
-                admission: admission.unwrap_or_else(|| Admission::new(size as usize)),
-                interrupted: AtomicU64::new(0),
-                discarded: AtomicU64::new(0),
-                cleanups_running: AtomicU64::new(0),
-            }),
-        }
+            .pool_options(
+                SqlitePoolOptions::new()
+                    .idle_timeout(None)
+                    .max_lifetime(None),
+            )
+            .size(size)
+            .build()
     }
 
     /// Counters: connections open and idle, callers queued, interrupts.
-    pub fn stats(&self) -> SqlxSqlitePoolStats {
+    pub fn stats(&self) -> PoolStats {
         let pool = &self.shared.pool;
-        SqlxSqlitePoolStats {
-            max_size: pool.options().get_max_connections(),
-            size: pool.size(),
+        PoolStats {
+            max_size: pool.options().get_max_connections() as usize,
+            size: pool.size() as usize,
             idle: pool.num_idle(),
             queued: self.shared.admission.stats().queued,
-            interrupted: self.shared.interrupted.load(Ordering::Relaxed),
+            cancels: self.shared.cancels.load(Ordering::Relaxed),
+            cancels_failed: 0,
             discarded: self.shared.discarded.load(Ordering::Relaxed),
             cleanups_running: self.shared.cleanups_running.load(Ordering::Relaxed),
         }
     }
 
     /// The admission queue in front of the connections.
-    pub fn admission_queue(&self) -> &Admission {
+    pub fn admission(&self) -> &Admission {
         &self.shared.admission
     }
 
@@ -297,6 +342,19 @@ impl Drop for DropMark<'_> {
 ///
 /// Dropping it returns the connection to the pool — after waiting, on a
 /// background task, for a statement whose call was dropped to stop.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
+/// let pool = SqlxSqlitePool::open_in_memory(1)?;
+/// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
+/// conn.execute(sqlx::query("CREATE TABLE t (x INTEGER)")).await?;
+/// let done = conn.execute(sqlx::query("INSERT INTO t VALUES (1), (2)")).await?;
+/// assert_eq!(done.rows_affected(), 2);
+/// # Ok(())
+/// # }
+/// ```
 pub struct SqlxSqliteConn {
     conn: Option<PoolConnection<Sqlite>>,
     permit: Option<Permit>,
@@ -375,7 +433,7 @@ impl SqlxSqliteConn {
         let drained = tokio::time::timeout(STOP_LIMIT, &mut work).await.is_ok();
         mark.armed = false;
         if drained {
-            shared.interrupted.fetch_add(1, Ordering::Relaxed);
+            shared.cancels.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Stopped { cause, drained }
     }
@@ -390,7 +448,7 @@ impl SqlxSqliteConn {
                 match self.watch.scope.cause() {
                     // The handler saw the end before our own race did.
                     Some(cause) if is_interrupt(&err) => {
-                        self.shared.interrupted.fetch_add(1, Ordering::Relaxed);
+                        self.shared.cancels.fetch_add(1, Ordering::Relaxed);
                         let (conn, ..) = self.parts()?;
                         let cleaned = clean(conn).await;
                         self.after_clean(cleaned);
@@ -524,7 +582,6 @@ impl Drop for SqlxSqliteConn {
         // set); wait for that on a task of its own, then release.
         watch.dropped.store(true, Ordering::Release);
         let shared = self.shared.clone();
-        shared.cleanups_running.fetch_add(1, Ordering::Relaxed);
         let cleanup = async move {
             if let Err(err) = clean(&mut conn).await {
                 tracing::warn!(error = %err, "closing a connection that could not be cleaned");
@@ -536,11 +593,6 @@ impl Drop for SqlxSqliteConn {
             drop(permit);
             shared.cleanups_running.fetch_sub(1, Ordering::Relaxed);
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(cleanup);
-            }
-            Err(_) => tracing::warn!("sqlx sqlite connection dropped outside a runtime"),
-        }
+        spawn_cleanup(&self.shared.cleanups_running, cleanup);
     }
 }

@@ -155,7 +155,7 @@ impl PgStore {
             lease: options.lease,
         };
         let t = &store.table;
-        let mut conn = store.pool.get(&store.scope()).await?;
+        let mut conn = store.pool.acquire(&store.scope()).await?;
         conn.begin().await?;
         conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[t])
             .await?;
@@ -202,7 +202,7 @@ impl PgStore {
     /// lease has expired; returns how many.
     async fn recover(&self) -> Result<u64, Error> {
         let t = &self.table;
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         // Under READ COMMITTED a row renewed concurrently is re-checked
         // after its lock is released: its fresh lease no longer matches.
         let recovered = conn
@@ -230,7 +230,7 @@ impl Store for PgStore {
         idempotent: bool,
     ) -> Result<JobId, Error> {
         let t = &self.table;
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         let rows = conn
             .query(
                 &format!(
@@ -246,7 +246,7 @@ impl Store for PgStore {
 
     async fn state(&self, id: JobId) -> Result<Option<JobState>, Error> {
         let t = &self.table;
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         let rows = conn
             .query(&format!("SELECT state FROM {t} WHERE id = $1"), &[&id])
             .await?;
@@ -255,7 +255,7 @@ impl Store for PgStore {
 
     async fn list(&self) -> Result<Vec<(JobId, JobState, u32)>, Error> {
         let t = &self.table;
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         let rows = conn
             .query(
                 &format!("SELECT id, state, attempts FROM {t} ORDER BY id"),
@@ -272,7 +272,7 @@ impl Store for PgStore {
 
     async fn pending(&self) -> Result<u64, Error> {
         let t = &self.table;
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         let rows = conn
             .query(
                 &format!("SELECT count(*) FROM {t} WHERE state IN ('queued', 'running')"),
@@ -286,7 +286,7 @@ impl Store for PgStore {
     async fn claim(&self, worker: &str) -> Result<Option<Job>, Error> {
         self.recover().await?;
         let t = &self.table;
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         let rows = conn
             .query(
                 &format!(
@@ -314,7 +314,7 @@ impl Store for PgStore {
     async fn renew(&self, worker: &str, job: &Job) -> Result<bool, Error> {
         let t = &self.table;
         let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         let renewed = conn
             .execute(
                 &format!(
@@ -336,7 +336,7 @@ impl Store for PgStore {
     ) -> Result<bool, Error> {
         let t = &self.table;
         let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
-        let mut conn = self.pool.get(&self.scope()).await?;
+        let mut conn = self.pool.acquire(&self.scope()).await?;
         // Also when the lease had just expired but nobody claimed the job
         // again (`queued` or `interrupted` with our attempt): this attempt's
         // end is then the truth.

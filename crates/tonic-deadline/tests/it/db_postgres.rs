@@ -54,7 +54,7 @@ async fn deadline_stops_the_statement_on_the_server_and_the_connection_returns_h
     let pool = PgPool::connect(&url(), 1).expect("pool");
     let monitor = monitor().await;
     let scope = Scope::background().with_timeout(Duration::from_millis(200));
-    let mut conn = pool.get(&scope).await.expect("a connection");
+    let mut conn = pool.acquire(&scope).await.expect("a connection");
     let pid = backend_pid(&mut conn).await;
     let start = Instant::now();
     let err = conn
@@ -78,7 +78,7 @@ async fn deadline_stops_the_statement_on_the_server_and_the_connection_returns_h
         (1, 1),
         "the connection is back: {stats:?}"
     );
-    let mut again = pool.get(&Scope::background()).await.expect("reusable");
+    let mut again = pool.acquire(&Scope::background()).await.expect("reusable");
     assert_eq!(
         backend_pid(&mut again).await,
         pid,
@@ -91,7 +91,7 @@ async fn caller_cancel_sends_a_cancel_request() {
     let pool = PgPool::connect(&url(), 1).expect("pool");
     let monitor = monitor().await;
     let scope = Scope::background();
-    let mut conn = pool.get(&scope).await.expect("a connection");
+    let mut conn = pool.acquire(&scope).await.expect("a connection");
     let pid = backend_pid(&mut conn).await;
     let canceller = scope.clone();
     tokio::spawn(async move {
@@ -105,7 +105,7 @@ async fn caller_cancel_sends_a_cancel_request() {
     assert_eq!(err.cause(), Some(Cause::Cancelled));
     assert!(!active(&monitor, pid).await, "stopped on the server");
     assert_eq!(
-        pool.stats().cancels_sent,
+        pool.stats().cancels,
         1,
         "stopped by a cancel request (no deadline here)"
     );
@@ -113,12 +113,14 @@ async fn caller_cancel_sends_a_cancel_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statement_timeout_from_the_budget_stops_the_server_without_a_cancel_request() {
-    let pool = PgPool::connect(&url(), 1)
-        .expect("pool")
-        .cancel_requests(false);
+    let pool = PgPool::builder(url().parse().expect("url"))
+        .size(1)
+        .cancel_requests(false)
+        .build()
+        .expect("pool");
     let monitor = monitor().await;
     let scope = Scope::background().with_timeout(Duration::from_millis(1500));
-    let mut conn = pool.get(&scope).await.expect("a connection");
+    let mut conn = pool.acquire(&scope).await.expect("a connection");
     let shown: String = conn
         .query("SHOW statement_timeout", &[])
         .await
@@ -148,7 +150,7 @@ async fn statement_timeout_from_the_budget_stops_the_server_without_a_cancel_req
         !active(&monitor, pid).await,
         "the server stopped it on its own"
     );
-    assert_eq!(pool.stats().cancels_sent, 0, "no cancel request was sent");
+    assert_eq!(pool.stats().cancels, 0, "no cancel request was sent");
     assert!(
         start.elapsed() < Duration::from_secs(3),
         "well before the 5 s query would end"
@@ -161,7 +163,7 @@ async fn dropping_the_call_still_stops_the_statement_on_the_server() {
     let monitor = monitor().await;
     // No deadline: only the cancel on drop can stop it.
     let scope = Scope::background();
-    let mut conn = pool.get(&scope).await.expect("a connection");
+    let mut conn = pool.acquire(&scope).await.expect("a connection");
     let pid = backend_pid(&mut conn).await;
     let _ = tokio::time::timeout(
         Duration::from_millis(100),
@@ -198,13 +200,13 @@ async fn an_unfinished_transaction_is_rolled_back() {
     let pool = PgPool::connect(&url(), 1).expect("pool");
     let table = format!("t_{}", std::process::id());
     {
-        let mut conn = pool.get(&Scope::background()).await.expect("conn");
+        let mut conn = pool.acquire(&Scope::background()).await.expect("conn");
         conn.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} (x int)"))
             .await
             .expect("schema");
     }
     let scope = Scope::background().with_timeout(Duration::from_millis(200));
-    let mut conn = pool.get(&scope).await.expect("conn");
+    let mut conn = pool.acquire(&scope).await.expect("conn");
     conn.begin().await.expect("begin");
     conn.execute(&format!("INSERT INTO {table} VALUES (1)"), &[])
         .await
@@ -215,7 +217,7 @@ async fn an_unfinished_transaction_is_rolled_back() {
         .expect_err("stopped");
     assert_eq!(err.cause(), Some(Cause::DeadlineExceeded));
     drop(conn);
-    let mut conn = pool.get(&Scope::background()).await.expect("conn");
+    let mut conn = pool.acquire(&Scope::background()).await.expect("conn");
     let rows: i64 = conn
         .query(&format!("SELECT count(*) FROM {table}"), &[])
         .await
@@ -236,7 +238,7 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
     {
         let mut held = Vec::new();
         for _ in 0..4 {
-            held.push(pool.get(&Scope::background()).await.expect("conn"));
+            held.push(pool.acquire(&Scope::background()).await.expect("conn"));
         }
     }
     let tasks_before = metrics.num_alive_tasks();
@@ -251,7 +253,7 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
             let pool = pool.clone();
             calls.spawn(async move {
                 let call = async {
-                    let mut conn = pool.get(&scope).await?;
+                    let mut conn = pool.acquire(&scope).await?;
                     conn.query("SELECT pg_sleep(10)", &[]).await
                 };
                 match i % 4 {
@@ -286,7 +288,7 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
     assert_eq!(stats.idle, stats.size, "no connection leaked: {stats:?}");
     assert!(stats.size <= 4);
     assert_eq!(stats.queued, 0, "no caller left queued");
-    assert_eq!(pool.admission_queue().stats().in_use, 0, "no permit leaked");
+    assert_eq!(pool.admission().stats().in_use, 0, "no permit leaked");
     let running: i64 = monitor
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep(10)%' AND pid <> pg_backend_pid()",
@@ -303,6 +305,6 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
         metrics.num_alive_tasks(),
         tasks_before
     );
-    let mut conn = pool.get(&Scope::background()).await.expect("usable");
+    let mut conn = pool.acquire(&Scope::background()).await.expect("usable");
     assert!(backend_pid(&mut conn).await > 0, "the pool serves again");
 }

@@ -49,6 +49,25 @@ async fn backend_pid(conn: &mut SqlxPgConn) -> i32 {
         .get(0)
 }
 
+/// The server's `statement_timeout` on `conn`, read by a statement of its
+/// own (which, in the scheme under test, may or may not refresh it first).
+async fn statement_timeout(conn: &mut SqlxPgConn) -> Duration {
+    let shown: String = conn
+        .fetch_all(sqlx::query(
+            "SELECT current_setting('statement_timeout')::interval::text",
+        ))
+        .await
+        .expect("show")[0]
+        .get(0);
+    // An interval such as 00:00:01.498
+    let seconds: f64 = shown
+        .rsplit(':')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("an interval: {shown}"));
+    Duration::from_secs_f64(seconds)
+}
+
 /// Waits (bounded) until the pool holds `idle` idle connections and no
 /// clean-up runs.
 async fn settle(pool: &SqlxPgPool, idle: usize) {
@@ -165,35 +184,24 @@ async fn caller_cancel_sends_pg_cancel_backend() {
         "no deadline here: only the cancel request can have stopped it"
     );
     assert!(!active(&mut monitor, pid).await, "stopped on the server");
-    assert_eq!(pool.stats().cancels_sent, 1, "one pg_cancel_backend sent");
+    assert_eq!(pool.stats().cancels, 1, "one pg_cancel_backend sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statement_timeout_from_the_budget_stops_the_server_without_a_cancel() {
     let connect = url().parse().expect("url");
     let pool = SqlxPgPool::builder(connect)
-        .pool_options(sqlx::postgres::PgPoolOptions::new().max_connections(1))
+        .size(1)
         .cancel_requests(false)
-        .build();
+        .build()
+        .expect("pool");
     let mut monitor = monitor().await;
     let scope = Scope::background().with_timeout(Duration::from_millis(1500));
     let mut conn = pool.acquire(&scope).await.expect("a connection");
-    let shown: String = conn
-        .fetch_all(sqlx::query(
-            "SELECT current_setting('statement_timeout')::interval::text",
-        ))
-        .await
-        .expect("show")[0]
-        .get(0);
-    // An interval such as 00:00:01.498
-    let seconds: f64 = shown
-        .rsplit(':')
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(f64::MAX);
+    let timeout = statement_timeout(&mut conn).await;
     assert!(
-        (1.0..=1.5).contains(&seconds),
-        "statement_timeout must be the remaining budget, got {shown}"
+        (Duration::from_secs(1)..=Duration::from_millis(1500)).contains(&timeout),
+        "statement_timeout must be the remaining budget, got {timeout:?}"
     );
     let pid = backend_pid(&mut conn).await;
     let start = Instant::now();
@@ -206,10 +214,99 @@ async fn statement_timeout_from_the_budget_stops_the_server_without_a_cancel() {
         !active(&mut monitor, pid).await,
         "the server stopped it on its own"
     );
-    assert_eq!(pool.stats().cancels_sent, 0, "no cancel request was sent");
+    assert_eq!(pool.stats().cancels, 0, "no cancel request was sent");
     assert!(
         start.elapsed() < Duration::from_secs(3),
         "well before the 5 s query would end"
+    );
+}
+
+/// A statement that starts after most of its connection's budget is spent.
+struct Late {
+    /// The server's `statement_timeout` when it started.
+    timeout: Duration,
+    /// How long it ran before its call returned.
+    ran: Duration,
+    err: tonic_deadline::db::Error,
+    /// Whether its backend was still running it afterwards.
+    still_active: bool,
+}
+
+/// Takes a connection of `pool` under a 1.5 s budget, spends `spend_s`
+/// seconds of it in a statement, and starts a 10 s statement.
+async fn late_statement(pool: &SqlxPgPool, spend_s: f64) -> Late {
+    let mut monitor = monitor().await;
+    let scope = Scope::background().with_timeout(Duration::from_millis(1500));
+    let mut conn = pool.acquire(&scope).await.expect("a connection");
+    let pid = backend_pid(&mut conn).await;
+    conn.execute(sqlx::query("SELECT pg_sleep($1)").bind(spend_s))
+        .await
+        .expect("the first statements fit the 1.5 s budget");
+    let timeout = statement_timeout(&mut conn).await;
+    let started = Instant::now();
+    let err = conn
+        .fetch_all(sqlx::query("SELECT pg_sleep(10)"))
+        .await
+        .expect_err("a 10 s statement cannot finish in what is left");
+    let ran = started.elapsed();
+    Late {
+        timeout,
+        ran,
+        err,
+        still_active: active(&mut monitor, pid).await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_statement_is_stopped_at_the_deadline_by_the_cancel_not_by_its_older_timeout() {
+    let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
+    // The first statement sets the server's timeout to the whole budget;
+    // the second spends 1 s of it.
+    let late = late_statement(&pool, 1.0).await;
+    assert!(
+        late.timeout >= Duration::from_millis(1000),
+        "set once for the connection, not refreshed before every statement: {:?}",
+        late.timeout
+    );
+    assert_eq!(late.err.cause(), Some(Cause::DeadlineExceeded));
+    assert!(
+        !late.still_active,
+        "the statement must have stopped on the server"
+    );
+    assert_eq!(
+        pool.stats().cancels,
+        1,
+        "stopped by the cancel request: {:?}",
+        pool.stats()
+    );
+    assert!(
+        late.ran < late.timeout,
+        "stopped at the deadline, {:?} after it started, before its own {:?} timeout",
+        late.ran,
+        late.timeout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cancel_requests_the_timeout_is_refreshed_before_every_statement() {
+    let pool = SqlxPgPool::builder(url().parse().expect("url"))
+        .size(1)
+        .cancel_requests(false)
+        .build()
+        .expect("pool");
+    let late = late_statement(&pool, 0.8).await;
+    assert!(
+        late.timeout <= Duration::from_millis(700),
+        "the timeout is all that stops a statement here: it must be what is left, not {:?}",
+        late.timeout
+    );
+    assert_eq!(late.err.cause(), Some(Cause::DeadlineExceeded));
+    assert!(!late.still_active, "stopped on the server");
+    assert_eq!(pool.stats().cancels, 0, "no cancel request was sent");
+    assert!(
+        late.ran < Duration::from_secs(3),
+        "near the deadline, not after the 10 s statement: {:?}",
+        late.ran
     );
 }
 
@@ -327,9 +424,10 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
         .expected_service_time(Duration::ZERO)
         .smoothing(f64::MIN_POSITIVE);
     let pool = SqlxPgPool::builder(url().parse().expect("url"))
-        .pool_options(sqlx::postgres::PgPoolOptions::new().max_connections(4))
+        .size(4)
         .admission(admission)
-        .build();
+        .build()
+        .expect("pool");
     let mut monitor = monitor().await;
     let metrics = tokio::runtime::Handle::current().metrics();
     // Open all four connections first, and the side pool with one
@@ -391,20 +489,17 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
         stopped, 100_000,
         "every call was cancelled, expired or dropped"
     );
-    settle(&pool, pool.stats().size as usize).await;
+    settle(&pool, pool.stats().size).await;
     let stats = pool.stats();
-    assert_eq!(
-        stats.idle as u32, stats.size,
-        "no connection leaked: {stats:?}"
-    );
+    assert_eq!(stats.idle, stats.size, "no connection leaked: {stats:?}");
     assert!(stats.size <= 4);
     assert!(
-        stats.cancels_sent >= 100,
+        stats.cancels >= 100,
         "statements really started and were stopped on the server: {stats:?}"
     );
     eprintln!("after 100 000 cancelled calls: {stats:?}");
     assert_eq!(stats.queued, 0, "no caller left queued");
-    assert_eq!(pool.admission_queue().stats().in_use, 0, "no permit leaked");
+    assert_eq!(pool.admission().stats().in_use, 0, "no permit leaked");
     let running: i64 = sqlx::query(
         "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
          AND query LIKE '%pg_sleep(10)%' AND pid <> pg_backend_pid()",

@@ -17,6 +17,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 use tonic_deadline::db::postgres::PgPool;
+use tonic_deadline::db::postgres::tokio_postgres::Row;
+use tonic_deadline::db::postgres::tokio_postgres::types::ToSql;
 use tonic_deadline::jobs::postgres::{PgStore, PgStoreOptions};
 use tonic_deadline::jobs::{Job, JobQueue, JobState, Worker};
 
@@ -34,6 +36,18 @@ fn options(table: &str) -> PgStoreOptions {
     PgStoreOptions::default().table(table).lease(LEASE)
 }
 
+/// One statement on a connection of `pool`, under the current scope.
+async fn query(
+    pool: &PgPool,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, tonic_deadline::db::Error> {
+    pool.acquire(&Scope::current())
+        .await?
+        .query(sql, params)
+        .await
+}
+
 /// The job's real effect, a row per phase: what the checks count.
 async fn effect(
     pool: &PgPool,
@@ -43,7 +57,8 @@ async fn effect(
     phase: &str,
 ) -> Result<(), String> {
     let attempt = job.attempt as i32;
-    pool.query(
+    query(
+        pool,
         &format!(
             "INSERT INTO {table}_effects (job, attempt, worker, phase) VALUES ($1, $2, $3, $4)"
         ),
@@ -59,7 +74,7 @@ async fn setup(table: &str) -> (JobQueue<PgStore>, PgPool) {
         .await
         .expect("the store must connect and create its table");
     let pool = PgPool::connect(&url(), 2).expect("the effects pool");
-    pool.query(
+    query(&pool,
         &format!(
             "CREATE TABLE IF NOT EXISTS {table}_effects (job BIGINT, attempt INT, worker TEXT, phase TEXT)"
         ),
@@ -103,13 +118,13 @@ async fn child_role() {
     queue.wait_idle().await;
     worker.shutdown().await;
     assert_eq!(queue.state(id).await.expect("state"), Some(JobState::Done));
-    let rows = pool
-        .query(
-            &format!("SELECT phase FROM {table}_effects WHERE job = $1 ORDER BY phase DESC"),
-            &[&id],
-        )
-        .await
-        .expect("effects");
+    let rows = query(
+        &pool,
+        &format!("SELECT phase FROM {table}_effects WHERE job = $1 ORDER BY phase DESC"),
+        &[&id],
+    )
+    .await
+    .expect("effects");
     let phases: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(
         phases,
@@ -155,18 +170,18 @@ fn spawn_worker(table: &str, name: &str) -> Process {
 /// The job `worker` is in the middle of (started, not ended), if any, and
 /// whether it is idempotent.
 async fn mid_job(pool: &PgPool, table: &str, worker: &str) -> Option<(i64, bool)> {
-    let rows = pool
-        .query(
-            &format!(
-                "SELECT e.job, j.idempotent FROM {table}_effects e JOIN {table} j ON j.id = e.job
+    let rows = query(
+        pool,
+        &format!(
+            "SELECT e.job, j.idempotent FROM {table}_effects e JOIN {table} j ON j.id = e.job
                  WHERE e.worker = $1 AND e.phase = 'start' AND NOT EXISTS (
                      SELECT 1 FROM {table}_effects f
                      WHERE f.job = e.job AND f.attempt = e.attempt AND f.phase = 'end')"
-            ),
-            &[&worker],
-        )
-        .await
-        .expect("effects readable");
+        ),
+        &[&worker],
+    )
+    .await
+    .expect("effects readable");
     rows.first().map(|r| (r.get(0), r.get(1)))
 }
 
@@ -231,13 +246,13 @@ async fn sigkilled_workers_lose_no_job_and_rerun_only_the_idempotent_one() {
         .into_iter()
         .map(|(id, state, attempts)| (id, (state, attempts)))
         .collect();
-    let rows = pool
-        .query(
-            &format!("SELECT job, worker, phase FROM {table}_effects"),
-            &[],
-        )
-        .await
-        .expect("effects");
+    let rows = query(
+        &pool,
+        &format!("SELECT job, worker, phase FROM {table}_effects"),
+        &[],
+    )
+    .await
+    .expect("effects");
     let mut starts: BTreeMap<i64, u32> = BTreeMap::new();
     let mut ends: BTreeMap<i64, u32> = BTreeMap::new();
     let mut workers = BTreeSet::new();
@@ -298,7 +313,5 @@ async fn sigkilled_workers_lose_no_job_and_rerun_only_the_idempotent_one() {
         3,
         "every worker must have taken jobs from the shared table: {workers:?}"
     );
-    let _ = pool
-        .query(&format!("DROP TABLE {table}, {table}_effects"), &[])
-        .await;
+    let _ = query(&pool, &format!("DROP TABLE {table}, {table}_effects"), &[]).await;
 }
