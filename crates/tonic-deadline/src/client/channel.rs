@@ -22,9 +22,28 @@
 //! `grpc-timeout` was written before that wait: the channel takes the time
 //! it waited off the header before the request leaves.
 //!
+//! A server may take only so many streams at once on a connection (its
+//! `SETTINGS_MAX_CONCURRENT_STREAMS`). h2 would queue a call beyond that
+//! inside the connection, its header already written; the channel keeps
+//! that queue itself instead: it reads the limit from the server's SETTINGS
+//! frames, counts its calls until their response bodies end or are
+//! dropped, and is not ready while they fill the limit. So the header also
+//! counts the wait for a free stream.
+//!
+//! Deadlines reset streams: every call that outlives its deadline or is
+//! cancelled ends with an `RST_STREAM`, and the server's answer may still
+//! be on its way. h2 ignores frames on a stream it reset only while it
+//! remembers the reset — 50 streams for 1 s by default — and counts a frame
+//! on a forgotten one as an error; after 1 024 of those on a connection it
+//! closes the connection (`GOAWAY ENHANCE_YOUR_CALM`). A channel remembers
+//! [`REMEMBERED_RESETS`] reset streams instead
+//! ([`ReadyChannelBuilder::remembered_resets`]).
+//!
 //! What remains: the hop through tonic's own queue (tens of microseconds),
 //! and a TLS handshake, which tonic performs after our connector returns
-//! (give the channel a connector that does TLS itself to count it).
+//! (give the channel a connector that does TLS itself to count it; a
+//! channel whose connection tonic encrypts cannot read the server's
+//! SETTINGS, and leaves a stream limit to h2's queue).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -47,6 +66,7 @@ use pin_project_lite::pin_project;
 
 use super::WaitForReady;
 use super::round_trip::{Meter, RoundTrip};
+use super::streams::{Limit, SettingsScan, Slot, Streams, Ticket};
 use crate::BoxError;
 use crate::timeout_header::{self, GRPC_TIMEOUT};
 
@@ -70,14 +90,41 @@ use crate::timeout_header::{self, GRPC_TIMEOUT};
 /// ```
 ///
 /// Clones share the connection, as tonic's do.
-#[derive(Clone)]
 pub struct ReadyChannel {
     channel: Channel,
     link: Arc<Link>,
     dial: Arc<dyn Dial>,
     round_trip: Option<RoundTrip>,
     wait_for_ready: bool,
+    streams: Arc<Streams>,
+    /// The stream this clone got ready with, for its next call.
+    slot: Option<Slot>,
+    /// This clone's place in the queue for a stream.
+    waiting: Option<Ticket>,
 }
+
+impl Clone for ReadyChannel {
+    fn clone(&self) -> Self {
+        Self {
+            channel: self.channel.clone(),
+            link: self.link.clone(),
+            dial: self.dial.clone(),
+            round_trip: self.round_trip.clone(),
+            wait_for_ready: self.wait_for_ready,
+            streams: self.streams.clone(),
+            slot: None,
+            waiting: None,
+        }
+    }
+}
+
+/// How many reset streams a [`ReadyChannel`]'s connection remembers (for
+/// h2's 1 s) unless set otherwise: h2's own default is 50.
+///
+/// ```
+/// assert!(tonic_deadline::client::REMEMBERED_RESETS > 50);
+/// ```
+pub const REMEMBERED_RESETS: usize = 4096;
 
 /// Builds a [`ReadyChannel`] with options; the shortcuts on `ReadyChannel`
 /// build one with none.
@@ -103,9 +150,36 @@ pub struct ReadyChannelBuilder {
     endpoint: Endpoint,
     ping_every: Option<Duration>,
     wait_for_ready: bool,
+    remembered_resets: usize,
 }
 
 impl ReadyChannelBuilder {
+    /// How many streams it reset each connection remembers, for h2's 1 s;
+    /// [`REMEMBERED_RESETS`] by default. It replaces the endpoint's
+    /// `http2_max_concurrent_reset_streams`.
+    ///
+    /// Every call that ends before its answer — at its deadline, cancelled —
+    /// resets its stream, and the server's answer may still arrive. h2
+    /// ignores it while it remembers the reset; for a forgotten stream it
+    /// counts an error, and after 1 024 of those (the endpoint's
+    /// `http2_max_local_error_reset_streams`) it closes the connection,
+    /// failing every call on it (`UNAVAILABLE`, naming this setting). Set it
+    /// above the resets a second one connection may see; each remembered
+    /// stream costs a few hundred bytes while it is remembered.
+    ///
+    /// ```no_run
+    /// use tonic::transport::Endpoint;
+    /// use tonic_deadline::client::ReadyChannel;
+    /// let endpoint = Endpoint::from_static("http://127.0.0.1:50051");
+    /// // A client that gives up on 20 000 calls a second on one connection.
+    /// let channel = ReadyChannel::builder(&endpoint).remembered_resets(32_768).lazy();
+    /// # let _ = channel;
+    /// ```
+    pub fn remembered_resets(mut self, streams: usize) -> Self {
+        self.remembered_resets = streams;
+        self
+    }
+
     /// Measures the connection's round trip with an HTTP/2 PING right after
     /// each connect and then every `every`, into the channel's
     /// [`RoundTrip`]. Off by default.
@@ -157,7 +231,7 @@ impl ReadyChannelBuilder {
         C::Error: Into<BoxError>,
     {
         let (parts, linked) = self.parts(connector);
-        parts.with(self.endpoint.connect_with_connector_lazy(linked))
+        parts.with(self.endpoint().connect_with_connector_lazy(linked))
     }
 
     /// The channel, through `connector`, connected before it is returned.
@@ -176,7 +250,14 @@ impl ReadyChannelBuilder {
         C::Error: Into<BoxError>,
     {
         let (parts, linked) = self.parts(connector);
-        Ok(parts.with(self.endpoint.connect_with_connector(linked).await?))
+        Ok(parts.with(self.endpoint().connect_with_connector(linked).await?))
+    }
+
+    /// The endpoint as tonic is given it.
+    fn endpoint(&self) -> Endpoint {
+        self.endpoint
+            .clone()
+            .http2_max_concurrent_reset_streams(self.remembered_resets)
     }
 
     fn parts<C>(&self, connector: C) -> (Parts, Linked<C>)
@@ -187,6 +268,7 @@ impl ReadyChannelBuilder {
         C::Error: Into<BoxError>,
     {
         let link = Arc::new(Link::default());
+        let streams = Arc::new(Streams::default());
         let round_trip = self.ping_every.map(|every| (RoundTrip::new(), every));
         let dialer = Arc::new(Dialer {
             uri: self.endpoint.uri().clone(),
@@ -194,6 +276,7 @@ impl ReadyChannelBuilder {
             link: link.clone(),
             stash: Mutex::new(None),
             round_trip: round_trip.clone(),
+            streams: streams.clone(),
         });
         let linked = Linked {
             dialer: dialer.clone(),
@@ -203,6 +286,7 @@ impl ReadyChannelBuilder {
             dial: dialer,
             round_trip: round_trip.map(|(r, _)| r),
             wait_for_ready: self.wait_for_ready,
+            streams,
         };
         (parts, linked)
     }
@@ -213,6 +297,7 @@ struct Parts {
     dial: Arc<dyn Dial>,
     round_trip: Option<RoundTrip>,
     wait_for_ready: bool,
+    streams: Arc<Streams>,
 }
 
 impl Parts {
@@ -223,6 +308,9 @@ impl Parts {
             dial: self.dial,
             round_trip: self.round_trip,
             wait_for_ready: self.wait_for_ready,
+            streams: self.streams,
+            slot: None,
+            waiting: None,
         }
     }
 }
@@ -234,6 +322,7 @@ impl ReadyChannel {
             endpoint: endpoint.clone(),
             ping_every: None,
             wait_for_ready: false,
+            remembered_resets: REMEMBERED_RESETS,
         }
     }
 
@@ -322,29 +411,39 @@ fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
     http
 }
 
+/// Ready once connected and a stream is free on the connection.
 impl Service<Request<Body>> for ReadyChannel {
-    type Response = Response<Body>;
+    type Response = Response<ReadyBody>;
     type Error = tonic::transport::Error;
     type Future = ReadyFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         std::task::ready!(self.poll_dialled(cx));
+        if self.slot.is_none() {
+            let slot = std::task::ready!(self.streams.poll_acquire(cx, &mut self.waiting));
+            self.slot = Some(slot);
+        }
         self.channel.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let slot = match self.slot.take() {
+            Some(slot) => slot,
+            None => self.streams.admit(),
+        };
         let waits = self.wait_for_ready || request.extensions().get::<WaitForReady>().is_some();
-        if waits && self.dial.failed() {
-            return ReadyFuture {
-                state: ReadyState::Waiting {
-                    wait: Box::pin(wait_then_send(self.clone(), request)),
-                },
-            };
-        }
-        ReadyFuture {
-            state: ReadyState::Sent {
+        let state = if waits && self.dial.failed() {
+            ReadyState::Waiting {
+                wait: Box::pin(wait_then_send(self.clone(), request)),
+            }
+        } else {
+            ReadyState::Sent {
                 inner: self.channel.call(request),
-            },
+            }
+        };
+        ReadyFuture {
+            state,
+            slot: Some(slot),
         }
     }
 }
@@ -363,6 +462,8 @@ pin_project! {
     pub struct ReadyFuture {
         #[pin]
         state: ReadyState,
+        // The call's stream, handed on to the response body.
+        slot: Option<Slot>,
     }
 }
 
@@ -380,13 +481,67 @@ pin_project! {
 }
 
 impl Future for ReadyFuture {
-    type Output = Answer;
+    type Output = Result<Response<ReadyBody>, tonic::transport::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
-        match self.project().state.project() {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(match this.state.project() {
             ReadyStateProj::Sent { inner } => inner.poll(cx),
             ReadyStateProj::Waiting { wait } => wait.as_mut().poll(cx),
+        });
+        let slot = this.slot.take();
+        Poll::Ready(answer.map(|response| response.map(|inner| ReadyBody { inner, slot })))
+    }
+}
+
+pin_project! {
+    /// The response body of [`ReadyChannel`]: tonic's, holding the call's
+    /// stream on the connection until it ends or is dropped.
+    ///
+    /// ```
+    /// use http_body::Body as _;
+    /// fn is_http_body<B: http_body::Body>() {}
+    /// is_http_body::<tonic_deadline::client::ReadyBody>();
+    /// ```
+    pub struct ReadyBody {
+        #[pin]
+        inner: Body,
+        slot: Option<Slot>,
+    }
+}
+
+impl http_body::Body for ReadyBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let polled = std::task::ready!(this.inner.poll_frame(cx));
+        // The stream is free once it ended: an error, the end, or trailers
+        // (always the last frame).
+        if !matches!(&polled, Some(Ok(frame)) if frame.is_data()) {
+            *this.slot = None;
         }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl fmt::Debug for ReadyBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadyBody")
+            .field("holds_stream", &self.slot.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -463,6 +618,7 @@ impl fmt::Debug for ReadyChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadyChannel")
             .field("connected", &self.is_connected())
+            .field("streams", &self.streams)
             .finish_non_exhaustive()
     }
 }
@@ -590,6 +746,8 @@ struct Dialer<C: Service<Uri>> {
     stash: Mutex<Option<Stashed<C::Response>>>,
     /// Where to measure each connection's round trip, and how often.
     round_trip: Option<(RoundTrip, Duration)>,
+    /// Told the limit each connection's server sets.
+    streams: Arc<Streams>,
 }
 
 impl<C> Dialer<C>
@@ -730,6 +888,11 @@ where
                 io,
                 on_close,
                 meter,
+                scan: Some(Box::new(Scanned {
+                    scan: SettingsScan::default(),
+                    streams: dialer.streams.clone(),
+                    scratch: Vec::new(),
+                })),
             })
         })
     }
@@ -743,6 +906,25 @@ struct LinkedIo<T> {
     /// Set when the channel measures round trips: reads then go through a
     /// buffer of ours, to take our PING ACKs out.
     meter: Option<Box<Metered>>,
+    /// Reads the server's stream limit; `None` once the stream turned out
+    /// not to be HTTP/2 in the clear.
+    scan: Option<Box<Scanned>>,
+}
+
+/// A [`SettingsScan`] of the bytes the server sends, and where it reports.
+struct Scanned {
+    scan: SettingsScan,
+    streams: Arc<Streams>,
+    /// Reads land here first, to be scanned, when no [`Metered`] reads them.
+    scratch: Vec<u8>,
+}
+
+impl Scanned {
+    fn scan(&mut self, bytes: &[u8]) {
+        if let Limit::Set(limit) = self.scan.scan(bytes) {
+            self.streams.set_limit(limit);
+        }
+    }
 }
 
 /// A [`Meter`] and the read bytes waiting for hyper.
@@ -795,8 +977,27 @@ impl<T: Read + Unpin> Read for LinkedIo<T> {
         mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.scan.as_ref().is_some_and(|s| s.scan.is_off()) {
+            this.scan = None;
+        }
         let Some(metered) = this.meter.as_deref_mut() else {
-            return Pin::new(&mut this.io).poll_read(cx, buf);
+            let Some(scanned) = this.scan.as_deref_mut() else {
+                return Pin::new(&mut this.io).poll_read(cx, buf);
+            };
+            // Read into our buffer, no more than hyper has room for, scan,
+            // and hand it all over.
+            let room = buf.remaining().min(16 * 1024);
+            if scanned.scratch.len() < room {
+                scanned.scratch.resize(room, 0);
+            }
+            let mut read = hyper::rt::ReadBuf::new(&mut scanned.scratch[..room]);
+            std::task::ready!(Pin::new(&mut this.io).poll_read(cx, read.unfilled()))?;
+            let filled = read.filled();
+            if let Limit::Set(limit) = scanned.scan.scan(filled) {
+                scanned.streams.set_limit(limit);
+            }
+            buf.put_slice(filled);
+            return Poll::Ready(Ok(()));
         };
         loop {
             if metered.hand_over(&mut buf) {
@@ -815,6 +1016,9 @@ impl<T: Read + Unpin> Read for LinkedIo<T> {
             // hand it an empty read, which would mean the end.
             let now = tokio::time::Instant::now();
             let filled = filled.to_vec();
+            if let Some(scanned) = this.scan.as_deref_mut() {
+                scanned.scan(&filled);
+            }
             metered.meter.read(&filled, now, &mut metered.ready);
         }
     }

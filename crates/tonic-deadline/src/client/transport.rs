@@ -41,6 +41,34 @@ pub(crate) fn lost_connection_status(
     })
 }
 
+/// The status for `err` if it is an HTTP/2 guard against reset streams
+/// closing the connection (`GOAWAY ENHANCE_YOUR_CALM`): it names which side's
+/// guard tripped and the setting that moves it. `None` for anything else.
+///
+/// tonic alone says `RESOURCE_EXHAUSTED: h2 protocol error: …`, which names
+/// neither. Deadlines make such closes likely: every call that ends before
+/// its answer resets its stream.
+pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::Status> {
+    let h2 = chain(err).find_map(|err| err.downcast_ref::<h2::Error>())?;
+    if !h2.is_go_away() || h2.reason() != Some(h2::Reason::ENHANCE_YOUR_CALM) {
+        return None;
+    }
+    Some(if h2.is_remote() {
+        tonic::Status::resource_exhausted(
+            "the server closed the connection for too many reset streams (HTTP/2 GOAWAY \
+             ENHANCE_YOUR_CALM): calls that end before their answer reset their streams; \
+             give the server the guards of tonic_deadline::server::reset_guards",
+        )
+    } else {
+        tonic::Status::unavailable(
+            "this client closed its connection for too many frames on streams it had reset \
+             and forgotten (HTTP/2 ENHANCE_YOUR_CALM): remember more resets \
+             (ReadyChannelBuilder::remembered_resets, or \
+             Endpoint::http2_max_concurrent_reset_streams for a tonic Channel)",
+        )
+    })
+}
+
 /// Whether `err` (or what caused it) is the connection going away: an I/O
 /// failure of the socket, seen directly or through h2.
 fn is_connection_lost(err: &(dyn Error + 'static)) -> bool {
@@ -177,6 +205,82 @@ mod tests {
             cut.feed(&Bytes::copy_from_slice(head).chain(Bytes::copy_from_slice(tail)));
             assert!(cut.is_mid_message(), "one byte short, split at {split}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_reset_guard_closing_the_connection_is_named_with_its_side_and_fix() {
+        let theirs = h2::Error::from(h2::Reason::ENHANCE_YOUR_CALM);
+        assert!(
+            reset_guard_status(&theirs).is_none(),
+            "a stream reset with that reason is not a connection closed"
+        );
+        for (side, expect) in [
+            (true, (tonic::Code::ResourceExhausted, "reset_guards")),
+            (false, (tonic::Code::Unavailable, "remembered_resets")),
+        ] {
+            let err = go_away(side).await;
+            let status = reset_guard_status(&err).unwrap_or_else(|| {
+                panic!("remote {side}: a GOAWAY ENHANCE_YOUR_CALM is named: {err:?}")
+            });
+            assert_eq!(status.code(), expect.0);
+            assert!(
+                status.message().contains(expect.1),
+                "remote {side}: the message must name the fix: {}",
+                status.message()
+            );
+            let wrapped = tonic::Status::from_error(Box::new(go_away(side).await));
+            assert!(
+                reset_guard_status(&wrapped).is_some(),
+                "found through tonic's status too"
+            );
+        }
+        let calm = h2::Error::from(h2::Reason::NO_ERROR);
+        assert!(reset_guard_status(&calm).is_none());
+    }
+
+    /// A GOAWAY ENHANCE_YOUR_CALM from the peer (`remote`) or from h2 on
+    /// this side, as h2 reports it to a call on the connection: an h2
+    /// client talks to a peer that writes raw frames.
+    async fn go_away(remote: bool) -> h2::Error {
+        use tokio::io::AsyncWriteExt;
+        let (ours, mut theirs) = tokio::io::duplex(1 << 16);
+        let mut builder = h2::client::Builder::new();
+        // A reset stream is forgotten at once, and there is no room for a
+        // single error of the peer's making: the first frame on a reset
+        // stream trips the guard on this side.
+        builder.max_concurrent_reset_streams(0);
+        builder.max_local_error_reset_streams(Some(0));
+        let (mut client, connection) = builder
+            .handshake::<_, bytes::Bytes>(ours)
+            .await
+            .expect("handshake");
+        let connection = tokio::spawn(connection);
+        let request = || {
+            http::Request::post("http://peer/")
+                .body(())
+                .expect("request")
+        };
+        // Stream 1, given up: RST_STREAM.
+        let (given_up, body) = client.send_request(request(), false).expect("sent");
+        tokio::task::yield_now().await;
+        drop((given_up, body));
+        tokio::task::yield_now().await;
+        let (response, _body) = client.send_request(request(), false).expect("sent");
+        let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0]; // SETTINGS
+        if remote {
+            // GOAWAY, last stream 0, ENHANCE_YOUR_CALM
+            frames.extend([0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11]);
+        } else {
+            // DATA on stream 1, which was reset and forgotten
+            frames.extend([0, 0, 1, 0x0, 0, 0, 0, 0, 1, 0]);
+        }
+        theirs.write_all(&frames).await.expect("written");
+        let err = response
+            .await
+            .expect_err("the connection is closed under the call");
+        drop(theirs);
+        let _ = connection.await;
+        err
     }
 
     #[test]
