@@ -1,0 +1,199 @@
+//! HTTP/2's guards against reset streams, as `server::reset_guards` sets
+//! them: a Rapid Reset flood (CVE-2023-44487) — streams opened and reset at
+//! once, as fast as a socket takes them — is still cut off, and an honest
+//! client on another connection keeps its latency.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use probe::CallRequest;
+use probe::frames::{FrameParser, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS};
+use probe::probe_server::ProbeServer;
+use tokio::time::Instant;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_deadline::{Scope, ServerDeadlineLayer};
+
+use crate::common::{Events, Node, PATIENCE, connect, loopback};
+
+const END_HEADERS: u8 = 0x4;
+const ENHANCE_YOUR_CALM: u32 = 11;
+
+/// A request's header block in HPACK, with no dynamic table (the same bytes
+/// fit every stream): POST http /probe.Probe/Call, application/grpc.
+fn request_block(authority: &str) -> Vec<u8> {
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http (static)
+    let literal = |block: &mut Vec<u8>, name_index: u8, value: &[u8]| {
+        block.push(name_index); // literal without indexing, indexed name
+        block.push(u8::try_from(value.len()).expect("short value"));
+        block.extend_from_slice(value);
+    };
+    literal(&mut block, 0x04, b"/probe.Probe/Call"); // :path
+    literal(&mut block, 0x01, authority.as_bytes()); // :authority
+    block.extend([0x0f, 0x10]); // content-type (static index 31)
+    block.push(16);
+    block.extend_from_slice(b"application/grpc");
+    block.push(0x00); // te: trailers, literal name
+    block.push(2);
+    block.extend_from_slice(b"te");
+    block.push(8);
+    block.extend_from_slice(b"trailers");
+    block
+}
+
+fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    let len = payload.len();
+    out.extend([(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// What the flooding connection saw.
+#[derive(Debug)]
+struct Flood {
+    /// Streams opened and reset.
+    streams: u32,
+    /// The GOAWAY's error code and last stream, if one came.
+    go_away: Option<(u32, u32)>,
+    /// The server closed (or reset) the connection.
+    closed: bool,
+}
+
+/// Opens a raw connection to `addr` and writes HEADERS + RST_STREAM pairs
+/// on it as fast as the socket takes them until the server closes it or
+/// `stop` is set.
+fn flood_one(addr: SocketAddr, stop: &AtomicBool) -> Flood {
+    let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
+    tcp.set_nodelay(true).expect("nodelay");
+    let mut start = PREFACE.to_vec();
+    frame(&mut start, SETTINGS, 0, 0, &[]);
+    tcp.write_all(&start).expect("the preface is taken");
+    let mut reader = tcp.try_clone().expect("a second handle");
+    let read_side = std::thread::spawn(move || {
+        let mut parser = FrameParser::server_to_client();
+        let mut buf = vec![0; 64 * 1024];
+        let mut go_away = None;
+        while let Ok(n @ 1..) = reader.read(&mut buf) {
+            for parsed in parser.feed(&buf[..n]) {
+                if parsed.frame.kind == GOAWAY && parsed.payload.len() >= 8 {
+                    let p = &parsed.payload;
+                    let last = u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
+                    go_away = Some((parsed.error_code().unwrap_or_default(), last));
+                }
+            }
+        }
+        go_away
+    });
+    let block = request_block(&addr.to_string());
+    let mut streams = 0u32;
+    let mut closed = false;
+    let mut batch = Vec::new();
+    let mut id = 1u32;
+    while !stop.load(Ordering::Relaxed) {
+        batch.clear();
+        for _ in 0..512 {
+            frame(&mut batch, HEADERS, END_HEADERS, id, &block);
+            frame(&mut batch, RST_STREAM, 0, id, &8u32.to_be_bytes()); // CANCEL
+            id += 2;
+        }
+        if tcp.write_all(&batch).is_err() {
+            closed = true;
+            break;
+        }
+        streams += 512;
+    }
+    let _ = tcp.shutdown(std::net::Shutdown::Both);
+    Flood {
+        streams,
+        go_away: read_side.join().expect("the reading thread"),
+        closed,
+    }
+}
+
+/// Floods `addr` on one connection from a thread of its own, until the
+/// server cuts it off or `stop` is set.
+fn flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Flood> {
+    std::thread::spawn(move || flood_one(addr, &stop))
+}
+
+/// One call with a 5 s budget; how long it took.
+async fn timed_call(client: &mut crate::common::Client) -> Duration {
+    let started = Instant::now();
+    Scope::background()
+        .with_timeout(Duration::from_secs(5))
+        .enter(client.call(CallRequest::default()))
+        .await
+        .expect("an honest call is answered");
+    started.elapsed()
+}
+
+fn median(mut took: Vec<Duration>) -> Duration {
+    took.sort();
+    took[took.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rapid_reset_flood_is_cut_off_and_an_honest_client_keeps_its_latency() {
+    let (_events, tx) = Events::new();
+    let (listener, addr) = loopback().await;
+    #[allow(clippy::disallowed_methods)] // the server outlives every request
+    tokio::spawn(
+        tonic_deadline::server::reset_guards(Server::builder())
+            .layer(ServerDeadlineLayer::new())
+            .add_service(ProbeServer::new(Node::new("S", &tx)))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let mut honest = connect(addr).await;
+    for _ in 0..50 {
+        timed_call(&mut honest).await; // warm-up
+    }
+    let mut quiet = Vec::new();
+    for _ in 0..200 {
+        quiet.push(timed_call(&mut honest).await);
+    }
+    let quiet = median(quiet);
+
+    // The honest client calls on while one connection floods, until the
+    // server has cut it off.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = flood(addr, stop.clone());
+    let started = Instant::now();
+    let mut flooded = Vec::new();
+    while !flooding.is_finished() {
+        if started.elapsed() > PATIENCE {
+            stop.store(true, Ordering::Relaxed);
+        }
+        flooded.push(timed_call(&mut honest).await);
+    }
+    let lasted = started.elapsed();
+    let flood = tokio::task::spawn_blocking(move || flooding.join().expect("the flood thread"))
+        .await
+        .expect("joined");
+
+    let (code, last_stream) = flood
+        .go_away
+        .unwrap_or_else(|| panic!("the flooding connection must be sent a GOAWAY: {flood:?}"));
+    assert_eq!(
+        code, ENHANCE_YOUR_CALM,
+        "the GOAWAY must say why: {flood:?}"
+    );
+    assert!(flood.closed, "and the connection must be closed: {flood:?}");
+    let processed = last_stream.div_ceil(2);
+    assert!(
+        processed < flood.streams,
+        "the server stops processing the flood's streams: {flood:?}"
+    );
+    let calls = flooded.len();
+    let under_flood = median(flooded);
+    assert!(
+        under_flood <= quiet * 3,
+        "an honest client keeps its latency: median {under_flood:?} of {calls} calls under the flood, {quiet:?} without"
+    );
+    eprintln!(
+        "flood cut off after {processed} of {} streams, in {lasted:?}; honest median {quiet:?} quiet, {under_flood:?} over {calls} calls flooded",
+        flood.streams
+    );
+}
