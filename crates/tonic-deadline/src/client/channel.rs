@@ -89,7 +89,11 @@ use crate::timeout_header::{self, GRPC_TIMEOUT};
 /// # }
 /// ```
 ///
-/// Clones share the connection, as tonic's do.
+/// Clones share the connection, as tonic's do. Each call holds a stream of
+/// the connection from readiness until its response body ends or is
+/// dropped; a clone that got ready holds one for its next call (as a
+/// tower `ConcurrencyLimit` holds a permit), so drop clones you no longer
+/// call rather than keep them ready.
 pub struct ReadyChannel {
     channel: Channel,
     link: Arc<Link>,

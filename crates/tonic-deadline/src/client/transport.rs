@@ -254,6 +254,7 @@ mod tests {
             .handshake::<_, bytes::Bytes>(ours)
             .await
             .expect("handshake");
+        #[allow(clippy::disallowed_methods)] // the connection is no request's work
         let connection = tokio::spawn(connection);
         let request = || {
             http::Request::post("http://peer/")
