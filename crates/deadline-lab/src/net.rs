@@ -67,13 +67,15 @@ pub fn endpoint(addr: SocketAddr) -> anyhow::Result<Endpoint> {
 /// An open plain tonic channel to `addr` (the connection is made before
 /// returning): the baseline the benchmarks compare against.
 ///
-/// It remembers as many reset streams as a `ReadyChannel` does, set by
-/// hand as the guide tells a plain tonic user to: a load generator that
-/// gives up on calls at their deadline would otherwise close its own
-/// connections (h2: "locally-reset streams reached limit").
+/// It remembers as many reset streams as a `ReadyChannel` does, and lifts
+/// h2's bound on answering late frames, set by hand as the guide tells a
+/// plain tonic user to: a load generator that gives up on calls at their
+/// deadline would otherwise close its own connections (h2:
+/// "locally-reset streams reached limit").
 pub async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
     Ok(endpoint(addr)?
         .http2_max_concurrent_reset_streams(REMEMBERED_RESETS)
+        .http2_max_local_error_reset_streams(None)
         .connect()
         .await?)
 }

@@ -33,11 +33,18 @@
 //! Deadlines reset streams: every call that outlives its deadline or is
 //! cancelled ends with an `RST_STREAM`, and the server's answer may still
 //! be on its way. h2 ignores frames on a stream it reset only while it
-//! remembers the reset — 50 streams for 1 s by default — and counts a frame
-//! on a forgotten one as an error; after 1 024 of those on a connection it
-//! closes the connection (`GOAWAY ENHANCE_YOUR_CALM`). A channel remembers
-//! [`REMEMBERED_RESETS`] reset streams instead
-//! ([`ReadyChannelBuilder::remembered_resets`]).
+//! remembers the reset — 50 streams for 1 s by default — and answers a
+//! frame on a forgotten one with a reset of its own, which it counts; after
+//! 1 024 of those in a connection's life it closes the connection
+//! (`GOAWAY ENHANCE_YOUR_CALM`). A channel remembers [`REMEMBERED_RESETS`]
+//! reset streams instead ([`ReadyChannelBuilder::remembered_resets`]), and
+//! sets no bound on those answers: they are one small frame for each frame
+//! the server sent, and a count that never goes down closes a busy
+//! connection sooner or later — a connection task held off the CPU for a
+//! second forgets every stream it reset before, and the answers already
+//! waiting in its socket all count. (That bound is a server's defence
+//! against clients that make it reset streams; a server that makes its
+//! client answer with resets gains nothing.)
 //!
 //! What remains: the hop through tonic's own queue (tens of microseconds),
 //! and a TLS handshake, which tonic performs after our connector returns
@@ -164,12 +171,12 @@ impl ReadyChannelBuilder {
     ///
     /// Every call that ends before its answer — at its deadline, cancelled —
     /// resets its stream, and the server's answer may still arrive. h2
-    /// ignores it while it remembers the reset; for a forgotten stream it
-    /// counts an error, and after 1 024 of those (the endpoint's
-    /// `http2_max_local_error_reset_streams`) it closes the connection,
-    /// failing every call on it (`UNAVAILABLE`, naming this setting). Set it
-    /// above the resets a second one connection may see; each remembered
-    /// stream costs a few hundred bytes while it is remembered.
+    /// ignores it while it remembers the reset; on a forgotten stream it
+    /// answers with another reset. Set it above the resets a second one
+    /// connection may see; each remembered stream costs a few hundred bytes
+    /// while it is remembered. The channel also lifts h2's bound on those
+    /// answers (it replaces the endpoint's
+    /// `http2_max_local_error_reset_streams` with none).
     ///
     /// ```no_run
     /// use tonic::transport::Endpoint;
@@ -262,6 +269,7 @@ impl ReadyChannelBuilder {
         self.endpoint
             .clone()
             .http2_max_concurrent_reset_streams(self.remembered_resets)
+            .http2_max_local_error_reset_streams(None)
     }
 
     fn parts<C>(&self, connector: C) -> (Parts, Linked<C>)

@@ -63,8 +63,8 @@ pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::S
         tonic::Status::unavailable(
             "this client closed its connection for too many frames on streams it had reset \
              and forgotten (HTTP/2 ENHANCE_YOUR_CALM): remember more resets \
-             (ReadyChannelBuilder::remembered_resets, or \
-             Endpoint::http2_max_concurrent_reset_streams for a tonic Channel)",
+             (Endpoint::http2_max_concurrent_reset_streams) and lift the bound \
+             (Endpoint::http2_max_local_error_reset_streams(None)), as ReadyChannel does",
         )
     })
 }
@@ -216,7 +216,13 @@ mod tests {
         );
         for (side, expect) in [
             (true, (tonic::Code::ResourceExhausted, "reset_guards")),
-            (false, (tonic::Code::Unavailable, "remembered_resets")),
+            (
+                false,
+                (
+                    tonic::Code::Unavailable,
+                    "http2_max_local_error_reset_streams",
+                ),
+            ),
         ] {
             let err = go_away(side).await;
             let status = reset_guard_status(&err).unwrap_or_else(|| {
