@@ -310,20 +310,7 @@ mod tests {
     use super::*;
 
     fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
-        let len = payload.len();
-        let mut f = vec![
-            (len >> 16) as u8,
-            (len >> 8) as u8,
-            len as u8,
-            kind,
-            flags,
-            0,
-            0,
-            0,
-            1,
-        ];
-        f.extend_from_slice(payload);
-        f
+        crate::client::streams::tests::frame(kind, flags, 1, payload)
     }
 
     #[tokio::test(start_paused = true)]

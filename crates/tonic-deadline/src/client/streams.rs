@@ -320,12 +320,13 @@ impl SettingsScan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
 
-    fn frame(kind: u8, flags: u8, stream: u8, payload: &[u8]) -> Vec<u8> {
+    /// An HTTP/2 frame on `stream`.
+    pub(in crate::client) fn frame(kind: u8, flags: u8, stream: u8, payload: &[u8]) -> Vec<u8> {
         let len = payload.len();
         let mut f = vec![
             (len >> 16) as u8,
