@@ -333,10 +333,9 @@ enum Bench {
         #[arg(long)]
         max_pending_accept_resets: Option<usize>,
         /// Streams each client connection remembers having reset, so that
-        /// late frames on them are ignored; a late frame on a forgotten one
-        /// counts toward h2's limit of 1024 protocol errors, after which the
-        /// client closes the connection (h2's default is 50). Without it,
-        /// `ReadyChannel`'s default.
+        /// late frames on them are ignored (h2's default is 50); h2 charges
+        /// each small DATA frame it ignores to a budget that closes the
+        /// connection when spent. Without it, `ReadyChannel`'s default: none.
         #[arg(long)]
         remembered_resets: Option<usize>,
     },

@@ -92,12 +92,12 @@ pub struct Load {
     /// `tonic_deadline::server::reset_guards` sets.
     pub pending_accept_resets: Option<usize>,
     /// How many streams each client connection remembers having reset
-    /// (for one second), so that the peer's late frames on them are
-    /// ignored. A late frame on a forgotten stream is a protocol error
-    /// that h2 counts, and after 1 024 of them it closes its own connection
-    /// (`ENHANCE_YOUR_CALM`). Every expired deadline is a reset, so more
-    /// than h2's default of 50 a second reach it. `None`: `ReadyChannel`'s
-    /// default.
+    /// (for one second). h2 ignores the peer's late frames on a remembered
+    /// stream but charges each small DATA frame among them, for good, to
+    /// the connection's budget for small DATA frames, and closes the
+    /// connection when it runs out (`ENHANCE_YOUR_CALM`); on a forgotten
+    /// stream it answers with a reset, which `ReadyChannel` lets it do
+    /// without bound. `None`: `ReadyChannel`'s default, none.
     pub remembered_resets: Option<usize>,
 }
 

@@ -32,19 +32,19 @@
 //!
 //! Deadlines reset streams: every call that outlives its deadline or is
 //! cancelled ends with an `RST_STREAM`, and the server's answer may still
-//! be on its way. h2 ignores frames on a stream it reset only while it
-//! remembers the reset — 50 streams for 1 s by default — and answers a
-//! frame on a forgotten one with a reset of its own, which it counts; after
-//! 1 024 of those in a connection's life it closes the connection
-//! (`GOAWAY ENHANCE_YOUR_CALM`). A channel remembers [`REMEMBERED_RESETS`]
-//! reset streams instead ([`ReadyChannelBuilder::remembered_resets`]), and
-//! sets no bound on those answers: they are one small frame for each frame
-//! the server sent, and a count that never goes down closes a busy
-//! connection sooner or later — a connection task held off the CPU for a
-//! second forgets every stream it reset before, and the answers already
-//! waiting in its socket all count. (That bound is a server's defence
-//! against clients that make it reset streams; a server that makes its
-//! client answer with resets gains nothing.)
+//! be on its way. h2 remembers a stream it reset — 50 of them, for 1 s, by
+//! default — and ignores frames on it; but it charges each small DATA
+//! frame it ignores there, for good, to the connection's budget for small
+//! DATA frames, and closes the connection once that runs out
+//! (`GOAWAY ENHANCE_YOUR_CALM`, "too_many_data_frames"). A frame on a
+//! stream it has forgotten it answers with a reset of its own instead,
+//! which costs no budget but counts toward another bound (1 024 in the
+//! connection's life). So a channel remembers no reset streams
+//! ([`REMEMBERED_RESETS`], [`ReadyChannelBuilder::remembered_resets`]) and
+//! lifts that bound: a late answer costs one small frame back, and a
+//! deadline storm never closes the connection. (Both guards defend a
+//! server from clients; a server that makes its client answer with resets
+//! gains nothing.)
 //!
 //! What remains: the hop through tonic's own queue (tens of microseconds),
 //! and a TLS handshake, which tonic performs after our connector returns
@@ -130,12 +130,13 @@ impl Clone for ReadyChannel {
 }
 
 /// How many reset streams a [`ReadyChannel`]'s connection remembers (for
-/// h2's 1 s) unless set otherwise: h2's own default is 50.
+/// h2's 1 s) unless set otherwise: none (h2's own default is 50). See
+/// [`ReadyChannelBuilder::remembered_resets`].
 ///
 /// ```
-/// assert!(tonic_deadline::client::REMEMBERED_RESETS > 50);
+/// assert_eq!(tonic_deadline::client::REMEMBERED_RESETS, 0);
 /// ```
-pub const REMEMBERED_RESETS: usize = 4096;
+pub const REMEMBERED_RESETS: usize = 0;
 
 /// Builds a [`ReadyChannel`] with options; the shortcuts on `ReadyChannel`
 /// build one with none.
@@ -166,24 +167,25 @@ pub struct ReadyChannelBuilder {
 
 impl ReadyChannelBuilder {
     /// How many streams it reset each connection remembers, for h2's 1 s;
-    /// [`REMEMBERED_RESETS`] by default. It replaces the endpoint's
-    /// `http2_max_concurrent_reset_streams`.
+    /// none ([`REMEMBERED_RESETS`]) by default. It replaces the endpoint's
+    /// `http2_max_concurrent_reset_streams`; the channel also replaces the
+    /// endpoint's `http2_max_local_error_reset_streams` with no bound.
     ///
     /// Every call that ends before its answer — at its deadline, cancelled —
-    /// resets its stream, and the server's answer may still arrive. h2
-    /// ignores it while it remembers the reset; on a forgotten stream it
-    /// answers with another reset. Set it above the resets a second one
-    /// connection may see; each remembered stream costs a few hundred bytes
-    /// while it is remembered. The channel also lifts h2's bound on those
-    /// answers (it replaces the endpoint's
-    /// `http2_max_local_error_reset_streams` with none).
+    /// resets its stream, and the server's answer may still arrive. On a
+    /// remembered stream h2 ignores it, but charges each small DATA frame to
+    /// the connection's budget for them, for good: under deadline storms a
+    /// connection that remembers resets is closed in the end
+    /// (`UNAVAILABLE`, naming "too_many_data_frames"). On a forgotten
+    /// stream h2 answers with a reset, one small frame back. Remember
+    /// streams only for a server that must not see those answers.
     ///
     /// ```no_run
     /// use tonic::transport::Endpoint;
     /// use tonic_deadline::client::ReadyChannel;
     /// let endpoint = Endpoint::from_static("http://127.0.0.1:50051");
-    /// // A client that gives up on 20 000 calls a second on one connection.
-    /// let channel = ReadyChannel::builder(&endpoint).remembered_resets(32_768).lazy();
+    /// // h2's own default.
+    /// let channel = ReadyChannel::builder(&endpoint).remembered_resets(50).lazy();
     /// # let _ = channel;
     /// ```
     pub fn remembered_resets(mut self, streams: usize) -> Self {

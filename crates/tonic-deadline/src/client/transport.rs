@@ -53,17 +53,26 @@ pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::S
     if !h2.is_go_away() || h2.reason() != Some(h2::Reason::ENHANCE_YOUR_CALM) {
         return None;
     }
+    // h2 says which of its guards closed the connection only in the
+    // GOAWAY's debug data, which it shows in its `Debug` form alone.
+    let small_data = format!("{h2:?}").contains("too_many_data_frames");
     Some(if h2.is_remote() {
         tonic::Status::resource_exhausted(
             "the server closed the connection for too many reset streams (HTTP/2 GOAWAY \
              ENHANCE_YOUR_CALM): calls that end before their answer reset their streams; \
              give the server the guards of tonic_deadline::server::reset_guards",
         )
+    } else if small_data {
+        tonic::Status::unavailable(
+            "this client closed its connection: h2's budget for small DATA frames ran out \
+             (HTTP/2 ENHANCE_YOUR_CALM, too_many_data_frames); h2 also charges it, for good, \
+             with each answer that arrives on a stream it reset and still remembers: remember \
+             none (Endpoint::http2_max_concurrent_reset_streams(0), as ReadyChannel does)",
+        )
     } else {
         tonic::Status::unavailable(
             "this client closed its connection for too many frames on streams it had reset \
-             and forgotten (HTTP/2 ENHANCE_YOUR_CALM): remember more resets \
-             (Endpoint::http2_max_concurrent_reset_streams) and lift the bound \
+             and forgotten (HTTP/2 ENHANCE_YOUR_CALM): lift the bound \
              (Endpoint::http2_max_local_error_reset_streams(None)), as ReadyChannel does",
         )
     })
@@ -215,23 +224,33 @@ mod tests {
             "a stream reset with that reason is not a connection closed"
         );
         for (side, expect) in [
-            (true, (tonic::Code::ResourceExhausted, "reset_guards")),
             (
-                false,
+                Guard::Server,
+                (tonic::Code::ResourceExhausted, "reset_guards"),
+            ),
+            (
+                Guard::Resets,
                 (
                     tonic::Code::Unavailable,
-                    "http2_max_local_error_reset_streams",
+                    "http2_max_local_error_reset_streams(None)",
+                ),
+            ),
+            (
+                Guard::SmallData,
+                (
+                    tonic::Code::Unavailable,
+                    "http2_max_concurrent_reset_streams(0)",
                 ),
             ),
         ] {
             let err = go_away(side).await;
             let status = reset_guard_status(&err).unwrap_or_else(|| {
-                panic!("remote {side}: a GOAWAY ENHANCE_YOUR_CALM is named: {err:?}")
+                panic!("{side:?}: a GOAWAY ENHANCE_YOUR_CALM is named: {err:?}")
             });
             assert_eq!(status.code(), expect.0);
             assert!(
                 status.message().contains(expect.1),
-                "remote {side}: the message must name the fix: {}",
+                "{side:?}: the message must name the fix: {}",
                 status.message()
             );
             let wrapped = tonic::Status::from_error(Box::new(go_away(side).await));
@@ -244,18 +263,35 @@ mod tests {
         assert!(reset_guard_status(&calm).is_none());
     }
 
-    /// A GOAWAY ENHANCE_YOUR_CALM from the peer (`remote`) or from h2 on
-    /// this side, as h2 reports it to a call on the connection: an h2
-    /// client talks to a peer that writes raw frames.
-    async fn go_away(remote: bool) -> h2::Error {
+    /// Which guard closes the connection.
+    #[derive(Debug, Clone, Copy)]
+    enum Guard {
+        /// The server's: it sends GOAWAY ENHANCE_YOUR_CALM.
+        Server,
+        /// The client's bound on resets answering frames on forgotten
+        /// streams.
+        Resets,
+        /// The client's budget for small DATA frames.
+        SmallData,
+    }
+
+    /// A GOAWAY ENHANCE_YOUR_CALM from `guard`, as h2 reports it to a call
+    /// on the connection: an h2 client talks to a peer that writes raw
+    /// frames.
+    async fn go_away(guard: Guard) -> h2::Error {
         use tokio::io::AsyncWriteExt;
-        let (ours, mut theirs) = tokio::io::duplex(1 << 16);
+        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
         let mut builder = h2::client::Builder::new();
-        // A reset stream is forgotten at once, and there is no room for a
-        // single error of the peer's making: the first frame on a reset
-        // stream trips the guard on this side.
-        builder.max_concurrent_reset_streams(0);
-        builder.max_local_error_reset_streams(Some(0));
+        if let Guard::SmallData = guard {
+            // Stream 1's reset is remembered: frames on it are ignored.
+            builder.max_concurrent_reset_streams(1);
+        } else {
+            // A reset stream is forgotten at once, and there is no room
+            // for a single error of the peer's making: the first frame on a
+            // reset stream trips the guard on this side.
+            builder.max_concurrent_reset_streams(0);
+            builder.max_local_error_reset_streams(Some(0));
+        }
         let (mut client, connection) = builder
             .handshake::<_, bytes::Bytes>(ours)
             .await
@@ -274,12 +310,20 @@ mod tests {
         tokio::task::yield_now().await;
         let (response, _body) = client.send_request(request(), false).expect("sent");
         let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0]; // SETTINGS
-        if remote {
+        match guard {
             // GOAWAY, last stream 0, ENHANCE_YOUR_CALM
-            frames.extend([0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11]);
-        } else {
+            Guard::Server => {
+                frames.extend([0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11]);
+            }
             // DATA on stream 1, which was reset and forgotten
-            frames.extend([0, 0, 1, 0x0, 0, 0, 0, 0, 1, 0]);
+            Guard::Resets => frames.extend([0, 0, 1, 0x0, 0, 0, 0, 0, 1, 0]),
+            // Small DATA frames on stream 1, reset and remembered: ignored,
+            // and charged to the budget (half the 64 KiB window) for good.
+            Guard::SmallData => {
+                for _ in 0..200 {
+                    frames.extend([0, 0, 1, 0x0, 0, 0, 0, 0, 1, 0]);
+                }
+            }
         }
         theirs.write_all(&frames).await.expect("written");
         let err = response

@@ -1,7 +1,9 @@
-//! HTTP/2's guards against reset streams, as `server::reset_guards` sets
-//! them: a Rapid Reset flood (CVE-2023-44487) — streams opened and reset at
+//! HTTP/2's guards against reset streams: as `server::reset_guards` sets
+//! them, a Rapid Reset flood (CVE-2023-44487) — streams opened and reset at
 //! once, as fast as a socket takes them — is still cut off, and an honest
-//! client on another connection keeps its latency.
+//! client on another connection keeps its latency; as `ReadyChannel` sets
+//! them, answers that arrive after their call gave up never close the
+//! client's connection.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -11,11 +13,14 @@ use std::time::Duration;
 
 use probe::CallRequest;
 use probe::frames::{FrameParser, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS};
+use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
-use tonic_deadline::{Scope, ServerDeadlineLayer};
+use tonic::transport::{Endpoint, Server};
+use tonic_deadline::client::ReadyChannel;
+use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
+use tower::Layer;
 
 use crate::common::{Events, Node, PATIENCE, connect, loopback};
 
@@ -195,4 +200,64 @@ async fn a_rapid_reset_flood_is_cut_off_and_an_honest_client_keeps_its_latency()
         "flood cut off after {processed} of {} streams, in {lasted:?}; honest median {quiet:?} quiet, {under_flood:?} over {calls} calls flooded",
         flood.streams
     );
+}
+
+/// Calls that give up before their answer, on one `ReadyChannel`
+/// connection to a server that answers every call 30 ms late (plain tonic:
+/// it ignores deadlines), `at_once` at a time; their statuses.
+async fn give_up_on_late_answers(channel: ReadyChannel, calls: usize) -> Vec<tonic::Code> {
+    let client = ProbeClient::new(ClientDeadlineLayer::new().layer(channel));
+    let at_once = 32;
+    let mut codes = Vec::with_capacity(calls);
+    for _ in 0..calls / at_once {
+        let round = (0..at_once).map(|_| {
+            let mut client = client.clone();
+            async move {
+                Scope::background()
+                    .with_timeout(Duration::from_millis(5))
+                    .enter(client.call(CallRequest::default()))
+                    .await
+            }
+        });
+        for answer in futures_util::future::join_all(round).await {
+            codes.push(answer.map_or_else(|status| status.code(), |_| tonic::Code::Ok));
+        }
+    }
+    codes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_answers_to_calls_that_gave_up_do_not_close_the_client_connection() {
+    let (_events, tx) = Events::new();
+    let (listener, addr) = loopback().await;
+    #[allow(clippy::disallowed_methods)] // the server outlives every request
+    tokio::spawn(
+        Server::builder()
+            .add_service(ProbeServer::new(
+                Node::new("S", &tx).working(Duration::from_millis(30)),
+            ))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    // h2 budgets a connection's small DATA frames at half its window: a
+    // small window makes a small budget, so that a few hundred calls would
+    // spend it if late answers were charged to it.
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .initial_connection_window_size(65_535);
+    let channel = ReadyChannel::connect(&endpoint).await.expect("connects");
+    let codes = give_up_on_late_answers(channel.clone(), 640).await;
+    let others: Vec<_> = codes
+        .iter()
+        .filter(|c| **c != tonic::Code::DeadlineExceeded)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "every call that gave up must say so, and none may fail with its connection: {others:?}"
+    );
+    let mut client = ProbeClient::new(ClientDeadlineLayer::new().layer(channel));
+    Scope::background()
+        .with_timeout(Duration::from_secs(5))
+        .enter(client.call(CallRequest::default()))
+        .await
+        .expect("the connection still serves");
 }
