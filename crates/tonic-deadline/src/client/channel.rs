@@ -73,7 +73,7 @@ use pin_project_lite::pin_project;
 
 use super::WaitForReady;
 use super::round_trip::{Meter, RoundTrip};
-use super::streams::{Limit, SettingsScan, Slot, Streams, Ticket};
+use super::streams::{Limit, Resets, SettingsScan, Slot, Streams, Ticket};
 use crate::BoxError;
 use crate::timeout_header::{self, GRPC_TIMEOUT};
 
@@ -906,6 +906,7 @@ where
                     scan: SettingsScan::default(),
                     streams: dialer.streams.clone(),
                     scratch: Vec::new(),
+                    resets: Resets::default(),
                 })),
             })
         })
@@ -925,18 +926,32 @@ struct LinkedIo<T> {
     scan: Option<Box<Scanned>>,
 }
 
-/// A [`SettingsScan`] of the bytes the server sends, and where it reports.
+/// A [`SettingsScan`] of the bytes the server sends, where it reports, and
+/// the streams the client reset (see [`Resets`]).
 struct Scanned {
     scan: SettingsScan,
     streams: Arc<Streams>,
     /// Reads land here first, to be scanned, when no [`Metered`] reads them.
     scratch: Vec<u8>,
+    resets: Resets,
 }
 
 impl Scanned {
-    fn scan(&mut self, bytes: &[u8]) {
-        if let Limit::Set(limit) = self.scan.scan(bytes) {
+    fn scan(&mut self, bytes: &mut [u8]) {
+        if let Limit::Set(limit) = self.scan.scan(bytes, &self.resets) {
             self.streams.set_limit(limit);
+        }
+    }
+
+    /// Follows the first `n` bytes of `bufs`, written.
+    fn wrote(&mut self, bufs: &[io::IoSlice<'_>], mut n: usize) {
+        for buf in bufs {
+            if n == 0 {
+                break;
+            }
+            let take = n.min(buf.len());
+            self.resets.wrote(&buf[..take]);
+            n -= take;
         }
     }
 }
@@ -1006,11 +1021,11 @@ impl<T: Read + Unpin> Read for LinkedIo<T> {
             }
             let mut read = hyper::rt::ReadBuf::new(&mut scanned.scratch[..room]);
             std::task::ready!(Pin::new(&mut this.io).poll_read(cx, read.unfilled()))?;
-            let filled = read.filled();
-            if let Limit::Set(limit) = scanned.scan.scan(filled) {
-                scanned.streams.set_limit(limit);
-            }
-            buf.put_slice(filled);
+            let n = read.filled().len();
+            let mut filled = std::mem::take(&mut scanned.scratch);
+            scanned.scan(&mut filled[..n]);
+            buf.put_slice(&filled[..n]);
+            scanned.scratch = filled;
             return Poll::Ready(Ok(()));
         };
         loop {
@@ -1029,9 +1044,9 @@ impl<T: Read + Unpin> Read for LinkedIo<T> {
             // Our ACKs alone leave nothing for hyper: read on rather than
             // hand it an empty read, which would mean the end.
             let now = tokio::time::Instant::now();
-            let filled = filled.to_vec();
+            let mut filled = filled.to_vec();
             if let Some(scanned) = this.scan.as_deref_mut() {
-                scanned.scan(&filled);
+                scanned.scan(&mut filled);
             }
             metered.meter.read(&filled, now, &mut metered.ready);
         }
@@ -1046,7 +1061,11 @@ impl<T: Write + Unpin> Write for LinkedIo<T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let Some(metered) = this.meter.as_deref_mut() else {
-            return Pin::new(&mut this.io).poll_write(cx, buf);
+            let n = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
+            if let Some(scanned) = this.scan.as_deref_mut() {
+                scanned.resets.wrote(&buf[..n]);
+            }
+            return Poll::Ready(Ok(n));
         };
         // Our PING, if one is due, goes first, whole.
         loop {
@@ -1062,6 +1081,9 @@ impl<T: Write + Unpin> Write for LinkedIo<T> {
         }
         let n = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
         metered.meter.wrote(&buf[..n]);
+        if let Some(scanned) = this.scan.as_deref_mut() {
+            scanned.resets.wrote(&buf[..n]);
+        }
         Poll::Ready(Ok(n))
     }
 
@@ -1080,7 +1102,7 @@ impl<T: Write + Unpin> Write for LinkedIo<T> {
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
@@ -1091,6 +1113,11 @@ impl<T: Write + Unpin> Write for LinkedIo<T> {
                 .map_or(&[][..], |b| &**b);
             return self.poll_write(cx, first);
         }
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let n = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs))?;
+        if let Some(scanned) = this.scan.as_deref_mut() {
+            scanned.wrote(bufs, n);
+        }
+        Poll::Ready(Ok(n))
     }
 }

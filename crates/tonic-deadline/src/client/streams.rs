@@ -23,8 +23,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 const FRAME_HEADER: usize = 9;
+const DATA: u8 = 0x0;
+const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const ACK: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
+/// The client connection preface.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// How many of the streams it reset a connection's scans keep in mind.
+const RESETS_KEPT: usize = 4096;
 const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 const SETTING_LEN: usize = 6;
 
@@ -261,8 +268,10 @@ impl SettingsScan {
         self.off
     }
 
-    /// Follows `bytes` through the framing.
-    pub(crate) fn scan(&mut self, mut bytes: &[u8]) -> Limit {
+    /// Follows `bytes` through the framing. A DATA frame on a stream in
+    /// `resets` is marked as its stream's last (see [`Resets`]), when its
+    /// header lies whole in `bytes`.
+    pub(crate) fn scan(&mut self, mut bytes: &mut [u8], resets: &Resets) -> Limit {
         let mut limit = Limit::Same;
         while !bytes.is_empty() && !self.off {
             if self.payload > 0 {
@@ -271,13 +280,17 @@ impl SettingsScan {
                     self.settings(&bytes[..n], &mut limit);
                 }
                 self.payload -= n;
-                bytes = &bytes[n..];
+                bytes = &mut std::mem::take(&mut bytes)[n..];
                 continue;
             }
+            let whole = self.header_len == 0 && bytes.len() >= FRAME_HEADER;
             let n = (FRAME_HEADER - self.header_len).min(bytes.len());
             self.header[self.header_len..self.header_len + n].copy_from_slice(&bytes[..n]);
             self.header_len += n;
-            bytes = &bytes[n..];
+            if whole {
+                resets.end_late_data(&mut bytes[..FRAME_HEADER]);
+            }
+            bytes = &mut std::mem::take(&mut bytes)[n..];
             if self.header_len < FRAME_HEADER {
                 continue;
             }
@@ -316,6 +329,103 @@ impl SettingsScan {
                 }
             }
         }
+    }
+}
+
+/// The streams a connection's client reset, read from what it writes.
+///
+/// h2 (0.4.20) charges every small DATA frame that does not end its stream
+/// to a budget of the connection, and gives the charge back only when the
+/// application reads the frame; it closes the connection when the budget
+/// runs out (`ENHANCE_YOUR_CALM`, "too_many_data_frames"). A DATA frame
+/// that arrives on a stream the client has reset is never read — h2
+/// ignores it, as HTTP/2 asks — yet is charged all the same, so under
+/// deadline storms, where every call that gives up resets its stream and
+/// answers keep arriving, the budget drains for good and the connection is
+/// closed in the end. Such a frame is marked as the last of its stream
+/// before h2 reads it: h2 ignores it just the same, and charges nothing
+/// for a stream's last frame.
+#[derive(Debug, Default)]
+pub(crate) struct Resets {
+    /// The last [`RESETS_KEPT`] streams reset, oldest first.
+    ids: VecDeque<u32>,
+    written: WriteScan,
+}
+
+impl Resets {
+    /// Follows bytes the client wrote.
+    pub(crate) fn wrote(&mut self, bytes: &[u8]) {
+        if let Some(ids) = self.written.scan(bytes) {
+            for id in ids {
+                if self.ids.len() == RESETS_KEPT {
+                    self.ids.pop_front();
+                }
+                self.ids.push_back(id);
+            }
+        }
+    }
+
+    /// Marks `header`, a frame header read whole, as its stream's last if
+    /// it is a DATA frame on a stream the client reset.
+    fn end_late_data(&self, header: &mut [u8]) {
+        if header[3] != DATA || header[4] & END_STREAM != 0 || self.ids.is_empty() {
+            return;
+        }
+        let id = u32::from_be_bytes([header[5] & 0x7f, header[6], header[7], header[8]]);
+        if self.ids.contains(&id) {
+            header[4] |= END_STREAM;
+        }
+    }
+}
+
+/// Follows the frames a client writes and finds its RST_STREAMs.
+#[derive(Debug, Default)]
+struct WriteScan {
+    preface: usize,
+    header: [u8; FRAME_HEADER],
+    header_len: usize,
+    payload: usize,
+    /// The stream did not open with the HTTP/2 preface (TLS below us).
+    off: bool,
+}
+
+impl WriteScan {
+    /// The streams reset in `bytes`, if any.
+    fn scan(&mut self, mut bytes: &[u8]) -> Option<Vec<u32>> {
+        let mut reset = None;
+        while !bytes.is_empty() && !self.off {
+            if self.preface < PREFACE.len() {
+                let n = (PREFACE.len() - self.preface).min(bytes.len());
+                if bytes[..n] != PREFACE[self.preface..self.preface + n] {
+                    self.off = true;
+                    return None;
+                }
+                self.preface += n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            if self.payload > 0 {
+                let n = self.payload.min(bytes.len());
+                self.payload -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let n = (FRAME_HEADER - self.header_len).min(bytes.len());
+            self.header[self.header_len..self.header_len + n].copy_from_slice(&bytes[..n]);
+            self.header_len += n;
+            bytes = &bytes[n..];
+            if self.header_len < FRAME_HEADER {
+                continue;
+            }
+            self.header_len = 0;
+            let h = &self.header;
+            self.payload = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+            if h[3] == RST_STREAM {
+                let id = u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]);
+                reset.get_or_insert_with(Vec::new).push(id);
+            }
+        }
+        reset
     }
 }
 
@@ -372,7 +482,7 @@ pub(super) mod tests {
         let mut seen = Vec::new();
         // One byte at a time: every split of a frame must be handled.
         for byte in &stream {
-            if let Limit::Set(limit) = scan.scan(std::slice::from_ref(byte)) {
+            if let Limit::Set(limit) = scan.scan(&mut [*byte], &Resets::default()) {
                 seen.push(limit);
             }
         }
@@ -382,7 +492,7 @@ pub(super) mod tests {
             "the first SETTINGS resets to unlimited, then each value; a HEADERS payload is not read"
         );
         assert_eq!(
-            SettingsScan::default().scan(&stream),
+            SettingsScan::default().scan(&mut stream.clone(), &Resets::default()),
             Limit::Set(Some(100)),
             "in one read, the last value counts"
         );
@@ -391,12 +501,61 @@ pub(super) mod tests {
     #[test]
     fn a_stream_that_does_not_open_with_settings_is_not_read() {
         // A TLS ServerHello record, as seen below a TLS layer.
-        let tls = [0x16, 0x03, 0x03, 0x00, 0x7a, 0x02, 0x00, 0x00, 0x76, 0x03];
+        let mut tls = [0x16, 0x03, 0x03, 0x00, 0x7a, 0x02, 0x00, 0x00, 0x76, 0x03];
         let mut scan = SettingsScan::default();
-        assert_eq!(scan.scan(&tls), Limit::Same);
+        assert_eq!(scan.scan(&mut tls, &Resets::default()), Limit::Same);
         assert!(scan.is_off());
-        let settings = frame(SETTINGS, 0, 0, &setting(SETTINGS_MAX_CONCURRENT_STREAMS, 0));
-        assert_eq!(scan.scan(&settings), Limit::Same, "never read again");
+        let mut settings = frame(SETTINGS, 0, 0, &setting(SETTINGS_MAX_CONCURRENT_STREAMS, 0));
+        assert_eq!(
+            scan.scan(&mut settings, &Resets::default()),
+            Limit::Same,
+            "never read again"
+        );
+        let mut resets = Resets::default();
+        resets.wrote(&tls);
+        resets.wrote(&frame(RST_STREAM, 0, 1, &[0, 0, 0, 8]));
+        assert!(
+            resets.ids.is_empty(),
+            "a write stream without the preface is not read"
+        );
+    }
+
+    #[test]
+    fn a_late_data_frame_on_a_stream_the_client_reset_is_marked_as_its_last() {
+        let mut resets = Resets::default();
+        let mut written = PREFACE.to_vec();
+        written.extend(frame(SETTINGS, 0, 0, &[]));
+        written.extend(frame(0x1, 0x4, 1, b"headers"));
+        written.extend(frame(0x1, 0x4, 3, b"headers"));
+        written.extend(frame(RST_STREAM, 0, 3, &[0, 0, 0, 8]));
+        // One byte at a time: a split header must still be found.
+        for byte in &written {
+            resets.wrote(std::slice::from_ref(byte));
+        }
+        assert_eq!(resets.ids, [3]);
+
+        let mut read = frame(SETTINGS, 0, 0, &[]);
+        let on_reset = read.len();
+        read.extend(frame(DATA, 0, 3, b"late"));
+        let on_open = read.len();
+        read.extend(frame(DATA, 0, 1, b"answer"));
+        let mut scan = SettingsScan::default();
+        scan.scan(&mut read, &resets);
+        assert_eq!(
+            read[on_reset + 4],
+            END_STREAM,
+            "the reset stream's DATA ends it"
+        );
+        assert_eq!(
+            read[on_open + 4],
+            0,
+            "an open stream's DATA is left as it is"
+        );
+        assert_eq!(
+            read[on_reset + 9..on_reset + 13],
+            *b"late",
+            "nothing else changes"
+        );
     }
 
     struct Count(AtomicUsize);

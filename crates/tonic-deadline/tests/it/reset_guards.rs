@@ -256,24 +256,32 @@ async fn late_answers_to_calls_that_gave_up_do_not_close_the_client_connection()
     );
     // h2 budgets a connection's small DATA frames at half its window: a
     // small window makes a small budget, so that a few hundred calls would
-    // spend it if late answers were charged to it.
+    // spend it if late answers were charged to it — on a channel that
+    // remembers no reset streams (the default) and on one that remembers
+    // many (whose late answers h2 ignores, and would charge).
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .expect("uri")
         .initial_connection_window_size(65_535);
-    let channel = ReadyChannel::connect(&endpoint).await.expect("connects");
-    let codes = give_up_on_late_answers(channel.clone(), 640).await;
-    let others: Vec<_> = codes
-        .iter()
-        .filter(|c| **c != tonic::Code::DeadlineExceeded)
-        .collect();
-    assert!(
-        others.is_empty(),
-        "every call that gave up must say so, and none may fail with its connection: {others:?}"
-    );
-    let mut client = ProbeClient::new(ClientDeadlineLayer::new().layer(channel));
-    Scope::background()
-        .with_timeout(Duration::from_secs(5))
-        .enter(client.call(CallRequest::default()))
-        .await
-        .expect("the connection still serves");
+    for remembered in [None, Some(4096)] {
+        let mut builder = ReadyChannel::builder(&endpoint);
+        if let Some(streams) = remembered {
+            builder = builder.remembered_resets(streams);
+        }
+        let channel = builder.connect().await.expect("connects");
+        let codes = give_up_on_late_answers(channel.clone(), 640).await;
+        let others: Vec<_> = codes
+            .iter()
+            .filter(|c| **c != tonic::Code::DeadlineExceeded)
+            .collect();
+        assert!(
+            others.is_empty(),
+            "remembering {remembered:?}: every call that gave up must say so, and none may fail with its connection: {others:?}"
+        );
+        let mut client = ProbeClient::new(ClientDeadlineLayer::new().layer(channel));
+        Scope::background()
+            .with_timeout(Duration::from_secs(5))
+            .enter(client.call(CallRequest::default()))
+            .await
+            .expect("the connection still serves");
+    }
 }
