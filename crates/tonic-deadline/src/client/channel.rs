@@ -41,10 +41,13 @@
 //! which costs no budget but counts toward another bound (1 024 in the
 //! connection's life). So a channel remembers no reset streams
 //! ([`REMEMBERED_RESETS`], [`ReadyChannelBuilder::remembered_resets`]) and
-//! lifts that bound: a late answer costs one small frame back, and a
-//! deadline storm never closes the connection. (Both guards defend a
-//! server from clients; a server that makes its client answer with resets
-//! gains nothing.)
+//! lifts that bound: a late answer costs one small frame back. h2 also
+//! charges a frame that arrives while a stream it reset is still held; so
+//! the connection's stream follows the `RST_STREAM`s the client writes and
+//! marks a DATA frame read on such a stream as the stream's last, which h2
+//! ignores just the same and does not charge. A deadline storm then never
+//! closes the connection. (Both guards defend a server from clients; a
+//! server that makes its client answer with resets gains nothing.)
 //!
 //! What remains: the hop through tonic's own queue (tens of microseconds),
 //! and a TLS handshake, which tonic performs after our connector returns
