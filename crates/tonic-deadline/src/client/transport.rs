@@ -65,9 +65,11 @@ pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::S
     } else if small_data {
         tonic::Status::unavailable(
             "this client closed its connection: h2's budget for small DATA frames ran out \
-             (HTTP/2 ENHANCE_YOUR_CALM, too_many_data_frames); h2 also charges it, for good, \
-             with each answer that arrives on a stream it reset and still remembers: remember \
-             none (Endpoint::http2_max_concurrent_reset_streams(0), as ReadyChannel does)",
+             (HTTP/2 ENHANCE_YOUR_CALM, too_many_data_frames); h2 charges it, for good, with \
+             the small DATA frames it ignores on streams this client reset: remember none \
+             (Endpoint::http2_max_concurrent_reset_streams(0)); ReadyChannel does, and marks \
+             such frames so that h2 does not charge them, all but answers that cross their \
+             reset; the channel connects again",
         )
     } else {
         tonic::Status::unavailable(
