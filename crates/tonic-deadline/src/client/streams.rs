@@ -22,6 +22,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
+use super::round_trip::Frames;
+
 const FRAME_HEADER: usize = 9;
 const DATA: u8 = 0x0;
 const RST_STREAM: u8 = 0x3;
@@ -381,10 +383,9 @@ impl Resets {
 /// Follows the frames a client writes and finds its RST_STREAMs.
 #[derive(Debug, Default)]
 struct WriteScan {
+    /// Preface bytes seen.
     preface: usize,
-    header: [u8; FRAME_HEADER],
-    header_len: usize,
-    payload: usize,
+    frames: Frames,
     /// The stream did not open with the HTTP/2 preface (TLS below us).
     off: bool,
 }
@@ -392,39 +393,24 @@ struct WriteScan {
 impl WriteScan {
     /// The streams reset in `bytes`, if any.
     fn scan(&mut self, mut bytes: &[u8]) -> Option<Vec<u32>> {
-        let mut reset = None;
-        while !bytes.is_empty() && !self.off {
-            if self.preface < PREFACE.len() {
-                let n = (PREFACE.len() - self.preface).min(bytes.len());
-                if bytes[..n] != PREFACE[self.preface..self.preface + n] {
-                    self.off = true;
-                    return None;
-                }
-                self.preface += n;
-                bytes = &bytes[n..];
-                continue;
+        if self.preface < PREFACE.len() && !self.off {
+            let n = (PREFACE.len() - self.preface).min(bytes.len());
+            if bytes[..n] != PREFACE[self.preface..self.preface + n] {
+                self.off = true;
             }
-            if self.payload > 0 {
-                let n = self.payload.min(bytes.len());
-                self.payload -= n;
-                bytes = &bytes[n..];
-                continue;
-            }
-            let n = (FRAME_HEADER - self.header_len).min(bytes.len());
-            self.header[self.header_len..self.header_len + n].copy_from_slice(&bytes[..n]);
-            self.header_len += n;
+            self.preface += n;
             bytes = &bytes[n..];
-            if self.header_len < FRAME_HEADER {
-                continue;
-            }
-            self.header_len = 0;
-            let h = &self.header;
-            self.payload = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+        }
+        if self.off {
+            return None;
+        }
+        let mut reset = None;
+        self.frames.advance_with(bytes, |h| {
             if h[3] == RST_STREAM {
                 let id = u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]);
                 reset.get_or_insert_with(Vec::new).push(id);
             }
-        }
+        });
         reset
     }
 }
