@@ -328,15 +328,16 @@ enum Bench {
         concurrency: usize,
         /// Streams a client may have reset before the server accepted them,
         /// at one time on one connection, before the server closes it
-        /// (hyper's rapid-reset guard). 0 keeps hyper's default, 20.
-        #[arg(long, default_value_t = bench::soak::PENDING_ACCEPT_RESETS)]
-        max_pending_accept_resets: usize,
+        /// (hyper's rapid-reset guard; hyper's default is 20). Without it,
+        /// what `tonic_deadline::server::reset_guards` sets.
+        #[arg(long)]
+        max_pending_accept_resets: Option<usize>,
         /// Streams each client connection remembers having reset, so that
-        /// late frames on them are ignored; a late frame on a forgotten one
-        /// counts toward h2's limit of 1024 protocol errors, after which the
-        /// client closes the connection. 0 keeps h2's default, 50.
-        #[arg(long, default_value_t = bench::soak::REMEMBERED_RESETS)]
-        remembered_resets: usize,
+        /// late frames on them are ignored (h2's default is 50); h2 charges
+        /// each small DATA frame it ignores to a budget that closes the
+        /// connection when spent. Without it, `ReadyChannel`'s default: none.
+        #[arg(long)]
+        remembered_resets: Option<usize>,
     },
 }
 
@@ -648,9 +649,8 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                         calls,
                         max: Duration::from_secs(max_seconds),
                         concurrency: concurrency.clamp(1, 4096),
-                        pending_accept_resets: (max_pending_accept_resets > 0)
-                            .then_some(max_pending_accept_resets),
-                        remembered_resets: (remembered_resets > 0).then_some(remembered_resets),
+                        pending_accept_resets: max_pending_accept_resets,
+                        remembered_resets,
                         ..Default::default()
                     })
                     .await?

@@ -7,7 +7,8 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::{Channel, Endpoint, Server};
-use tonic_deadline::client::{ClientDeadline, ReadyChannel};
+use tonic_deadline::client::{ClientDeadline, REMEMBERED_RESETS, ReadyChannel};
+use tonic_deadline::server::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS, reset_guards};
 use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer};
 
 /// A channel whose calls carry and obey the current scope, and whose budget
@@ -16,6 +17,14 @@ pub type Layered = ClientDeadline<ReadyChannel>;
 
 /// Binds `addr` (port 0 picks a free one) and serves `routes` there in the
 /// background, behind `layer` when given (plain tonic otherwise).
+///
+/// Both have HTTP/2's reset guards set for deadlines: ours with the
+/// library's one call (`tonic_deadline::server::reset_guards`), plain tonic
+/// with the same figures through tonic's own builder, by hand, as the guide
+/// tells a plain tonic user to. Otherwise every load that gives up on calls
+/// at a deadline would see the plain server close its connections
+/// (`GOAWAY ENHANCE_YOUR_CALM`), and the comparisons would measure h2's
+/// guard instead of what they are about.
 pub async fn serve(
     addr: &str,
     routes: Routes,
@@ -30,11 +39,16 @@ pub async fn serve(
     });
     match layer.map(crate::metrics::server_layer) {
         Some(layer) => {
-            let server = Server::builder().layer(layer).add_routes(routes);
+            let server = reset_guards(Server::builder())
+                .layer(layer)
+                .add_routes(routes);
             tonic_deadline::detach(server.serve_with_incoming(incoming));
         }
         None => {
-            let server = Server::builder().add_routes(routes);
+            let server = Server::builder()
+                .http2_max_pending_accept_reset_streams(Some(PENDING_ACCEPT_RESETS))
+                .http2_max_local_error_reset_streams(Some(LOCAL_ERROR_RESETS))
+                .add_routes(routes);
             tonic_deadline::detach(server.serve_with_incoming(incoming));
         }
     }
@@ -52,8 +66,18 @@ pub fn endpoint(addr: SocketAddr) -> anyhow::Result<Endpoint> {
 
 /// An open plain tonic channel to `addr` (the connection is made before
 /// returning): the baseline the benchmarks compare against.
+///
+/// It remembers as many reset streams as a `ReadyChannel` does, and lifts
+/// h2's bound on answering late frames, set by hand as the guide tells a
+/// plain tonic user to: a load generator that gives up on calls at their
+/// deadline would otherwise close its own connections (h2:
+/// "locally-reset streams reached limit").
 pub async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
-    Ok(endpoint(addr)?.connect().await?)
+    Ok(endpoint(addr)?
+        .http2_max_concurrent_reset_streams(REMEMBERED_RESETS)
+        .http2_max_local_error_reset_streams(None)
+        .connect()
+        .await?)
 }
 
 /// A client channel to `addr` through our layer, connected before returning.

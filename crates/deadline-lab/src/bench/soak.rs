@@ -48,8 +48,9 @@ use tonic::service::Routes;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::admission::Admission;
-use tonic_deadline::client::ReadyChannel;
+use tonic_deadline::client::{ReadyChannel, ReadyChannelBuilder};
 use tonic_deadline::db::sqlite::SqlitePool;
+use tonic_deadline::server::reset_guards;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::net::{self, Layered};
@@ -65,13 +66,6 @@ const ROWS_PER_MS: u64 = 6_000;
 
 /// C's longest query, in rows: half a millisecond of counting.
 const MAX_ROWS: u64 = ROWS_PER_MS / 2;
-
-/// The soak's rapid-reset guard: above any concurrency it runs.
-pub const PENDING_ACCEPT_RESETS: usize = 4096;
-
-/// The soak's clients' memory of streams they reset (see
-/// [`Load::remembered_resets`]).
-pub const REMEMBERED_RESETS: usize = 4096;
 
 /// How many calls and for how long.
 #[derive(Debug, Clone)]
@@ -94,16 +88,16 @@ pub struct Load {
     /// client may have reset before the server accepted them, at one time
     /// on one connection, before the server closes the connection
     /// (`GOAWAY ENHANCE_YOUR_CALM`). Every expired deadline is a reset, so
-    /// short deadlines under load trip hyper's default of 20 (`None`); an
-    /// honest client cannot exceed its own concurrency.
+    /// short deadlines under load trip hyper's default of 20. `None`: what
+    /// `tonic_deadline::server::reset_guards` sets.
     pub pending_accept_resets: Option<usize>,
     /// How many streams each client connection remembers having reset
-    /// (for one second), so that the peer's late frames on them are
-    /// ignored. A late frame on a forgotten stream is a protocol error
-    /// that h2 counts, and after 1 024 of them it closes its own connection
-    /// (`GOAWAY ENHANCE_YOUR_CALM`): every call on it fails with
-    /// `RESOURCE_EXHAUSTED` or `UNKNOWN`. Every expired deadline is a reset,
-    /// so more than 50 a second (`None`: h2's default) reach it.
+    /// (for one second). h2 ignores the peer's late frames on a remembered
+    /// stream but charges each small DATA frame among them, for good, to
+    /// the connection's budget for small DATA frames, and closes the
+    /// connection when it runs out (`ENHANCE_YOUR_CALM`); on a forgotten
+    /// stream it answers with a reset, which `ReadyChannel` lets it do
+    /// without bound. `None`: `ReadyChannel`'s default, none.
     pub remembered_resets: Option<usize>,
 }
 
@@ -117,8 +111,8 @@ impl Default for Load {
             seed: 0x5eed,
             permits: 8,
             connections: 4,
-            pending_accept_resets: Some(PENDING_ACCEPT_RESETS),
-            remembered_resets: Some(REMEMBERED_RESETS),
+            pending_accept_resets: None,
+            remembered_resets: None,
         }
     }
 }
@@ -168,11 +162,10 @@ pub struct Soak {
     pub connections_after_warmup: u64,
     /// TCP connections open to A, B and C after the last call.
     pub connections_end: u64,
-    /// The rapid-reset guard the hops ran with (`None`: hyper's default).
-    pub pending_accept_resets: Option<usize>,
-    /// The reset streams each client connection remembered (`None`: h2's
-    /// default).
-    pub remembered_resets: Option<usize>,
+    /// The rapid-reset guard the hops ran with.
+    pub pending_accept_resets: usize,
+    /// The reset streams each client connection remembered.
+    pub remembered_resets: usize,
     /// C's admission permits in use after the last call.
     pub permits_held: u64,
     /// C's SQLite connections not back in the pool after the last call.
@@ -481,31 +474,23 @@ async fn drive(
 }
 
 /// A hop that forwards at once to `next` through our client layer.
-fn forwarder(
-    name: &'static str,
-    next: SocketAddr,
-    remembered: Option<usize>,
-) -> anyhow::Result<Routes> {
-    let next = Next::Layered(ProbeClient::new(net::layered(ReadyChannel::lazy(
-        &endpoint(next, remembered)?,
-    ))));
+fn forwarder(name: &'static str, next: SocketAddr, remembered: usize) -> anyhow::Result<Routes> {
+    let next = Next::Layered(ProbeClient::new(net::layered(
+        channel(next, remembered)?.lazy(),
+    )));
     Ok(Hop::new(name, Plan::default(), Some(next)).routes())
 }
 
-/// A channel's endpoint at `addr`, remembering `remembered` reset streams
-/// (h2's default if `None`).
-fn endpoint(addr: SocketAddr, remembered: Option<usize>) -> anyhow::Result<Endpoint> {
+/// A channel to `addr` remembering `remembered` reset streams.
+fn channel(addr: SocketAddr, remembered: usize) -> anyhow::Result<ReadyChannelBuilder> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?.tcp_nodelay(true);
-    Ok(match remembered {
-        Some(n) => endpoint.http2_max_concurrent_reset_streams(n),
-        None => endpoint,
-    })
+    Ok(ReadyChannel::builder(&endpoint).remembered_resets(remembered))
 }
 
 /// Serves `routes` behind our server layer on a free loopback port, with
-/// the rapid-reset guard set to `pending_accept_resets` (hyper's default if
-/// `None`).
-async fn serve(routes: Routes, pending_accept_resets: Option<usize>) -> anyhow::Result<SocketAddr> {
+/// the library's reset guards and the rapid-reset guard set to
+/// `pending_accept_resets`.
+async fn serve(routes: Routes, pending_accept_resets: usize) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let incoming = TcpListenerStream::new(listener).map(|conn| {
@@ -513,8 +498,8 @@ async fn serve(routes: Routes, pending_accept_resets: Option<usize>) -> anyhow::
             let _ = stream.set_nodelay(true);
         })
     });
-    let server = Server::builder()
-        .http2_max_pending_accept_reset_streams(pending_accept_resets)
+    let server = reset_guards(Server::builder())
+        .http2_max_pending_accept_reset_streams(Some(pending_accept_resets))
         .layer(ServerDeadlineLayer::new())
         .add_routes(routes);
     tonic_deadline::detach(server.serve_with_incoming(incoming));
@@ -619,16 +604,20 @@ pub async fn run(load: Load) -> anyhow::Result<Soak> {
         pool: SqlitePool::open_in_memory(load.connections.max(1))?,
         children: Arc::new(AtomicU64::new(0)),
     };
-    let guard = load.pending_accept_resets;
+    let guard = load
+        .pending_accept_resets
+        .unwrap_or(tonic_deadline::server::PENDING_ACCEPT_RESETS);
     let c = serve(Routes::new(ProbeServer::new(store.clone())), guard).await?;
-    let remembered = load.remembered_resets;
+    let remembered = load
+        .remembered_resets
+        .unwrap_or(tonic_deadline::client::REMEMBERED_RESETS);
     let b = serve(forwarder("B", c, remembered)?, guard).await?;
     let a = serve(forwarder("A", b, remembered)?, guard).await?;
     let ports = [a.port(), b.port(), c.port()];
     let mut clients = Vec::new();
     for _ in 0..4 {
         clients.push(ProbeClient::new(net::layered(
-            ReadyChannel::connect(&endpoint(a, remembered)?).await?,
+            channel(a, remembered)?.connect().await?,
         )));
     }
 

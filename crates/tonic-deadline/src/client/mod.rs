@@ -59,6 +59,8 @@ mod future;
 mod layer;
 #[cfg(feature = "channel")]
 mod round_trip;
+#[cfg(feature = "channel")]
+mod streams;
 mod transport;
 mod unscoped;
 
@@ -80,7 +82,7 @@ use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 pub use body::ClientBody;
 use body::RequestBody;
 #[cfg(feature = "channel")]
-pub use channel::{ReadyChannel, ReadyChannelBuilder, ReadyFuture};
+pub use channel::{REMEMBERED_RESETS, ReadyBody, ReadyChannel, ReadyChannelBuilder, ReadyFuture};
 pub use future::ResponseFuture;
 pub use layer::ClientDeadlineLayer;
 #[cfg(feature = "channel")]

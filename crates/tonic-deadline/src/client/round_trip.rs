@@ -106,7 +106,7 @@ impl fmt::Debug for RoundTrip {
 
 /// Where a byte stream is in HTTP/2's framing.
 #[derive(Debug, Default)]
-struct Frames {
+pub(super) struct Frames {
     /// Preface bytes still to come (writes only).
     preface: usize,
     header: [u8; FRAME_HEADER],
@@ -123,7 +123,17 @@ impl Frames {
     }
 
     /// Follows `bytes` through the framing.
-    fn advance(&mut self, mut bytes: &[u8]) {
+    fn advance(&mut self, bytes: &[u8]) {
+        self.advance_with(bytes, |_| {});
+    }
+
+    /// Follows `bytes` through the framing, showing `header` each frame's
+    /// header once it is whole.
+    pub(super) fn advance_with(
+        &mut self,
+        mut bytes: &[u8],
+        mut header: impl FnMut(&[u8; FRAME_HEADER]),
+    ) {
         while !bytes.is_empty() {
             if self.preface > 0 {
                 let n = self.preface.min(bytes.len());
@@ -143,6 +153,7 @@ impl Frames {
                 bytes = &bytes[n..];
                 if self.header_len == FRAME_HEADER {
                     self.header_len = 0;
+                    header(&self.header);
                     self.payload = payload_len(&self.header);
                     if self.payload == 0 {
                         self.frames += 1;
@@ -310,20 +321,7 @@ mod tests {
     use super::*;
 
     fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
-        let len = payload.len();
-        let mut f = vec![
-            (len >> 16) as u8,
-            (len >> 8) as u8,
-            len as u8,
-            kind,
-            flags,
-            0,
-            0,
-            0,
-            1,
-        ];
-        f.extend_from_slice(payload);
-        f
+        crate::client::streams::tests::frame(kind, flags, 1, payload)
     }
 
     #[tokio::test(start_paused = true)]

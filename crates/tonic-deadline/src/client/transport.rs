@@ -41,6 +41,45 @@ pub(crate) fn lost_connection_status(
     })
 }
 
+/// The status for `err` if it is an HTTP/2 guard against reset streams
+/// closing the connection (`GOAWAY ENHANCE_YOUR_CALM`): it names which side's
+/// guard tripped and the setting that moves it. `None` for anything else.
+///
+/// tonic alone says `RESOURCE_EXHAUSTED: h2 protocol error: …`, which names
+/// neither. Deadlines make such closes likely: every call that ends before
+/// its answer resets its stream.
+pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::Status> {
+    let h2 = chain(err).find_map(|err| err.downcast_ref::<h2::Error>())?;
+    if !h2.is_go_away() || h2.reason() != Some(h2::Reason::ENHANCE_YOUR_CALM) {
+        return None;
+    }
+    // h2 says which of its guards closed the connection only in the
+    // GOAWAY's debug data, which it shows in its `Debug` form alone.
+    let small_data = format!("{h2:?}").contains("too_many_data_frames");
+    Some(if h2.is_remote() {
+        tonic::Status::resource_exhausted(
+            "the server closed the connection for too many reset streams (HTTP/2 GOAWAY \
+             ENHANCE_YOUR_CALM): calls that end before their answer reset their streams; \
+             give the server the guards of tonic_deadline::server::reset_guards",
+        )
+    } else if small_data {
+        tonic::Status::unavailable(
+            "this client closed its connection: h2's budget for small DATA frames ran out \
+             (HTTP/2 ENHANCE_YOUR_CALM, too_many_data_frames); h2 charges it, for good, with \
+             the small DATA frames it ignores on streams this client reset: remember none \
+             (Endpoint::http2_max_concurrent_reset_streams(0)); ReadyChannel does, and marks \
+             such frames so that h2 does not charge them, all but answers that cross their \
+             reset; the channel connects again",
+        )
+    } else {
+        tonic::Status::unavailable(
+            "this client closed its connection for too many frames on streams it had reset \
+             and forgotten (HTTP/2 ENHANCE_YOUR_CALM): lift the bound \
+             (Endpoint::http2_max_local_error_reset_streams(None)), as ReadyChannel does",
+        )
+    })
+}
+
 /// Whether `err` (or what caused it) is the connection going away: an I/O
 /// failure of the socket, seen directly or through h2.
 fn is_connection_lost(err: &(dyn Error + 'static)) -> bool {
@@ -177,6 +216,124 @@ mod tests {
             cut.feed(&Bytes::copy_from_slice(head).chain(Bytes::copy_from_slice(tail)));
             assert!(cut.is_mid_message(), "one byte short, split at {split}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_reset_guard_closing_the_connection_is_named_with_its_side_and_fix() {
+        let theirs = h2::Error::from(h2::Reason::ENHANCE_YOUR_CALM);
+        assert!(
+            reset_guard_status(&theirs).is_none(),
+            "a stream reset with that reason is not a connection closed"
+        );
+        for (side, expect) in [
+            (
+                Guard::Server,
+                (tonic::Code::ResourceExhausted, "reset_guards"),
+            ),
+            (
+                Guard::Resets,
+                (
+                    tonic::Code::Unavailable,
+                    "http2_max_local_error_reset_streams(None)",
+                ),
+            ),
+            (
+                Guard::SmallData,
+                (
+                    tonic::Code::Unavailable,
+                    "http2_max_concurrent_reset_streams(0)",
+                ),
+            ),
+        ] {
+            let err = go_away(side).await;
+            let status = reset_guard_status(&err).unwrap_or_else(|| {
+                panic!("{side:?}: a GOAWAY ENHANCE_YOUR_CALM is named: {err:?}")
+            });
+            assert_eq!(status.code(), expect.0);
+            assert!(
+                status.message().contains(expect.1),
+                "{side:?}: the message must name the fix: {}",
+                status.message()
+            );
+            let wrapped = tonic::Status::from_error(Box::new(go_away(side).await));
+            assert!(
+                reset_guard_status(&wrapped).is_some(),
+                "found through tonic's status too"
+            );
+        }
+        let calm = h2::Error::from(h2::Reason::NO_ERROR);
+        assert!(reset_guard_status(&calm).is_none());
+    }
+
+    /// Which guard closes the connection.
+    #[derive(Debug, Clone, Copy)]
+    enum Guard {
+        /// The server's: it sends GOAWAY ENHANCE_YOUR_CALM.
+        Server,
+        /// The client's bound on resets answering frames on forgotten
+        /// streams.
+        Resets,
+        /// The client's budget for small DATA frames.
+        SmallData,
+    }
+
+    /// A GOAWAY ENHANCE_YOUR_CALM from `guard`, as h2 reports it to a call
+    /// on the connection: an h2 client talks to a peer that writes raw
+    /// frames.
+    async fn go_away(guard: Guard) -> h2::Error {
+        use tokio::io::AsyncWriteExt;
+        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
+        let mut builder = h2::client::Builder::new();
+        if let Guard::SmallData = guard {
+            // Stream 1's reset is remembered: frames on it are ignored.
+            builder.max_concurrent_reset_streams(1);
+        } else {
+            // A reset stream is forgotten at once, and there is no room
+            // for a single error of the peer's making: the first frame on a
+            // reset stream trips the guard on this side.
+            builder.max_concurrent_reset_streams(0);
+            builder.max_local_error_reset_streams(Some(0));
+        }
+        let (mut client, connection) = builder
+            .handshake::<_, bytes::Bytes>(ours)
+            .await
+            .expect("handshake");
+        #[allow(clippy::disallowed_methods)] // the connection is no request's work
+        let connection = tokio::spawn(connection);
+        let request = || {
+            http::Request::post("http://peer/")
+                .body(())
+                .expect("request")
+        };
+        // Stream 1, given up: RST_STREAM.
+        let (given_up, body) = client.send_request(request(), false).expect("sent");
+        tokio::task::yield_now().await;
+        drop((given_up, body));
+        tokio::task::yield_now().await;
+        let (response, _body) = client.send_request(request(), false).expect("sent");
+        let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0]; // SETTINGS
+        match guard {
+            // GOAWAY, last stream 0, ENHANCE_YOUR_CALM
+            Guard::Server => {
+                frames.extend([0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11]);
+            }
+            // DATA on stream 1, which was reset and forgotten
+            Guard::Resets => frames.extend([0, 0, 1, 0x0, 0, 0, 0, 0, 1, 0]),
+            // Small DATA frames on stream 1, reset and remembered: ignored,
+            // and charged to the budget (half the 64 KiB window) for good.
+            Guard::SmallData => {
+                for _ in 0..200 {
+                    frames.extend([0, 0, 1, 0x0, 0, 0, 0, 0, 1, 0]);
+                }
+            }
+        }
+        theirs.write_all(&frames).await.expect("written");
+        let err = response
+            .await
+            .expect_err("the connection is closed under the call");
+        drop(theirs);
+        let _ = connection.await;
+        err
     }
 
     #[test]

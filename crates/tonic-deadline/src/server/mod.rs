@@ -48,6 +48,8 @@
 
 mod body;
 mod future;
+#[cfg(feature = "server")]
+mod guards;
 mod layer;
 mod timer;
 
@@ -66,6 +68,8 @@ use crate::wire::timeout_header;
 
 pub use body::ServerBody;
 pub use future::ResponseFuture;
+#[cfg(feature = "server")]
+pub use guards::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS, reset_guards};
 pub use layer::ServerDeadlineLayer;
 // Shared with the plain-HTTP server layer.
 #[cfg(feature = "http")]

@@ -14,6 +14,8 @@ mod observe;
 mod peers;
 mod plain_tonic_baseline;
 mod propagation;
+#[cfg(feature = "server")]
+mod reset_guards;
 mod round_trip;
 mod scope_tree;
 mod seams;

@@ -999,13 +999,10 @@ async fn on_end_runs_once_the_scope_ends_and_never_before() {
     );
 }
 
-#[tokio::test]
-async fn a_call_queued_behind_a_one_stream_server_is_reported_as_left_late() {
-    // The server takes one stream at a time: a second call waits inside
-    // h2, below the layer, after its header was written.
-    let (_events, tx) = Events::new();
+/// A server that takes one stream at a time, whose calls work 300 ms.
+async fn one_stream_server(tx: &tokio::sync::mpsc::UnboundedSender<Event>) -> SocketAddr {
     let (listener, addr) = loopback().await;
-    let node = Node::new("B", &tx).working(Duration::from_millis(300));
+    let node = Node::new("B", tx).working(Duration::from_millis(300));
     #[allow(clippy::disallowed_methods)] // the server outlives every request
     tokio::spawn(
         Server::builder()
@@ -1014,8 +1011,21 @@ async fn a_call_queued_behind_a_one_stream_server_is_reported_as_left_late() {
             .add_service(ProbeServer::new(node))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
-    let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("uri");
-    let channel = ReadyChannel::connect(&endpoint).await.expect("connects");
+    addr
+}
+
+/// Runs a call that holds the one stream, and 50 ms later a second call
+/// with a 1 s budget on its own layer (so that its first call — the
+/// queued one — is the one watched); returns the second call's scope and
+/// the metrics of both layers.
+async fn queue_behind_one_stream<S, RB>(channel: S) -> (Scope, Metrics, Metrics)
+where
+    S: tower::Service<Request<Body>, Response = Response<RB>> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    RB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
     let first_metrics = Metrics::new();
     let mut first = boxed(
         ClientDeadlineLayer::new()
@@ -1023,16 +1033,16 @@ async fn a_call_queued_behind_a_one_stream_server_is_reported_as_left_late() {
             .layer(channel.clone()),
     );
     let metrics = Metrics::new();
-    // A layer of its own, so that its first call — the queued one — is
-    // the one watched.
     let mut queued = boxed(ClientDeadlineLayer::new().metrics(&metrics).layer(channel));
-    let scope = Scope::background().with_timeout(Duration::from_secs(2));
-    let holder = scope.enter(first.call(CallRequest::default()));
+    let holding = Scope::background().with_timeout(Duration::from_secs(2));
+    let holder = holding.enter(first.call(CallRequest::default()));
     let waiter = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        scope.enter(queued.call(CallRequest::default())).await
+        let scope = Scope::background().with_timeout(Duration::from_secs(1));
+        let answer = scope.enter(queued.call(CallRequest::default())).await;
+        (scope, answer)
     };
-    let (held, waited) = tokio::join!(holder, waiter);
+    let (held, (scope, waited)) = tokio::join!(holder, waiter);
     held.expect("the first call is served");
     waited.expect("the queued call is served once the stream is free");
     assert_eq!(
@@ -1040,9 +1050,56 @@ async fn a_call_queued_behind_a_one_stream_server_is_reported_as_left_late() {
         0,
         "the first call left at once"
     );
+    (scope, first_metrics, metrics)
+}
+
+#[tokio::test]
+async fn a_call_queued_behind_a_one_stream_server_is_reported_as_left_late() {
+    // Over a tonic Channel the second call waits inside h2, below the
+    // layer, after its header was written.
+    let (_events, tx) = Events::new();
+    let addr = one_stream_server(&tx).await;
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("uri");
+    let channel = endpoint.connect().await.expect("connects");
+    let (_, _, metrics) = queue_behind_one_stream(channel).await;
     assert_eq!(
         metrics.budgets_left_late(),
         1,
         "the queued call left about 250 ms after its header, and says so"
+    );
+}
+
+#[tokio::test]
+async fn ready_channel_queues_a_call_for_a_free_stream_before_its_header_is_written() {
+    let (mut events, tx) = Events::new();
+    let addr = one_stream_server(&tx).await;
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("uri");
+    let channel = ReadyChannel::connect(&endpoint).await.expect("connects");
+    let started = Instant::now();
+    let (scope, _, metrics) = queue_behind_one_stream(channel).await;
+    let client_deadline = scope.deadline().expect("a budget is a deadline");
+    events.entered("B").await;
+    let queued = events.entered("B").await;
+    let server_deadline = queued
+        .deadline()
+        .expect("the server must receive a deadline");
+    let told_too_much = server_deadline.saturating_duration_since(client_deadline);
+    let told_too_little = client_deadline.saturating_duration_since(server_deadline);
+    assert!(
+        started.elapsed() >= Duration::from_millis(550),
+        "the queued call waited for the stream (300 ms) and then worked (300 ms)"
+    );
+    assert!(
+        told_too_much <= Duration::from_millis(5),
+        "the server must be told what the caller has left when the stream opens: +{told_too_much:?}"
+    );
+    assert!(
+        told_too_little <= Duration::from_millis(5),
+        "and not less: -{told_too_little:?}"
+    );
+    assert_eq!(
+        metrics.budgets_left_late(),
+        0,
+        "the call waited above the layer: its header left with it"
     );
 }
