@@ -22,7 +22,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tonic_deadline::deadline_headers::DeadlineHeader;
-use tonic_deadline::http_server::HttpDeadlineLayer;
+use tonic_deadline::server::Http;
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use common::{Events, Node, PATIENCE};
@@ -65,7 +65,7 @@ fn futures_ticks(
     )
 }
 
-async fn serve(layer: HttpDeadlineLayer) -> (SocketAddr, mpsc::UnboundedReceiver<Scope>) {
+async fn serve(layer: ServerDeadlineLayer<Http>) -> (SocketAddr, mpsc::UnboundedReceiver<Scope>) {
     let (seen, scopes) = mpsc::unbounded_channel();
     let app = Router::new()
         .route("/report", get(report))
@@ -130,7 +130,7 @@ fn millis(scope: &Scope) -> u128 {
 #[tokio::test]
 async fn http_request_without_a_deadline_header_gets_the_default_budget() {
     let (addr, mut scopes) =
-        serve(HttpDeadlineLayer::new().default_timeout(Duration::from_millis(900))).await;
+        serve(ServerDeadlineLayer::http().default_timeout(Duration::from_millis(900))).await;
     let (status, _) = get_with(addr, "/report", &[]).await;
     assert_eq!(status, StatusCode::OK);
     let scope = scope_of(&mut scopes).await;
@@ -143,7 +143,7 @@ async fn http_request_without_a_deadline_header_gets_the_default_budget() {
 #[tokio::test]
 async fn each_accepted_header_sets_the_budget() {
     let (addr, mut scopes) =
-        serve(HttpDeadlineLayer::new().default_timeout(Duration::from_secs(60))).await;
+        serve(ServerDeadlineLayer::http().default_timeout(Duration::from_secs(60))).await;
     let table = [
         ("grpc-timeout", "300m"),
         ("connect-timeout-ms", "300"),
@@ -163,7 +163,7 @@ async fn each_accepted_header_sets_the_budget() {
 
 #[tokio::test]
 async fn the_tightest_deadline_header_wins() {
-    let (addr, mut scopes) = serve(HttpDeadlineLayer::new()).await;
+    let (addr, mut scopes) = serve(ServerDeadlineLayer::http()).await;
     let (status, _) = get_with(
         addr,
         "/report",
@@ -185,7 +185,7 @@ async fn the_tightest_deadline_header_wins() {
 #[tokio::test]
 async fn max_timeout_caps_an_incoming_deadline() {
     let (addr, mut scopes) =
-        serve(HttpDeadlineLayer::new().max_timeout(Duration::from_secs(2))).await;
+        serve(ServerDeadlineLayer::http().max_timeout(Duration::from_secs(2))).await;
     let (status, _) = get_with(addr, "/report", &[("grpc-timeout", "100H")]).await;
     assert_eq!(status, StatusCode::OK);
     let scope = scope_of(&mut scopes).await;
@@ -198,7 +198,7 @@ async fn max_timeout_caps_an_incoming_deadline() {
 #[tokio::test]
 async fn headers_not_accepted_are_ignored() {
     let (addr, mut scopes) = serve(
-        HttpDeadlineLayer::new()
+        ServerDeadlineLayer::http()
             .accept(&[DeadlineHeader::EnvoyExpectedTimeoutMs])
             .default_timeout(Duration::from_secs(60)),
     )
@@ -215,7 +215,7 @@ async fn headers_not_accepted_are_ignored() {
 
 #[tokio::test]
 async fn malformed_deadline_header_is_a_400_naming_it_before_the_handler() {
-    let (addr, mut scopes) = serve(HttpDeadlineLayer::new()).await;
+    let (addr, mut scopes) = serve(ServerDeadlineLayer::http()).await;
     let table = [
         ("grpc-timeout", "1a"),
         ("connect-timeout-ms", "1.5"),
@@ -246,7 +246,7 @@ async fn malformed_deadline_header_is_a_400_naming_it_before_the_handler() {
 
 #[tokio::test]
 async fn an_expired_deadline_is_a_504_before_the_handler() {
-    let (addr, mut scopes) = serve(HttpDeadlineLayer::new()).await;
+    let (addr, mut scopes) = serve(ServerDeadlineLayer::http()).await;
     let (status, body) = get_with(addr, "/report", &[("connect-timeout-ms", "0")]).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(body, "deadline exceeded");
@@ -256,7 +256,7 @@ async fn an_expired_deadline_is_a_504_before_the_handler() {
 #[tokio::test]
 async fn server_timer_answers_504_at_the_deadline_and_ends_the_scope() {
     let (addr, mut scopes) =
-        serve(HttpDeadlineLayer::new().default_timeout(Duration::from_millis(200))).await;
+        serve(ServerDeadlineLayer::http().default_timeout(Duration::from_millis(200))).await;
     let start = tokio::time::Instant::now();
     let (status, body) = get_with(addr, "/stuck", &[]).await;
     let took = start.elapsed();
@@ -277,7 +277,7 @@ async fn server_timer_answers_504_at_the_deadline_and_ends_the_scope() {
 #[tokio::test]
 async fn a_streaming_response_is_cut_at_the_deadline() {
     let (addr, mut scopes) =
-        serve(HttpDeadlineLayer::new().default_timeout(Duration::from_millis(300))).await;
+        serve(ServerDeadlineLayer::http().default_timeout(Duration::from_millis(300))).await;
     let start = tokio::time::Instant::now();
     let (status, body) = get_with(addr, "/streaming", &[]).await;
     assert_eq!(
@@ -296,7 +296,7 @@ async fn a_streaming_response_is_cut_at_the_deadline() {
 
 #[tokio::test]
 async fn a_complete_response_ends_the_scope_as_completed() {
-    let (addr, mut scopes) = serve(HttpDeadlineLayer::new()).await;
+    let (addr, mut scopes) = serve(ServerDeadlineLayer::http()).await;
     let (status, _) = get_with(addr, "/report", &[]).await;
     assert_eq!(status, StatusCode::OK);
     let scope = scope_of(&mut scopes).await;
@@ -308,7 +308,7 @@ async fn a_complete_response_ends_the_scope_as_completed() {
 
 #[tokio::test]
 async fn client_disconnect_ends_the_handlers_scope() {
-    let (addr, mut scopes) = serve(HttpDeadlineLayer::new()).await;
+    let (addr, mut scopes) = serve(ServerDeadlineLayer::http()).await;
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .expect("the test server must accept a connection");
@@ -330,7 +330,7 @@ async fn client_disconnect_ends_the_handlers_scope() {
 
 #[tokio::test]
 async fn a_reset_http2_stream_ends_the_handlers_scope() {
-    let (addr, mut scopes) = serve(HttpDeadlineLayer::new()).await;
+    let (addr, mut scopes) = serve(ServerDeadlineLayer::http()).await;
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .expect("the test server must accept a connection");
@@ -367,7 +367,7 @@ async fn a_grpc_call_from_an_axum_handler_carries_what_is_left() {
             }),
         )
         .with_state(client)
-        .layer(HttpDeadlineLayer::new().default_timeout(Duration::from_millis(900)));
+        .layer(ServerDeadlineLayer::http().default_timeout(Duration::from_millis(900)));
     let (listener, addr) = common::loopback().await;
     tokio::spawn(async move { axum::serve(listener, app).await });
     let (status, body) = get_with(addr, "/edge", &[]).await;
@@ -381,7 +381,7 @@ async fn a_grpc_call_from_an_axum_handler_carries_what_is_left() {
 
 #[tokio::test]
 async fn a_raw_garbage_request_gets_an_http_error_not_a_hang() {
-    let (addr, _scopes) = serve(HttpDeadlineLayer::new()).await;
+    let (addr, _scopes) = serve(ServerDeadlineLayer::http()).await;
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     stream
         .write_all(b"GET /report HTTP/1.1\r\nhost: t\r\nrequest-timeout: \xff\xfe\r\n\r\n")
