@@ -25,7 +25,6 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::db::sqlx_postgres::SqlxPgPool;
-use tonic_deadline::http_server::HttpDeadlineLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
 /// The tonic service: a query that takes `work_ms`, under the request's scope.
@@ -120,7 +119,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/order/{work_ms}", get(order))
         .with_state(client)
-        .layer(HttpDeadlineLayer::new().default_timeout(Duration::from_millis(900)));
+        .layer(ServerDeadlineLayer::http().default_timeout(Duration::from_millis(900)));
     let edge = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let edge_addr = edge.local_addr()?;
     tonic_deadline::detach(async move { axum::serve(edge, app).await });

@@ -2,8 +2,8 @@
 //! middleware.
 //!
 //! For each request made under a scope (inside a handler behind
-//! [`ServerDeadlineLayer`](crate::ServerDeadlineLayer) or
-//! [`HttpDeadlineLayer`](crate::http_server::HttpDeadlineLayer), or in
+//! [`ServerDeadlineLayer`](crate::ServerDeadlineLayer), gRPC or plain
+//! HTTP, or in
 //! [`Scope::enter`]) the middleware
 //! 1. fails at once, sending nothing, when the scope has already ended;
 //! 2. sets reqwest's own timeout to `min(its timeout, remaining budget)`;

@@ -21,9 +21,6 @@ pub mod deadline_headers;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod http_client;
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub mod http_server;
 #[cfg(feature = "jobs")]
 pub mod jobs;
 pub mod observe;

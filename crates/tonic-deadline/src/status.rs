@@ -125,6 +125,30 @@ pub fn from_error(err: &(dyn Error + 'static)) -> Status {
         .unwrap_or_else(|| Status::unknown(err.to_string()))
 }
 
+/// The gRPC status of a plain-HTTP answer, so the series of an HTTP edge
+/// and of the gRPC services behind it read alike: the HTTP statuses
+/// `google.rpc.Code` gives its codes, read backwards (where two codes share
+/// one, the more general), success and redirects `OK`, anything else
+/// `UNKNOWN`.
+pub(crate) fn code_for_http(status: http::StatusCode) -> tonic::Code {
+    use tonic::Code;
+    match status.as_u16() {
+        100..=399 => Code::Ok,
+        400 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::Aborted,
+        429 => Code::ResourceExhausted,
+        499 => Code::Cancelled,
+        500 => Code::Internal,
+        501 => Code::Unimplemented,
+        503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Unknown,
+    }
+}
+
 impl From<Ended> for Status {
     fn from(ended: Ended) -> Status {
         status_for(ended.cause())

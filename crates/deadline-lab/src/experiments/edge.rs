@@ -28,7 +28,6 @@ use tonic::{Request, Response, Status};
 use tonic_deadline::db::sqlx_postgres::{SqlxPgPool, sqlx};
 use tonic_deadline::deadline_headers::DeadlineHeader;
 use tonic_deadline::http_client::DeadlineMiddleware;
-use tonic_deadline::http_server::HttpDeadlineLayer;
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use sqlx::{Connection, Executor, Row};
@@ -397,7 +396,7 @@ pub async fn measure() -> anyhow::Result<Edge> {
         Router::new()
             .route("/price", get(price))
             .with_state(recorder.clone())
-            .layer(HttpDeadlineLayer::new()),
+            .layer(ServerDeadlineLayer::http()),
     )
     .await?;
     let grpc = net::serve(
@@ -421,7 +420,7 @@ pub async fn measure() -> anyhow::Result<Edge> {
         Router::new()
             .route("/", get(edge))
             .with_state(state)
-            .layer(HttpDeadlineLayer::new().default_timeout(EDGE_BUDGET)),
+            .layer(ServerDeadlineLayer::http().default_timeout(EDGE_BUDGET)),
     )
     .await?;
 

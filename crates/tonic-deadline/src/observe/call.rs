@@ -55,17 +55,19 @@ pub(crate) struct ServerCall {
     /// the caller's.
     local_cap: bool,
     status: Option<tonic::Code>,
+    /// The status of a plain-HTTP answer's head: it stands if the body
+    /// completes, but a body that fails or is cut decides instead.
+    head: Option<tonic::Code>,
 }
 
 impl ServerCall {
     pub(crate) fn start(
         metrics: &Metrics,
-        path: &str,
+        method: Arc<Method>,
         start: Instant,
         requested: Option<std::time::Duration>,
         local_cap: bool,
     ) -> Self {
-        let method = metrics.method(path);
         metrics.server_started(&method, requested);
         Self {
             metrics: metrics.clone(),
@@ -73,7 +75,13 @@ impl ServerCall {
             start,
             local_cap,
             status: None,
+            head: None,
         }
+    }
+
+    /// Records the status of a plain-HTTP answer's head.
+    pub(crate) fn saw_head(&mut self, code: tonic::Code) {
+        self.head = Some(code);
     }
 
     /// Records the status the answer carries (the first one seen wins).
@@ -96,7 +104,11 @@ impl ServerCall {
 
     /// The call's scope ended with `cause`.
     pub(crate) fn ended(self, cause: Cause) {
-        let code = self.status.unwrap_or(match cause {
+        let status = match cause {
+            Cause::Completed => self.status.or(self.head),
+            _ => self.status,
+        };
+        let code = status.unwrap_or(match cause {
             Cause::Completed => tonic::Code::Ok,
             Cause::DeadlineExceeded => tonic::Code::DeadlineExceeded,
             Cause::Abandoned | Cause::Cancelled => tonic::Code::Cancelled,
@@ -226,6 +238,14 @@ impl Observed<ServerCall> {
             report.saw_status(headers);
         }
         spans::server_answered(&self.span, headers);
+    }
+
+    /// Records the status of a plain-HTTP answer's head.
+    pub(crate) fn saw_http_status(&mut self, status: http::StatusCode) {
+        if let Some(report) = &mut self.record {
+            report.saw_head(crate::status::code_for_http(status));
+        }
+        spans::http_server_answered(&self.span, status);
     }
 
     /// The answer failed without a status (a handler or body error).

@@ -440,7 +440,12 @@ impl Metrics {
     /// The handles of `path` (`/package.Service/Method` or without the
     /// slash), made on first use; `other` past [`MAX_METHODS`].
     pub(crate) fn method(&self, path: &str) -> Arc<Method> {
-        let name = path.strip_prefix('/').unwrap_or(path);
+        self.named(path.strip_prefix('/').unwrap_or(path))
+    }
+
+    /// The handles labelled `name` as it is (a plain-HTTP path keeps its
+    /// slash), made on first use; `other` past [`MAX_METHODS`].
+    pub(crate) fn named(&self, name: &str) -> Arc<Method> {
         let methods = &self.inner.methods;
         if let Some(m) = methods.read().ok().and_then(|m| m.get(name).cloned()) {
             return m;

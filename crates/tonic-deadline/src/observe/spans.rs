@@ -17,6 +17,10 @@
 //! | | `outcome` | the gRPC status answered |
 //! | | `cause` | why the request's scope ended (`request completed`, `deadline exceeded`, …) |
 //! | | `outlived_parent_deadline` | `true` when the answer completed after the caller's deadline |
+//! | `http.server` | `deadline_header_ms` | the tightest accepted deadline header that arrived (empty: none) |
+//! | | `budget_on_entry_ms`, `cap_applied`, `cause`, `outlived_parent_deadline` | as on `grpc.server` |
+//! | | `http.response.status_code` | the HTTP status of the answer's head |
+//! | | `outcome` | the gRPC status of that answer (the table on `Http` in `server`), or of why the layer ended it |
 //! | `grpc.client` | `scope_remaining_ms` | what the caller's scope had left when the call was made |
 //! | | `granted_ms` | the `grpc-timeout` written on the wire (empty: none) |
 //! | | `cap_ms`, `cap_bound` | the nearest [`Scope::with_cap`](crate::Scope::with_cap) above the call, and whether it set the deadline |
@@ -25,7 +29,8 @@
 //! | `blocking work` | `outlived_parent_deadline`, `outlived_ms` | the work returned after its scope had ended, and how long after |
 //!
 //! Server and client spans also carry OpenTelemetry's `otel.name`,
-//! `otel.kind` and `rpc.*` fields. With the `opentelemetry` feature the
+//! `otel.kind` and `rpc.*` fields (`http.request.method`, `url.path` and
+//! `http.response.status_code` on `http.server`). With the `opentelemetry` feature the
 //! client layer writes a W3C `traceparent` from its call's span and the
 //! server layer parents its span on the one it reads, so every hop is a
 //! child span with an id of its own.
@@ -119,6 +124,13 @@ pub(crate) fn server(
     if let Some(requested) = requested {
         span.record("grpc_timeout_ms", ms(requested));
     }
+    record_budget(&span, requested, budget);
+    propagation::extract(&span, headers);
+    span
+}
+
+/// Records the budget a server handler got, and which cap made it.
+fn record_budget(span: &Span, requested: Option<Duration>, budget: Option<Duration>) {
     if let Some(budget) = budget {
         span.record("budget_on_entry_ms", ms(budget));
     }
@@ -131,8 +143,56 @@ pub(crate) fn server(
         }
         _ => {}
     }
+}
+
+/// The span of one inbound plain-HTTP request, parented on the caller's
+/// span when the request carries its trace context.
+#[cfg(feature = "http")]
+pub(crate) fn http_server(
+    method: &http::Method,
+    path: &str,
+    headers: &HeaderMap,
+    requested: Option<Duration>,
+    budget: Option<Duration>,
+) -> Span {
+    let span = tracing::info_span!(
+        "http.server",
+        otel.name = Empty,
+        otel.kind = "server",
+        http.request.method = Empty,
+        url.path = Empty,
+        http.response.status_code = Empty,
+        deadline_header_ms = Empty,
+        budget_on_entry_ms = Empty,
+        cap_applied = Empty,
+        outcome = Empty,
+        cause = Empty,
+        outlived_parent_deadline = Empty,
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    // OpenTelemetry names a server span `{method} {route}`, or the method
+    // alone where no route is known: a path would make one name per id.
+    span.record("otel.name", method.as_str());
+    span.record("http.request.method", method.as_str());
+    span.record("url.path", path);
+    if let Some(requested) = requested {
+        span.record("deadline_header_ms", ms(requested));
+    }
+    record_budget(&span, requested, budget);
     propagation::extract(&span, headers);
     span
+}
+
+/// Records the status a plain-HTTP server answered with, and its gRPC
+/// equivalent as `outcome`.
+pub(crate) fn http_server_answered(span: &Span, status: http::StatusCode) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("http.response.status_code", status.as_u16());
+    span.record("outcome", code_name(crate::status::code_for_http(status)));
 }
 
 /// Records the status a server answered with (from the headers or

@@ -1,3 +1,4 @@
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -6,6 +7,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::protocol::{Grpc, Protocol};
 use super::timer::LazyTimer;
 use crate::observe::ServerObserved;
 use crate::scope::{CURRENT, Cause, Scope};
@@ -45,6 +47,13 @@ impl EndGuard {
         }
     }
 
+    /// Notes the status of a plain-HTTP answer's head.
+    pub(crate) fn saw_http_status(&mut self, status: http::StatusCode) {
+        if let Some(observed) = &mut self.observed {
+            observed.saw_http_status(status);
+        }
+    }
+
     /// Notes a failure that carries no status (the handler's error).
     pub(crate) fn failed(&mut self) {
         if let Some(observed) = &mut self.observed {
@@ -80,11 +89,21 @@ impl Drop for EndGuard {
 pin_project! {
     /// The response body of [`ServerDeadline`](super::ServerDeadline): the
     /// handler's body, polled inside the request's scope and cut off at the
-    /// deadline with `DEADLINE_EXCEEDED` in the trailers.
+    /// deadline — for gRPC with `DEADLINE_EXCEEDED` in the trailers; for
+    /// plain HTTP with an error (hyper then resets the stream, or closes an
+    /// HTTP/1 connection, so the client cannot mistake it for a whole
+    /// answer) — or the short answer the layer gives itself.
     ///
-    /// The default value is an empty body, used for answers the layer gives
-    /// itself (trailers-only responses).
-    pub struct ServerBody<B> {
+    /// The default value is an empty body.
+    ///
+    /// ```
+    /// use http_body::Body;
+    /// use tonic_deadline::server::ServerBody;
+    ///
+    /// let body = ServerBody::<tonic::body::Body>::default();
+    /// assert!(body.is_end_stream());
+    /// ```
+    pub struct ServerBody<B, P = Grpc> {
         // Declared first so it is dropped first: a body dropped before its
         // end (the stream was reset) ends the scope before the handler's
         // stream is dropped.
@@ -93,66 +112,98 @@ pin_project! {
         // Ready polls since the clock was last read.
         unchecked: u8,
         #[pin]
-        inner: Option<B>,
+        inner: Inner<B>,
+        protocol: PhantomData<fn() -> P>,
     }
 }
 
-impl<B> Default for ServerBody<B> {
+pin_project! {
+    #[project = InnerProj]
+    enum Inner<B> {
+        // An answer of the layer's own: its text, until sent.
+        Answer { text: Option<Bytes> },
+        Handler { #[pin] body: B },
+    }
+}
+
+impl<B, P> Default for ServerBody<B, P> {
     fn default() -> Self {
+        Self::answer(None)
+    }
+}
+
+impl<B, P> ServerBody<B, P> {
+    /// An answer of the layer's own, with `text` as its body.
+    pub(crate) fn answer(text: Option<Bytes>) -> Self {
         Self {
-            inner: None,
+            inner: Inner::Answer { text },
             timer: None,
             unchecked: 0,
             guard: None,
+            protocol: PhantomData,
         }
     }
 }
 
-impl<B: Body> ServerBody<B> {
-    pub(super) fn new(inner: B, guard: EndGuard, timer: Option<LazyTimer>) -> Self {
-        if inner.is_end_stream() {
-            // Trailers-only answers (handler errors) have nothing left to send.
+impl<B: Body, P> ServerBody<B, P> {
+    pub(super) fn new(body: B, guard: EndGuard, timer: Option<LazyTimer>) -> Self {
+        if body.is_end_stream() {
+            // Nothing left to send (a gRPC trailers-only answer, an empty
+            // HTTP body): the answer is complete.
             guard.finish(Cause::Completed);
             return Self {
-                inner: Some(inner),
+                inner: Inner::Handler { body },
                 timer: None,
                 unchecked: 0,
                 guard: None,
+                protocol: PhantomData,
             };
         }
         Self {
-            inner: Some(inner),
+            inner: Inner::Handler { body },
             timer,
             unchecked: 0,
             guard: Some(guard),
+            protocol: PhantomData,
         }
     }
 }
 
-impl<B> std::fmt::Debug for ServerBody<B> {
+impl<B, P> std::fmt::Debug for ServerBody<B, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerBody").finish_non_exhaustive()
     }
 }
 
-impl<B> Body for ServerBody<B>
+/// What a poll of the handler's body gave, before the protocol says how
+/// the deadline is told.
+enum Polled<T> {
+    Frame(Poll<T>),
+    Deadline,
+}
+
+impl<B, P> ServerBody<B, P>
 where
     B: Body<Data = Bytes>,
+    P: Protocol,
 {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
+    /// Polls the handler's body inside the request's scope, racing the
+    /// timer; the protocol's `Body` impl tells the deadline its own way.
+    #[inline]
+    fn poll_inner(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    ) -> Polled<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        let Some(mut inner) = this.inner.as_pin_mut() else {
-            return Poll::Ready(None);
+        let mut inner = match this.inner.project() {
+            InnerProj::Handler { body } => body,
+            InnerProj::Answer { text } => {
+                return Polled::Frame(Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))));
+            }
         };
         let Some(guard) = this.guard.as_ref() else {
             // Finished: the stream has ended (or was cut at the deadline).
-            return Poll::Ready(None);
+            return Polled::Frame(Poll::Ready(None));
         };
         // The clock is read on the first poll, after the body was pending,
         // and every sixteenth poll of a body that is always ready; a body
@@ -180,9 +231,9 @@ where
                 if let Some(guard) = this.guard.take() {
                     guard.finish(Cause::DeadlineExceeded);
                 }
-                return Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))));
+                return Polled::Deadline;
             }
-            return Poll::Pending;
+            return Polled::Frame(Poll::Pending);
         }
         match &polled {
             Poll::Ready(None) => finish(this.guard, this.timer),
@@ -193,7 +244,10 @@ where
                 finish(this.guard, this.timer)
             }
             Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
-                if let (Some(guard), Some(trailers)) = (this.guard.as_mut(), frame.trailers_ref()) {
+                // Plain HTTP trailers carry no status.
+                if let (false, Some(guard), Some(trailers)) =
+                    (P::HTTP_STATUS, this.guard.as_mut(), frame.trailers_ref())
+                {
                     guard.saw_status(trailers);
                 }
                 finish(this.guard, this.timer)
@@ -203,18 +257,83 @@ where
             Poll::Ready(Some(Ok(_))) if inner.is_end_stream() => finish(this.guard, this.timer),
             _ => {}
         }
-        polled
+        Polled::Frame(polled)
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn end_stream(&self) -> bool {
         match &self.inner {
-            None => true,
-            Some(inner) => self.guard.is_none() || inner.is_end_stream(),
+            Inner::Answer { text } => text.is_none(),
+            Inner::Handler { body } => self.guard.is_none() || body.is_end_stream(),
         }
     }
 
+    fn hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Answer { text } => {
+                SizeHint::with_exact(text.as_ref().map_or(0, |t| t.len() as u64))
+            }
+            Inner::Handler { body } => body.size_hint(),
+        }
+    }
+}
+
+/// gRPC: the handler's errors pass unchanged; the deadline arrives as
+/// `DEADLINE_EXCEEDED` in the trailers.
+impl<B> Body for ServerBody<B, Grpc>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.poll_inner(cx) {
+            Polled::Frame(polled) => polled,
+            Polled::Deadline => Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers())))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.end_stream()
+    }
+
     fn size_hint(&self) -> SizeHint {
-        self.inner.as_ref().map(B::size_hint).unwrap_or_default()
+        self.hint()
+    }
+}
+
+/// Plain HTTP: the deadline ends the body with an [`Ended`](crate::Ended)
+/// error, boxed like the handler's own errors.
+#[cfg(feature = "http")]
+impl<B> Body for ServerBody<B, super::Http>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<crate::BoxError>,
+{
+    type Data = Bytes;
+    type Error = crate::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.poll_inner(cx) {
+            Polled::Frame(polled) => polled.map(|frame| frame.map(|f| f.map_err(Into::into))),
+            Polled::Deadline => Poll::Ready(Some(Err(Box::new(crate::Ended::new(
+                Cause::DeadlineExceeded,
+            ))))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.hint()
     }
 }
 

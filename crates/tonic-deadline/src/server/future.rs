@@ -1,4 +1,5 @@
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -8,31 +9,47 @@ use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
 use super::body::{EndGuard, ServerBody};
+use super::protocol::{Answer, Grpc, Protocol};
 use super::timer::LazyTimer;
 use crate::observe::ServerObserved;
 use crate::scope::{Cause, Scope};
-use crate::status::status_for;
 
 pin_project! {
     /// The response future of [`ServerDeadline`](super::ServerDeadline).
     ///
     /// # Cancellation safety
     ///
-    /// Dropping it before it completes means the request was abandoned (hyper
-    /// drops the handler on RST_STREAM, or an outer layer gave up): the
-    /// request's scope is ended with [`Cause::Abandoned`] *first*, and only
-    /// then is the handler's future dropped — so drop guards inside the
-    /// handler already see the scope ended, with its cause.
-    pub struct ResponseFuture<F> {
+    /// Dropping it before it completes means the request was abandoned —
+    /// hyper drops it when the client resets the stream or disconnects,
+    /// and so does an outer layer that gives up: the request's scope is
+    /// ended with [`Cause::Abandoned`] *first*, and only then is the
+    /// handler's future dropped — so drop guards inside the handler already
+    /// see the scope ended, with its cause.
+    ///
+    /// ```
+    /// use tonic_deadline::server::{ResponseFuture, ServerDeadline};
+    /// use tower_service::Service;
+    ///
+    /// // The future a tonic server polls for each request.
+    /// fn future_of<S>(service: &mut ServerDeadline<S>, request: http::Request<tonic::body::Body>)
+    ///     -> ResponseFuture<S::Future>
+    /// where
+    ///     S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
+    /// {
+    ///     service.call(request)
+    /// }
+    /// ```
+    pub struct ResponseFuture<F, P = Grpc> {
         #[pin]
         state: State<F>,
+        protocol: PhantomData<fn() -> P>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
     enum State<F> {
-        Answer { status: Option<tonic::Status> },
+        Answer { answer: Option<Answer> },
         Running {
             // Declared first so it is dropped first: the scope ends before
             // the handler's future is dropped.
@@ -44,12 +61,19 @@ pin_project! {
     }
 }
 
-impl<F> ResponseFuture<F> {
-    pub(super) fn answer(status: tonic::Status) -> Self {
+impl<F, P> std::fmt::Debug for ResponseFuture<F, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, P> ResponseFuture<F, P> {
+    pub(super) fn answer(answer: Answer) -> Self {
         Self {
             state: State::Answer {
-                status: Some(status),
+                answer: Some(answer),
             },
+            protocol: PhantomData,
         }
     }
 
@@ -65,24 +89,26 @@ impl<F> ResponseFuture<F> {
                 timer: timer.map(LazyTimer::new),
                 guard: Some(EndGuard::new(scope, observed)),
             },
+            protocol: PhantomData,
         }
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F>
+impl<F, B, E, P> Future for ResponseFuture<F, P>
 where
     F: Future<Output = Result<Response<B>, E>>,
     B: http_body::Body,
+    P: Protocol,
 {
-    type Output = Result<Response<ServerBody<B>>, E>;
+    type Output = Result<Response<ServerBody<B, P>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Answer { status } => {
-                let status = status
+            StateProj::Answer { answer } => {
+                let answer = answer
                     .take()
                     .expect("ResponseFuture polled after completion");
-                Poll::Ready(Ok(status.into_http()))
+                Poll::Ready(Ok(answer.map(ServerBody::answer)))
             }
             StateProj::Running {
                 inner,
@@ -105,10 +131,14 @@ where
                             .as_mut()
                             .is_some_and(|t| t.poll_pending(cx).is_ready())
                     {
-                        if let Some(guard) = guard.take() {
+                        let answer = P::deadline_exceeded();
+                        if let Some(mut guard) = guard.take() {
+                            if P::HTTP_STATUS {
+                                guard.saw_http_status(answer.status());
+                            }
                             guard.finish(Cause::DeadlineExceeded);
                         }
-                        return Poll::Ready(Ok(status_for(Cause::DeadlineExceeded).into_http()));
+                        return Poll::Ready(Ok(answer.map(ServerBody::answer)));
                     }
                     return Poll::Pending;
                 };
@@ -117,7 +147,11 @@ where
                     .expect("ResponseFuture polled after completion");
                 Poll::Ready(match result {
                     Ok(response) => {
-                        guard.saw_status(response.headers());
+                        if P::HTTP_STATUS {
+                            guard.saw_http_status(response.status());
+                        } else {
+                            guard.saw_status(response.headers());
+                        }
                         Ok(response.map(|body| ServerBody::new(body, guard, timer.take())))
                     }
                     Err(err) => {

@@ -3,36 +3,104 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::protocol::{Grpc, Protocol};
 use super::{Config, ServerDeadline};
 use crate::observe::Metrics;
+#[cfg(feature = "http")]
+use {super::protocol::Http, crate::deadline_headers::DeadlineHeader};
 
-/// Installs a deadline scope around every handler of a tonic server.
+/// Installs a deadline scope around every handler of a server: a tonic
+/// server ([`new`](ServerDeadlineLayer::new)), or, with the `http`
+/// feature, any plain HTTP service — axum, hyper
+/// (`ServerDeadlineLayer::http`).
 ///
-/// Both safety limits are off by default: a request without `grpc-timeout`
-/// runs without a deadline (as in grpc-go), and any budget is accepted.
+/// Both safety limits are off by default: a request without a deadline
+/// runs without one (as in grpc-go), and any budget is accepted.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tonic_deadline::ServerDeadlineLayer;
 ///
 /// let layer = ServerDeadlineLayer::new()
-///     .default_timeout(Duration::from_millis(500)) // the IM seed's logic service
+///     .default_timeout(Duration::from_millis(500))
 ///     .max_timeout(Duration::from_secs(60))
 ///     .forward_metadata("x-trace-id");
 /// # let _ = layer;
 /// ```
-#[derive(Debug, Clone, Default)]
-pub struct ServerDeadlineLayer {
-    config: Config,
+#[derive(Debug, Clone)]
+pub struct ServerDeadlineLayer<P = Grpc> {
+    config: Config<P>,
 }
 
-impl ServerDeadlineLayer {
-    /// A layer with no default and no maximum deadline, forwarding nothing.
+impl Default for ServerDeadlineLayer<Grpc> {
+    fn default() -> Self {
+        Self {
+            config: Config::default(),
+        }
+    }
+}
+
+impl ServerDeadlineLayer<Grpc> {
+    /// A gRPC layer reading `grpc-timeout`, with no default and no maximum
+    /// deadline, forwarding nothing.
     pub fn new() -> Self {
         Self::default()
     }
+}
 
-    /// The budget given to requests that arrive without `grpc-timeout`.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+impl ServerDeadlineLayer<Http> {
+    /// A plain-HTTP layer (axum, hyper, any tower HTTP service), accepting
+    /// every [`DeadlineHeader`], with no default and no maximum, forwarding
+    /// nothing. See [the module docs](crate::server#plain-http) for what it
+    /// does with each request, and [`Http`] for how its metrics label them.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use axum::{Router, routing::get};
+    /// use tonic_deadline::{Scope, ServerDeadlineLayer};
+    ///
+    /// async fn handler() -> String {
+    ///     format!("{:?} left", Scope::current().remaining())
+    /// }
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let app = Router::new().route("/", get(handler)).layer(
+    ///     ServerDeadlineLayer::http()
+    ///         .default_timeout(Duration::from_millis(900))
+    ///         .max_timeout(Duration::from_secs(30)),
+    /// );
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+    /// axum::serve(listener, app).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn http() -> Self {
+        Self {
+            config: Config::default(),
+        }
+    }
+
+    /// The deadline headers read (and so trusted); others are ignored. An
+    /// empty list gives every request the default budget.
+    ///
+    /// ```
+    /// use tonic_deadline::ServerDeadlineLayer;
+    /// use tonic_deadline::deadline_headers::DeadlineHeader;
+    ///
+    /// let layer = ServerDeadlineLayer::http()
+    ///     .accept(&[DeadlineHeader::EnvoyExpectedTimeoutMs, DeadlineHeader::GrpcTimeout]);
+    /// # let _ = layer;
+    /// ```
+    pub fn accept(mut self, headers: &[DeadlineHeader]) -> Self {
+        self.config.protocol.accept(headers);
+        self
+    }
+}
+
+impl<P: Protocol> ServerDeadlineLayer<P> {
+    /// The budget given to requests that arrive without a deadline.
     pub fn default_timeout(mut self, timeout: Duration) -> Self {
         self.config.default_timeout = Some(timeout);
         self
@@ -45,11 +113,12 @@ impl ServerDeadlineLayer {
         self
     }
 
-    /// Copies the incoming metadata `key` to every outbound call made under
-    /// the request's scope (for example a trace id). Only listed keys travel,
-    /// so hop-by-hop and auth headers do not leak. `grpc-*` keys are reserved
-    /// to the protocol — the deadline travels as the remaining budget, never
-    /// as copied metadata — and are ignored here.
+    /// Copies the incoming metadata (header) `key` to every outbound gRPC
+    /// call made under the request's scope (for example a trace or request
+    /// id). Only listed keys travel, so hop-by-hop and auth headers do not
+    /// leak. `grpc-*` keys are reserved to the protocol — the deadline
+    /// travels as the remaining budget, never as copied metadata — and are
+    /// ignored here.
     ///
     /// # Panics
     ///
@@ -62,7 +131,8 @@ impl ServerDeadlineLayer {
     /// Reports every call into `metrics`: gRPC's server call metrics, the
     /// budget each request brought, how its scope ended, and the requests
     /// refused on arrival as already expired. Without it the layer records
-    /// nothing.
+    /// nothing. A plain-HTTP layer reports under the same names; see
+    /// `Http` for its labels.
     ///
     /// ```
     /// use tonic_deadline::{ServerDeadlineLayer, observe::Metrics};
@@ -75,10 +145,12 @@ impl ServerDeadlineLayer {
         self
     }
 
-    /// Opens a `grpc.server` span per request, with the budget as fields
-    /// (see [`observe::spans`](crate::observe::spans)); with the
-    /// `opentelemetry` feature it is parented on the caller's `traceparent`.
-    /// Off by default: a request then pays for no span at all.
+    /// Opens a span per request — `grpc.server`, or `http.server` for a
+    /// plain-HTTP layer — with the budget as fields (see
+    /// [`observe::spans`](crate::observe::spans)); with the
+    /// `opentelemetry` feature it is parented on the caller's
+    /// `traceparent`. Off by default: a request then pays for no span at
+    /// all.
     ///
     /// ```
     /// let layer = tonic_deadline::ServerDeadlineLayer::new().trace_spans();
@@ -90,8 +162,8 @@ impl ServerDeadlineLayer {
     }
 }
 
-impl<S> Layer<S> for ServerDeadlineLayer {
-    type Service = ServerDeadline<S>;
+impl<S, P: Protocol> Layer<S> for ServerDeadlineLayer<P> {
+    type Service = ServerDeadline<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
         ServerDeadline {

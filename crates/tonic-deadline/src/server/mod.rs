@@ -1,7 +1,8 @@
-//! The server layer: reads `grpc-timeout`, enforces the deadline with its own
-//! timer, and runs every handler inside its [`Scope`].
+//! The server layer: reads the caller's deadline, enforces it with its own
+//! timer, and runs every handler inside its [`Scope`] — for a tonic server,
+//! or (with the `http` feature) for any plain HTTP service.
 //!
-//! For each request the layer
+//! For each gRPC request the layer
 //! 1. decodes `grpc-timeout` strictly; a malformed value is answered with
 //!    `INTERNAL` naming the header, before the handler runs;
 //! 2. applies the configured default (for requests without a deadline) and
@@ -45,12 +46,54 @@
 //!
 //! Inside a handler, `Scope::current()` (or `request.extensions().get::<Scope>()`)
 //! is the request's scope.
+//!
+//! # Plain HTTP
+//!
+//! `ServerDeadlineLayer::http()` (the `http` feature) is the same layer for
+//! axum, hyper or any tower HTTP service; only where the deadline comes
+//! from and how the layer answers differ. For each request it
+//! 1. reads the deadline headers it accepts (by default all of
+//!    `DeadlineHeader::ALL`: `grpc-timeout`, `connect-timeout-ms`,
+//!    `x-envoy-expected-rq-timeout-ms`, `request-timeout`); when several are
+//!    present **the tightest wins**. A malformed or duplicated one is
+//!    answered `400 Bad Request` with a text naming the header, before the
+//!    handler runs;
+//! 2. applies the configured default and maximum;
+//! 3. answers `504 Gateway Timeout` at once if the budget is already zero;
+//! 4. installs a root scope as the task-local current scope and as a request
+//!    extension (axum: `Extension<Scope>`), with the allow-listed headers to
+//!    forward to outbound gRPC calls;
+//! 5. races the handler and the response body against its own timer: at
+//!    the deadline the client gets `504 Gateway Timeout` (or, once the
+//!    response has started, the body ends with an error, so hyper resets
+//!    the stream or closes the connection) and the scope ends with
+//!    [`Cause::DeadlineExceeded`], whether or not the handler looks at it;
+//! 6. ends the scope with [`Cause::Abandoned`] when hyper drops the
+//!    request — the client disconnected or reset its stream — and with
+//!    [`Cause::Completed`] once the response is complete.
+//!
+//! A gRPC call made from the handler through
+//! [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) carries what is left.
+//! Metrics and spans are those of the gRPC layer; `Http` says how its
+//! requests are labelled.
+//!
+//! On a drop the layer cannot tell *why* the request future went away: a
+//! client disconnecting and an outer layer giving up (a `tower::timeout`
+//! outside this one, a load shedder) look the same, so both end the scope
+//! as [`Cause::Abandoned`]. Put this layer outermost to keep the
+//! cause exact.
+//!
+//! How it differs from `tower_http::timeout::TimeoutLayer`: that one answers
+//! at a fixed duration and only drops the handler future; this one reads the
+//! caller's deadline, caps it, and ends a scope that everything done for the
+//! request — gRPC calls, queries, spawned tasks — obeys.
 
 mod body;
 mod future;
 #[cfg(feature = "server")]
 mod guards;
 mod layer;
+mod protocol;
 mod timer;
 
 use std::sync::{Arc, OnceLock};
@@ -63,38 +106,26 @@ use tower_service::Service;
 
 use crate::observe::{Metrics, ServerCall, ServerObserved, Stage, spans};
 use crate::scope::{Attachment, CURRENT, Cause, Scope};
-use crate::status::status_for;
-use crate::wire::timeout_header;
 
 pub use body::ServerBody;
 pub use future::ResponseFuture;
 #[cfg(feature = "server")]
 pub use guards::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS, reset_guards};
 pub use layer::ServerDeadlineLayer;
-// Shared with the plain-HTTP server layer.
 #[cfg(feature = "http")]
-pub(crate) use body::EndGuard;
-#[cfg(feature = "http")]
-pub(crate) use timer::LazyTimer;
+pub use protocol::Http;
+pub use protocol::{Grpc, Protocol};
 
-/// How early the server's timer fires before the deadline.
-///
-/// tonic's `Server` wraps every layer in its own `grpc-timeout` timer, which
-/// answers `CANCELLED`. It reads the same header a few microseconds before we
-/// do, so with equal budgets it could win a millisecond tick and report the
-/// wrong code. Firing one tick early makes ours always first; the client's
-/// own timer, not ours, decides when it gives up.
-const TONIC_TIMER_LEAD: Duration = Duration::from_millis(1);
-
-/// The limits and forwarding rules of a server layer (shared with the
-/// plain-HTTP server layer).
+/// The limits, forwarding rules and protocol of a server layer.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Config {
+pub(crate) struct Config<P = Grpc> {
+    /// Where the deadline comes from and how the layer answers.
+    pub(crate) protocol: P,
     pub(crate) default_timeout: Option<Duration>,
     pub(crate) max_timeout: Option<Duration>,
     pub(crate) forward: Vec<HeaderName>,
     pub(crate) metrics: Option<Metrics>,
-    /// Open a `grpc.server` span per request ([`ServerDeadlineLayer::trace_spans`]).
+    /// Open a `grpc.server` or `http.server` span per request ([`ServerDeadlineLayer::trace_spans`]).
     pub(crate) spans: bool,
     /// The attachment of every request that forwards no metadata, made
     /// once per layer.
@@ -143,7 +174,7 @@ impl Attachment for Attached {
     }
 }
 
-impl Config {
+impl<P> Config<P> {
     pub(crate) fn budget(&self, requested: Option<Duration>) -> Option<Duration> {
         let budget = requested.or(self.default_timeout);
         match (budget, self.max_timeout) {
@@ -204,13 +235,23 @@ impl Config {
 }
 
 /// The service produced by [`ServerDeadlineLayer`]. See the [module docs](self).
+///
+/// ```
+/// use tonic_deadline::ServerDeadlineLayer;
+/// use tonic_deadline::server::ServerDeadline;
+/// use tower_layer::Layer;
+///
+/// let (_, health) = tonic_health::server::health_reporter();
+/// let service: ServerDeadline<_> = ServerDeadlineLayer::new().layer(health);
+/// # let _ = service.get_ref();
+/// ```
 #[derive(Debug, Clone)]
-pub struct ServerDeadline<S> {
+pub struct ServerDeadline<S, P = Grpc> {
     inner: S,
-    config: Arc<Config>,
+    config: Arc<Config<P>>,
 }
 
-impl<S> ServerDeadline<S> {
+impl<S, P> ServerDeadline<S, P> {
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -227,21 +268,22 @@ impl<S> ServerDeadline<S> {
     }
 }
 
-impl<S, B, RB> Service<Request<B>> for ServerDeadline<S>
+impl<S, B, RB, P> Service<Request<B>> for ServerDeadline<S, P>
 where
     S: Service<Request<B>, Response = Response<RB>>,
     RB: http_body::Body,
+    P: Protocol,
 {
-    type Response = Response<ServerBody<RB>>;
+    type Response = Response<ServerBody<RB, P>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S::Future, P>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let requested = timeout_header::from_headers(request.headers());
+        let requested = self.config.protocol.requested(request.headers());
         // Reported only to a layer given a handle, which then reads the
         // clock here (and the deadline is counted from the same reading).
         let mut start = None;
@@ -249,38 +291,49 @@ where
             let requested = requested.as_ref().ok().copied().flatten();
             let local_cap = self.config.budget(requested) != requested;
             let now = *start.insert(Instant::now());
-            ServerCall::start(metrics, request.uri().path(), now, requested, local_cap)
+            ServerCall::start(
+                metrics,
+                metrics.named(P::label(request.uri().path())),
+                now,
+                requested,
+                local_cap,
+            )
         });
         let requested = match requested {
             Ok(requested) => requested,
             Err(malformed) => {
                 tracing::debug!(path = %request.uri().path(), %malformed, "refused before the handler");
+                let (answer, code) = P::malformed(malformed);
                 if let Some(report) = report {
-                    report.answered(tonic::Code::Internal);
+                    report.answered(code);
                 }
-                return ResponseFuture::answer(tonic::Status::from(malformed));
+                return ResponseFuture::answer(answer);
             }
         };
         let budget = self.config.budget(requested);
         let span = self
             .config
             .spans
-            .then(|| spans::server(request.uri().path(), request.headers(), requested, budget));
+            .then(|| P::span(&request, requested, budget));
         if budget == Some(Duration::ZERO) {
             tracing::debug!(path = %request.uri().path(), cause = %Cause::DeadlineExceeded, "refused as already expired");
+            let answer = P::deadline_exceeded();
             if let Some(span) = &span {
+                if P::HTTP_STATUS {
+                    spans::http_server_answered(span, answer.status());
+                }
                 spans::server_ended(span, &Scope::root(None), Cause::DeadlineExceeded);
             }
             if let (Some(report), Some(metrics)) = (report, &self.config.metrics) {
                 metrics.refused(Stage::Arrival);
                 report.answered(tonic::Code::DeadlineExceeded);
             }
-            return ResponseFuture::answer(status_for(Cause::DeadlineExceeded));
+            return ResponseFuture::answer(answer);
         }
         let deadline = budget.and_then(|b| start.unwrap_or_else(Instant::now).checked_add(b));
         let scope = Scope::root_attached(deadline, self.config.attachment(request.headers()));
         request.extensions_mut().insert(scope.clone());
-        let timer = deadline.map(|d| d.checked_sub(TONIC_TIMER_LEAD).unwrap_or(d));
+        let timer = deadline.map(|d| d.checked_sub(P::TIMER_LEAD).unwrap_or(d));
         let inner = {
             let _entered = span.as_ref().map(tracing::Span::enter);
             CURRENT.sync_scope(scope.clone(), || self.inner.call(request))

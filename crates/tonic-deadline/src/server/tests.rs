@@ -13,11 +13,15 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
-use super::{ServerDeadlineLayer, TONIC_TIMER_LEAD};
+use super::ServerDeadlineLayer;
+use super::protocol::{Grpc, sealed::Sealed};
 use crate::scope::{Cause, Scope};
 use crate::wire::timeout_header;
 
 const MS: Duration = Duration::from_millis(1);
+
+/// How early the gRPC layer's timer fires.
+const TONIC_TIMER_LEAD: Duration = <Grpc as Sealed>::TIMER_LEAD;
 
 type Mock = tower_test::mock::Mock<Request<Empty<Bytes>>, Response<Full<Bytes>>>;
 type MockHandle = tower_test::mock::Handle<Request<Empty<Bytes>>, Response<Full<Bytes>>>;
@@ -702,3 +706,7 @@ async fn forward_metadata_copies_only_the_allow_list() {
         "the deadline travels as the remaining budget, never as copied metadata"
     );
 }
+
+/// The same layer speaking plain HTTP.
+#[cfg(feature = "http")]
+mod plain_http;

@@ -19,8 +19,7 @@ use http::HeaderMap;
 use tokio::sync::mpsc;
 use tonic_deadline::deadline_headers::DeadlineHeader;
 use tonic_deadline::http_client::{DeadlineMiddleware, ended, ended_in};
-use tonic_deadline::http_server::HttpDeadlineLayer;
-use tonic_deadline::{Cause, Scope};
+use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -307,7 +306,7 @@ async fn an_http_edge_passes_what_is_left_to_the_next_http_service() {
                 }
             }),
         )
-        .layer(HttpDeadlineLayer::new().default_timeout(Duration::from_millis(900)));
+        .layer(ServerDeadlineLayer::http().default_timeout(Duration::from_millis(900)));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("loopback listener");

@@ -7,8 +7,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use tower::{Layer, ServiceExt};
 
-use super::HttpDeadlineLayer;
 use crate::scope::{Cause, Scope};
+use crate::server::ServerDeadlineLayer;
 
 type Reply = Response<Full<Bytes>>;
 
@@ -23,7 +23,7 @@ fn request(headers: &[(&str, &str)]) -> Request<Empty<Bytes>> {
 #[tokio::test(start_paused = true)]
 async fn server_timer_fires_exactly_at_the_deadline() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Empty<Bytes>>, Reply>();
-    let service = HttpDeadlineLayer::new().layer(service);
+    let service = ServerDeadlineLayer::http().layer(service);
     let started = tokio::time::Instant::now();
     let call = tokio::spawn(service.oneshot(request(&[("grpc-timeout", "250m")])));
     let (request, _never_answered) = handle.next_request().await.expect("the handler runs");
@@ -55,7 +55,7 @@ async fn server_timer_fires_exactly_at_the_deadline() {
 #[tokio::test(start_paused = true)]
 async fn an_outer_layer_giving_up_looks_like_a_caller_disconnect() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Empty<Bytes>>, Reply>();
-    let service = HttpDeadlineLayer::new().layer(service);
+    let service = ServerDeadlineLayer::http().layer(service);
     let outer = tokio::spawn(tokio::time::timeout(
         Duration::from_millis(100),
         service.oneshot(request(&[])),
@@ -81,7 +81,7 @@ async fn the_handler_future_runs_inside_the_request_scope() {
             "{remaining:?}"
         )))))
     });
-    let service = HttpDeadlineLayer::new()
+    let service = ServerDeadlineLayer::http()
         .default_timeout(Duration::from_millis(900))
         .layer(service);
     let response = service.oneshot(request(&[])).await.expect("answered");
