@@ -57,6 +57,7 @@ mod body;
 mod channel;
 mod future;
 mod layer;
+mod race;
 #[cfg(feature = "channel")]
 mod round_trip;
 #[cfg(feature = "channel")]

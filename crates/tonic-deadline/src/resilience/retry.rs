@@ -9,8 +9,8 @@ use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::call::Call;
 use super::core::{self, Core, Outcome, Permit, Pushback};
-use super::future::Call;
 use crate::BoxError;
 use crate::scope::{Cancelled, Cause};
 use crate::service_config::RetryPolicy;
