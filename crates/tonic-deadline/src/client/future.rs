@@ -8,9 +8,9 @@ use tokio::time::Instant;
 
 use super::abandon::Abandon;
 use super::body::ClientBody;
+use super::observer::Observation;
 use super::race::{Race, error_code};
 use crate::BoxError;
-use crate::observe::ClientObserved;
 use crate::scope::Scope;
 
 pin_project! {
@@ -52,7 +52,7 @@ impl<F> ResponseFuture<F> {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Abandon,
-        observed: Option<Box<ClientObserved>>,
+        observed: Option<Box<dyn Observation>>,
     ) -> Self {
         Self {
             state: State::Running {

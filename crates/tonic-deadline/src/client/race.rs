@@ -10,9 +10,9 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use super::abandon::Abandon;
+use super::observer::Observation;
 use super::transport::{lost_connection_status, reset_guard_status};
 use crate::BoxError;
-use crate::observe::ClientObserved;
 use crate::scope::{Cancelled, Cause, Scope};
 use crate::status::status_for;
 use crate::wire::{GRPC_MESSAGE, GRPC_STATUS, status_code};
@@ -37,9 +37,9 @@ pin_project! {
         cancelled: Option<Cancelled>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
-        // Reported once, with the first status seen (metrics or spans on
+        // Told once, with the first status seen (a layer with an observer
         // only).
-        observed: Option<Box<ClientObserved>>,
+        observed: Option<Box<dyn Observation>>,
     }
 }
 
@@ -48,7 +48,7 @@ impl Race {
         deadline: Option<Instant>,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
-        observed: Option<Box<ClientObserved>>,
+        observed: Option<Box<dyn Observation>>,
     ) -> Self {
         Self {
             deadline,
@@ -63,7 +63,7 @@ impl Race {
 
     /// The call's span, to enter while it is polled.
     pub(crate) fn span(&self) -> Option<&tracing::Span> {
-        self.observed.as_deref().map(ClientObserved::span)
+        self.observed.as_deref().map(Observation::span)
     }
 
     /// Ends the call's report with `code` (the first status seen wins).

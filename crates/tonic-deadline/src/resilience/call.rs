@@ -10,8 +10,8 @@ use http::Request;
 use tower_service::Service;
 
 use super::core::{self, Buffered, Core, Replay, Template};
+use super::observer::CallReport;
 use crate::BoxError;
-use crate::observe::CallReport;
 use crate::scope::{Cancelled, Scope};
 use crate::status::status_for;
 
@@ -82,8 +82,8 @@ where
                 Poll::Ready(Ok(None))
             }
             Buffered::Live(body) => {
-                if let Some(metrics) = self.core.metrics() {
-                    metrics.committed_unreplayable_call();
+                if let Some(observer) = self.core.observer() {
+                    observer.committed_unreplayable();
                 }
                 Poll::Ready(Ok(Some(self.send_with(body))))
             }
@@ -115,8 +115,8 @@ where
     /// Reports the call as it ends with `result`: `hedged` or retried, with
     /// `delay` spent backing off.
     pub(super) fn finish<T>(&self, hedged: bool, delay: Duration, result: T) -> Poll<T> {
-        if let Some(metrics) = self.core.metrics() {
-            metrics.resilient_call(
+        if let Some(observer) = self.core.observer() {
+            observer.call_ended(
                 self.template.path(),
                 CallReport {
                     attempts: self.attempts,

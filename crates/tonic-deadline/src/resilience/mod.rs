@@ -177,6 +177,7 @@ mod future;
 mod hedge;
 mod layer;
 mod limiter;
+pub(crate) mod observer;
 mod retry;
 
 use std::sync::Arc;

@@ -137,8 +137,8 @@ where
                     }
                     let delay = match pushback {
                         Pushback::Stop => {
-                            if let Some(m) = self.call.core.metrics() {
-                                m.pushback_stop();
+                            if let Some(o) = self.call.core.observer() {
+                                o.pushback_stop();
                             }
                             return self.finish(result);
                         }
