@@ -1,5 +1,5 @@
 //! Tests that need a peer process the test run does not start itself (a
-//! PostgreSQL server) are built only with their feature. A run without it
+//! PostgreSQL server) are built only with the `live` feature. A run without it
 //! says so in one line, with how many it left out and how to run them,
 //! instead of passing in silence.
 
@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// The feature that builds the tests needing a live PostgreSQL.
-const POSTGRES_FEATURE: &str = "postgres-tests";
+const POSTGRES_FEATURE: &str = "live";
 
 /// The modules `main.rs` declares behind `feature`, read from its source.
 fn gated_modules(feature: &str) -> Vec<&'static str> {
@@ -70,7 +70,7 @@ fn tests_that_need_postgres_are_counted_and_named_when_not_built() {
         !modules.is_empty(),
         "main.rs must declare the PostgreSQL modules behind `{POSTGRES_FEATURE}`"
     );
-    let listed = if cfg!(feature = "postgres-tests") {
+    let listed = if cfg!(feature = "live") {
         listed()
     } else {
         String::new()
@@ -79,7 +79,7 @@ fn tests_that_need_postgres_are_counted_and_named_when_not_built() {
     for module in &modules {
         let n = tests_in(module);
         assert!(n > 0, "the module {module} must hold tests");
-        if cfg!(feature = "postgres-tests") {
+        if cfg!(feature = "live") {
             assert_eq!(
                 listed_in(&listed, module),
                 n,
@@ -88,12 +88,12 @@ fn tests_that_need_postgres_are_counted_and_named_when_not_built() {
         }
         total += n;
     }
-    if !cfg!(feature = "postgres-tests") {
+    if !cfg!(feature = "live") {
         // Straight to the process's stderr: the harness captures `eprintln!`
         // in a passing test, and this line is for the person running it.
         let line = format!(
-            "tonic-deadline: {total} PostgreSQL tests not built (feature \
-             {POSTGRES_FEATURE}; scripts/test-all starts a private PostgreSQL and runs them)\n"
+            "postgres-tests: {total} tonic-deadline tests against PostgreSQL not built \
+             (feature {POSTGRES_FEATURE}; scripts/test-all starts a private PostgreSQL and runs them)\n"
         );
         std::io::stderr()
             .write_all(line.as_bytes())
