@@ -55,8 +55,7 @@ pub(crate) fn release_lab() -> &'static Path {
                 "--release",
                 "-p",
                 "deadline-lab",
-                "--bin",
-                "deadline-lab",
+                "--bins",
                 "--target-dir",
             ])
             .arg(&target)
