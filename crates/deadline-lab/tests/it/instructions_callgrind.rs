@@ -31,7 +31,7 @@ struct Bound {
 // tonic's count as well as ours (adding the metrics and tracing code left our
 // counts within 0.2 % and cut plain tonic's chain by 0.5 %). The goals of SPEC K (server layer <= 1.02, one hop
 // <= 1.03, allocations <= plain tonic + 2) are not reached: what is left is
-// listed in the README's performance section. A change that costs more on the
+// listed in docs/performance.md. A change that costs more on the
 // request path fails here; one that cuts cost tightens the bound.
 const BOUNDS: [Bound; 4] = [
     Bound {
