@@ -30,8 +30,30 @@ pub(crate) async fn alone_async() -> tokio::sync::MutexGuard<'static, ()> {
 }
 
 /// The debug build cargo made for this test binary.
+///
+/// Cargo names it in `CARGO_BIN_EXE_deadline-lab`, except when the workspace
+/// is compiled through a wrapper (`scripts/test-all` compiles it through
+/// clippy): then it is the `deadline-lab` beside the directory this test
+/// binary was built into, where cargo puts it in either case.
 pub(crate) fn debug_lab() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_deadline-lab"))
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
+    FOUND.get_or_init(|| match option_env!("CARGO_BIN_EXE_deadline-lab") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let test = std::env::current_exe().expect("the test binary has a path");
+            let lab = test
+                .parent()
+                .and_then(Path::parent)
+                .expect("cargo builds tests into <profile>/deps")
+                .join(format!("deadline-lab{}", std::env::consts::EXE_SUFFIX));
+            assert!(
+                lab.exists(),
+                "cargo builds the lab beside its tests: {} is missing",
+                lab.display()
+            );
+            lab
+        }
+    })
 }
 
 /// The release build of the lab, built once per test process (`cargo build
@@ -55,8 +77,7 @@ pub(crate) fn release_lab() -> &'static Path {
                 "--release",
                 "-p",
                 "deadline-lab",
-                "--bin",
-                "deadline-lab",
+                "--bins",
                 "--target-dir",
             ])
             .arg(&target)

@@ -10,7 +10,9 @@
 //! it through `--all-features`); there a missing one fails this test with
 //! the command that installs it.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use deadline_lab::bench::instructions::{Case, Instructions};
 
@@ -29,7 +31,7 @@ struct Bound {
 // tonic's count as well as ours (adding the metrics and tracing code left our
 // counts within 0.2 % and cut plain tonic's chain by 0.5 %). The goals of SPEC K (server layer <= 1.02, one hop
 // <= 1.03, allocations <= plain tonic + 2) are not reached: what is left is
-// listed in the README's performance section. A change that costs more on the
+// listed in docs/performance.md. A change that costs more on the
 // request path fails here; one that cuts cost tightens the bound.
 const BOUNDS: [Bound; 4] = [
     Bound {
@@ -123,4 +125,105 @@ fn layer_instruction_ratios_stay_under_their_bounds() {
             bound.extra_allocs
         );
     }
+}
+
+/// Requests per run of the baseline test; a second run sends five times as
+/// many, and the difference divided by the extra requests is the cost of
+/// one request, start-up and shutdown cancelled out.
+const BASELINE_REQUESTS: u64 = 1000;
+
+/// `deadline-lab serve echo --plain`, the server every plain-tonic figure
+/// of the lab is measured on, costs per request what plain tonic costs in a
+/// binary of its own (`plain-echo`: the same health service, the same
+/// server settings, no subscriber, no counting allocator, nothing else of
+/// the lab), both loaded by the same external client (`h2load`).
+///
+/// A lab whose own machinery (an unfiltered log layer, once) made every
+/// request dearer would flatter every ratio it prints.
+#[test]
+fn plain_tonic_in_the_lab_costs_what_it_costs_in_a_binary_of_its_own() {
+    for (tool, package) in [("valgrind", "valgrind"), ("h2load", "nghttp2-client")] {
+        assert!(
+            Command::new(tool)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "this test needs {tool} on PATH: `apt-get install -y {package}` (scripts/test-all does)"
+        );
+    }
+    let lab = release_lab();
+    let own = lab.with_file_name("plain-echo");
+    let _alone = alone();
+    let in_lab = per_request(
+        lab,
+        &["serve", "echo", "--plain", "--listen", "127.0.0.1:0"],
+    );
+    let on_its_own = per_request(&own, &["127.0.0.1:0"]);
+    let ratio = in_lab / on_its_own;
+    assert!(
+        on_its_own > 10_000.0,
+        "a request must cost thousands of instructions, got {on_its_own:.0}"
+    );
+    assert!(
+        (0.95..=1.05).contains(&ratio),
+        "plain tonic in the lab ({in_lab:.0} instructions per request) must cost within 5 % of \
+         plain tonic in a binary of its own ({on_its_own:.0}): {ratio:.3}"
+    );
+}
+
+/// Instructions per request of the server `exe ARGS` (which prints its
+/// address first and exits at SIGINT), under callgrind, loaded by h2load.
+fn per_request(exe: &Path, args: &[&str]) -> f64 {
+    let small = instructions(exe, args, BASELINE_REQUESTS);
+    let large = instructions(exe, args, 5 * BASELINE_REQUESTS);
+    (large - small) as f64 / (4 * BASELINE_REQUESTS) as f64
+}
+
+/// The total instructions of one run of the server serving `requests`.
+fn instructions(exe: &Path, args: &[&str], requests: u64) -> u64 {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let out = dir.path().join("callgrind.out");
+    let mut server = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("valgrind must start");
+    let mut first = String::new();
+    BufReader::new(server.stdout.take().expect("piped stdout"))
+        .read_line(&mut first)
+        .expect("the server prints its address");
+    let addr = first.trim();
+    assert!(!addr.is_empty(), "{} must print its address", exe.display());
+    let body = dir.path().join("empty-request");
+    // One gRPC message frame: uncompressed, zero bytes long.
+    std::fs::write(&body, [0u8; 5]).expect("the request body is written");
+    let load = Command::new("h2load")
+        .args(["-n", &requests.to_string(), "-c", "4", "-m", "16", "-d"])
+        .arg(&body)
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .output()
+        .expect("h2load must start");
+    let report = String::from_utf8_lossy(&load.stdout);
+    assert!(
+        report.contains(&format!("{requests} succeeded, 0 failed")),
+        "every request must succeed: {report}"
+    );
+    let pid = rustix::process::Pid::from_raw(i32::try_from(server.id()).expect("a pid fits"))
+        .expect("a live pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT is sent");
+    let status = server.wait().expect("the server exits");
+    assert!(
+        status.success(),
+        "the server must exit cleanly at SIGINT: {status}"
+    );
+    let text = std::fs::read_to_string(&out).expect("callgrind writes its counts at exit");
+    text.lines()
+        .find_map(|line| line.strip_prefix("summary: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("callgrind's output has a summary line")
 }

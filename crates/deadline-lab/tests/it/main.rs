@@ -7,6 +7,7 @@
 
 mod common;
 
+mod docs;
 mod experiments;
 mod faults;
 mod peers;

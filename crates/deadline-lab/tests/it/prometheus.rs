@@ -123,7 +123,7 @@ async fn positive(prometheus: SocketAddr, promql: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_grpc_and_budget_series_after_real_calls() {
-    let mut lab = Command::new(env!("CARGO_BIN_EXE_deadline-lab"))
+    let mut lab = Command::new(crate::common::debug_lab())
         .args([
             "serve",
             "chain",

@@ -19,8 +19,7 @@
 //!    time to be useful, while work that already waited long is the most
 //!    likely to be abandoned by its caller. While the queue is calm it is
 //!    first-in-first-out, so nobody is starved when there is no overload.
-//!    `deadline-lab bench overload` measures the three disciplines side by
-//!    side (see [`Discipline`]).
+//!    [`Discipline`] compares the three under overload.
 //!
 //! How it differs from `tokio::sync::Semaphore` and tower's `ConcurrencyLimit`:
 //! those queue strictly first-in-first-out, know nothing about deadlines, and

@@ -13,9 +13,8 @@ use crate::scope::Scope;
 
 /// Which waiter gets a permit when one is freed.
 ///
-/// Measured by `deadline-lab bench overload` (a pool of 4 connections held
-/// ~10 ms each, open-loop load at 2× and 4× capacity, 100 ms deadlines):
-/// first-in-first-out serves the waiters that waited longest, which under
+/// Under open-loop load at 2× and 4× the capacity of a pool of 4
+/// connections held ~10 ms each, with 100 ms deadlines, first-in-first-out serves the waiters that waited longest, which under
 /// overload are the ones closest to their deadline — answers arrive just
 /// too late and goodput falls; last-in-first-out keeps goodput near capacity
 /// but starves old waiters even when there is no overload; the adaptive mix

@@ -56,7 +56,7 @@ impl ClientDeadlineLayer {
     /// `grpc-timeout` is relative, so no clock sync is needed, but the server
     /// starts counting only when the headers arrive: without compensation it
     /// believes it has the one-way transit time more than the caller really
-    /// has (`deadline-lab experiment drift`). Set this to the one-way latency
+    /// has. Set this to the one-way latency
     /// of the path (half the round-trip time on a symmetric network). Our
     /// own timer still waits for the full budget. A call with no more than
     /// `allowance` left fails locally with `DEADLINE_EXCEEDED`: it could not

@@ -46,8 +46,7 @@
 //!   connection is closed after 5 s. With
 //!   [`cancel_requests(false)`](SqlxPgPoolBuilder::cancel_requests) the
 //!   timeout is all that stops a statement, so it is refreshed to the
-//!   remaining budget before every statement: one round trip each
-//!   (`deadline-lab experiment edge` measures both).
+//!   remaining budget before every statement: one round trip each.
 //!
 //! # Example
 //!

@@ -2,8 +2,8 @@
 //! readable back as a [`Histogram`].
 //!
 //! `prometheus-client`'s own histogram takes a lock per observation and
-//! cannot be read back; this one is lock-free and can, which the tests and
-//! the lab's experiments use.
+//! cannot be read back; this one is lock-free and can, through
+//! [`Histogram`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

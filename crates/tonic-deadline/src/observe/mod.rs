@@ -23,8 +23,8 @@
 //! brought, how long it queued, how much each outbound call was granted,
 //! how its scope ended, what was refused as already expired, and what ran
 //! on after its scope had ended.
-//! The project's README lists them all, with their labels and units; the
-//! [`spans`] module lists the spans and their fields.
+//! The repository's `docs/metrics.md` lists them all, with their labels
+//! and units; the [`spans`] module lists the spans and their fields.
 //!
 //! ```
 //! use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer};
