@@ -10,6 +10,8 @@ mod common;
 mod admission_layer;
 mod cancellation;
 mod failures;
+mod layering;
+mod lean_build;
 mod observe;
 mod plain_tonic_baseline;
 mod propagation;
@@ -32,4 +34,5 @@ mod http_server;
 #[cfg(feature = "jobs")]
 mod jobs_sigkill;
 
-// The tests that need a live PostgreSQL server are in crates/postgres-tests.
+// The tests that need a live PostgreSQL server are in the lab's tests
+// (crates/deadline-lab/tests/it), beside its other tests that need a peer.
