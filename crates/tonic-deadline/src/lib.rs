@@ -21,12 +21,17 @@ pub mod deadline_headers;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod http_client;
-#[cfg(feature = "jobs")]
+#[cfg(any(feature = "jobs", feature = "jobs-postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "jobs", feature = "jobs-postgres"))))]
 pub mod jobs;
 pub mod observe;
+#[cfg(feature = "service-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
 pub mod resilience;
 pub mod scope;
 pub mod server;
+#[cfg(feature = "service-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
 pub mod service_config;
 pub mod status;
 mod wire;

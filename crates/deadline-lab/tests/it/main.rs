@@ -1,5 +1,7 @@
 //! The lab's integration tests, in one binary so that the lab and the
-//! helpers are linked once.
+//! helpers are linked once; with them the library's tests against a live
+//! PostgreSQL (`db_postgres`, `db_sqlx_postgres`, `jobs_postgres`), which
+//! need the same peer.
 //!
 //! The modules behind a feature need a peer the machine may not have
 //! (PostgreSQL, root for network namespaces, valgrind, Prometheus, nginx,
@@ -16,11 +18,17 @@ mod resources;
 mod traces;
 
 #[cfg(feature = "postgres-tests")]
+mod db_postgres;
+#[cfg(feature = "postgres-tests")]
+mod db_sqlx_postgres;
+#[cfg(feature = "postgres-tests")]
 mod edge;
 #[cfg(feature = "netns-tests")]
 mod hosts;
 #[cfg(feature = "callgrind-tests")]
 mod instructions_callgrind;
+#[cfg(feature = "postgres-tests")]
+mod jobs_postgres;
 #[cfg(feature = "prometheus-tests")]
 mod prometheus;
 #[cfg(feature = "nginx-tests")]

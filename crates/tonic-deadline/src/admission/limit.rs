@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -13,9 +14,8 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{Admission, Permit, Reason, Refused, scope_of};
-use crate::observe::{Metrics, Stage};
-use crate::scope::Cause;
+use super::observer::Observer;
+use super::{Admission, Permit, scope_of};
 
 /// Limits how many requests run their handler at once; the rest wait in a
 /// deadline-aware queue (see the [module docs](super)).
@@ -52,7 +52,8 @@ use crate::scope::Cause;
 #[derive(Debug, Clone)]
 pub struct AdmissionLayer {
     admission: Admission,
-    metrics: Option<Metrics>,
+    /// Who observes the decisions (metrics); none by default.
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl AdmissionLayer {
@@ -60,23 +61,18 @@ impl AdmissionLayer {
     pub fn new(admission: Admission) -> Self {
         Self {
             admission,
-            metrics: None,
+            observer: None,
         }
     }
 
-    /// Reports into `metrics` how long each admitted request queued, the
-    /// requests not admitted by reason, and those refused as already
-    /// expired.
-    ///
-    /// ```
-    /// use tonic_deadline::admission::{Admission, AdmissionLayer};
-    /// use tonic_deadline::observe::Metrics;
-    /// let metrics = Metrics::new();
-    /// let layer = AdmissionLayer::new(Admission::new(8)).metrics(&metrics);
-    /// # let _ = layer;
-    /// ```
-    pub fn metrics(mut self, metrics: &Metrics) -> Self {
-        self.metrics = Some(metrics.clone());
+    /// The layer with `observer` observing its decisions, in place of any
+    /// it had (`observe` builds it: see `metrics`).
+    #[cfg_attr(
+        not(feature = "metrics"),
+        allow(dead_code, reason = "only `observe::Metrics` observes this layer")
+    )]
+    pub(crate) fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
         self
     }
 }
@@ -88,7 +84,7 @@ impl<S> Layer<S> for AdmissionLayer {
         Admitted {
             inner,
             admission: self.admission.clone(),
-            metrics: self.metrics.clone(),
+            observer: self.observer.clone(),
         }
     }
 }
@@ -98,7 +94,7 @@ impl<S> Layer<S> for AdmissionLayer {
 pub struct Admitted<S> {
     inner: S,
     admission: Admission,
-    metrics: Option<Metrics>,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl<S> Admitted<S> {
@@ -142,11 +138,11 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let admission = self.admission.clone();
         let scope = scope_of(&request);
-        let metrics = self.metrics.clone();
+        let observer = self.observer.clone();
         Box::pin(async move {
             let acquired = admission.acquire(&scope).await;
-            if let Some(metrics) = &metrics {
-                report(metrics, request.uri().path(), &acquired);
+            if let Some(observer) = &observer {
+                observer.decided(request.uri().path(), &acquired);
             }
             let permit = match acquired {
                 Ok(permit) => permit,
@@ -160,25 +156,6 @@ where
             let response = inner.call(request).await?;
             Ok(response.map(|body| AdmittedBody::holding(body, permit)))
         })
-    }
-}
-
-/// Reports one admission decision.
-fn report(metrics: &Metrics, path: &str, acquired: &Result<Permit, Refused>) {
-    match acquired {
-        Ok(permit) => metrics.admitted(&metrics.method(path), permit.waited()),
-        Err(refused) => {
-            let reason = match refused.reason() {
-                Reason::Ended(Cause::DeadlineExceeded) => {
-                    metrics.refused(Stage::Admission);
-                    "deadline_exceeded"
-                }
-                Reason::Ended(_) => "cancelled",
-                Reason::WouldNotFinish => "would_not_finish",
-                Reason::QueueFull => "queue_full",
-            };
-            metrics.not_admitted(reason);
-        }
     }
 }
 

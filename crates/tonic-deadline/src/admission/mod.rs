@@ -62,6 +62,7 @@
 //!    and not yet answered; dropping the future removes the entry.
 
 mod limit;
+pub(crate) mod observer;
 mod queue;
 
 use std::fmt;

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::abandon::Abandoned;
-use super::future::Race;
+use super::race::{Race, error_code};
 use super::transport::MessageCursor;
 use super::unscoped::Config;
 use crate::BoxError;
@@ -103,7 +103,7 @@ where
                 let err = this
                     .race
                     .map_error(err.into(), this.cursor.is_mid_message());
-                this.race.settle(super::future::error_code(&err));
+                this.race.settle(error_code(&err));
                 Poll::Ready(Some(Err(err)))
             }
             Poll::Ready(Some(Ok(mut frame))) => {

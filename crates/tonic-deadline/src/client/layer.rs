@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::observer::Observer;
 use super::{ClientDeadline, Config, Unscoped};
-use crate::observe::Metrics;
 
 /// Makes every call through a tonic `Channel` (or any gRPC service) carry and
 /// obey the current scope's deadline.
@@ -39,8 +39,8 @@ pub struct ClientDeadlineLayer {
     #[cfg(feature = "channel")]
     pub(super) transit_from: Option<super::RoundTrip>,
     pub(super) unscoped: Unscoped,
-    pub(super) metrics: Option<Metrics>,
-    pub(super) spans: bool,
+    /// Who observes the calls (metrics, spans); none by default.
+    pub(super) observer: Option<Arc<dyn Observer>>,
 }
 
 impl ClientDeadlineLayer {
@@ -94,33 +94,15 @@ impl ClientDeadlineLayer {
         self
     }
 
-    /// Opens a `grpc.client` span per call, with the budget as fields (see
-    /// [`observe::spans`](crate::observe::spans)); with the `opentelemetry`
-    /// feature the call writes its span's `traceparent`. Off by default: a
-    /// call then pays for no span at all.
-    ///
-    /// ```
-    /// let layer = tonic_deadline::ClientDeadlineLayer::new().trace_spans();
-    /// # let _ = layer;
-    /// ```
-    pub fn trace_spans(mut self) -> Self {
-        self.spans = true;
-        self
+    /// The layer's observer, if it has one.
+    pub(crate) fn observer(&self) -> Option<&dyn Observer> {
+        self.observer.as_deref()
     }
 
-    /// Reports every outbound call into `metrics`: gRPC's attempt and call
-    /// metrics, the budget written into its `grpc-timeout` (or that it had
-    /// none), calls refused locally as already expired, and calls that
-    /// found no scope. Without it the layer records nothing.
-    ///
-    /// ```
-    /// use tonic_deadline::{ClientDeadlineLayer, observe::Metrics};
-    /// let metrics = Metrics::new();
-    /// let layer = ClientDeadlineLayer::new().metrics(&metrics);
-    /// # let _ = layer;
-    /// ```
-    pub fn metrics(mut self, metrics: &Metrics) -> Self {
-        self.metrics = Some(metrics.clone());
+    /// The layer with `observer` observing its calls, in place of any it
+    /// had (`observe` builds it: see `metrics` and `trace_spans`).
+    pub(crate) fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
         self
     }
 

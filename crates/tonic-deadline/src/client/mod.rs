@@ -57,6 +57,8 @@ mod body;
 mod channel;
 mod future;
 mod layer;
+pub(crate) mod observer;
+mod race;
 #[cfg(feature = "channel")]
 mod round_trip;
 #[cfg(feature = "channel")]
@@ -74,7 +76,6 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::BoxError;
-use crate::observe::{ClientCall, ClientObserved, Stage, spans};
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
@@ -85,6 +86,7 @@ use body::RequestBody;
 pub use channel::{REMEMBERED_RESETS, ReadyBody, ReadyChannel, ReadyChannelBuilder, ReadyFuture};
 pub use future::ResponseFuture;
 pub use layer::ClientDeadlineLayer;
+use observer::Sent;
 #[cfg(feature = "channel")]
 pub use round_trip::RoundTrip;
 use unscoped::Config;
@@ -207,20 +209,18 @@ where
             Some(scope) => Some(scope.clone()),
             None => Scope::try_current(),
         };
-        let span = self
-            .config
-            .spans
-            .then(|| spans::client(request.uri().path()));
-        let failed = |status: tonic::Status| {
-            if let Some(span) = &span {
-                spans::client_ended(span, status.code(), None, false);
+        let observer = self.config.observer.as_deref();
+        let span = observer.and_then(|o| o.open(request.uri().path()));
+        let failed = |span, status: tonic::Status| {
+            if let Some(observer) = observer {
+                observer.failed(span, status.code());
             }
             ResponseFuture::failed(status)
         };
         if scope.is_none()
             && let Err(refused) = self.config.unscoped_call(request.uri().path())
         {
-            return failed(refused);
+            return failed(span, refused);
         }
         if std::mem::take(&mut self.ready_expired) {
             let cause = scope
@@ -228,12 +228,12 @@ where
                 .and_then(Scope::cause)
                 .unwrap_or(Cause::DeadlineExceeded);
             self.count_refused(cause);
-            return failed(status_for(cause));
+            return failed(span, status_for(cause));
         }
         let requested = match timeout_header::from_headers(request.headers()) {
             Ok(requested) => requested,
             Err(malformed) => {
-                return failed(tonic::Status::internal(malformed.to_string()));
+                return failed(span, tonic::Status::internal(malformed.to_string()));
             }
         };
         if let Some(scope) = &scope {
@@ -243,7 +243,7 @@ where
                 && let Some(cause) = scope.cause()
             {
                 self.count_refused(cause);
-                return failed(status_for(cause));
+                return failed(span, status_for(cause));
             }
             if let Some(forwarded) = scope
                 .attached::<crate::server::Attached>()
@@ -278,7 +278,7 @@ where
                     .saturating_sub(self.config.transit());
                 if on_arrival.is_zero() {
                     self.count_refused(Cause::DeadlineExceeded);
-                    return failed(status_for(Cause::DeadlineExceeded));
+                    return failed(span, status_for(Cause::DeadlineExceeded));
                 }
                 granted = Some(on_arrival);
                 let mut wire = [0; timeout_header::ENCODED_MAX];
@@ -292,13 +292,17 @@ where
                 request.headers_mut().remove(GRPC_TIMEOUT);
             }
         }
-        let record = self.config.metrics.as_ref().map(|metrics| {
-            let method = metrics.method(request.uri().path());
-            ClientCall::start(metrics, method, now, deadline, scope.clone(), granted)
+        let (mut parts, body) = request.into_parts();
+        let observed = observer.map(|o| {
+            let sent = Sent {
+                path: parts.uri.path(),
+                now,
+                deadline,
+                scope: scope.as_ref(),
+                granted,
+            };
+            o.sent(&sent, span, &mut parts.headers)
         });
-        if let Some(span) = &span {
-            spans::client_sent(span, scope.as_ref(), granted, request.headers_mut());
-        }
         let (abandon, abandoned) = abandon::pair();
         // A sample of the calls with a budget on the wire is watched: if the
         // request leaves much later than now, something below held it, and
@@ -308,17 +312,15 @@ where
                 now,
                 granted,
                 &self.config,
-                request.uri().path(),
+                parts.uri.path(),
             )),
             _ => None,
         };
-        let request =
-            request.map(|body| tonic::body::Body::new(RequestBody::new(body, abandoned, watch)));
+        let body = tonic::body::Body::new(RequestBody::new(body, abandoned, watch));
         let inner = {
-            let _entered = span.as_ref().map(tracing::Span::enter);
-            self.inner.call(request)
+            let _entered = observed.as_ref().map(|o| o.span().enter());
+            self.inner.call(Request::from_parts(parts, body))
         };
-        let observed = ClientObserved::new(record, span);
         ResponseFuture::running(inner, deadline, scope, abandon, observed)
     }
 }
@@ -328,9 +330,9 @@ impl<S> ClientDeadline<S> {
     /// ended, as refused if it had expired.
     fn count_refused(&self, cause: Cause) {
         if cause == Cause::DeadlineExceeded
-            && let Some(metrics) = &self.config.metrics
+            && let Some(observer) = &self.config.observer
         {
-            metrics.refused(Stage::Client);
+            observer.refused_expired();
         }
     }
 }

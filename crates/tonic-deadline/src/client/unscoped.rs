@@ -1,11 +1,12 @@
 //! Outbound calls that find no scope: allowed, reported, or refused.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::observe::Metrics;
+use super::observer::Observer;
 
 /// What the client layer does with an outbound call that finds no scope —
 /// neither a current scope on its task nor one carried in the request.
@@ -67,8 +68,7 @@ pub(crate) struct Config {
     #[cfg(feature = "channel")]
     pub(crate) transit_from: Option<super::RoundTrip>,
     pub(crate) unscoped: Unscoped,
-    pub(crate) metrics: Option<Metrics>,
-    pub(crate) spans: bool,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
     warnings: WarnLimit,
     /// Calls made, for choosing which ones to watch leave.
     calls: AtomicU64,
@@ -82,8 +82,7 @@ impl Config {
             #[cfg(feature = "channel")]
             transit_from: layer.transit_from.clone(),
             unscoped: layer.unscoped,
-            metrics: layer.metrics.clone(),
-            spans: layer.spans,
+            observer: layer.observer.clone(),
             warnings: WarnLimit::new(),
             calls: AtomicU64::new(0),
             late_warnings: WarnLimit::new(),
@@ -107,8 +106,8 @@ impl Config {
         if late <= LEFT_LATE || late <= granted / 20 {
             return;
         }
-        if let Some(metrics) = &self.metrics {
-            metrics.budget_left_late();
+        if let Some(observer) = &self.observer {
+            observer.left_late();
         }
         if let Some(similar) = self.late_warnings.admit() {
             tracing::warn!(
@@ -142,8 +141,8 @@ impl Config {
         if self.unscoped == Unscoped::Allow {
             return Ok(());
         }
-        if let Some(metrics) = &self.metrics {
-            metrics.unscoped_call();
+        if let Some(observer) = &self.observer {
+            observer.unscoped();
         }
         if self.unscoped == Unscoped::Deny {
             tracing::warn!(method, "refused an outbound call made outside any scope");

@@ -38,10 +38,11 @@
 //! # Example
 //!
 //! ```
-//! use tonic_deadline::jobs::{JobQueue, JobState, Worker};
-//!
+//! # #[cfg(feature = "jobs")]
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
+//! use tonic_deadline::jobs::{JobQueue, JobState, Worker};
+//!
 //! let dir = tempfile::tempdir().unwrap();
 //! let queue = JobQueue::open(dir.path().join("jobs.db")).expect("opens");
 //! // In a handler: written durably before the reply.
@@ -55,15 +56,18 @@
 //! worker.shutdown().await;
 //! assert_eq!(queue.state(id).await.unwrap(), Some(JobState::Done));
 //! # }
+//! # #[cfg(not(feature = "jobs"))]
+//! # fn main() {}
 //! ```
 
 #[cfg(feature = "jobs-postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "jobs-postgres")))]
 pub mod postgres;
+#[cfg(feature = "jobs")]
 mod sqlite;
 
 use std::fmt;
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -72,6 +76,8 @@ use tokio::sync::Notify;
 
 use crate::db::Error;
 use crate::scope::Scope;
+#[cfg(feature = "jobs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "jobs")))]
 pub use sqlite::SqliteStore;
 
 /// How often an idle worker looks for jobs submitted by another process.
@@ -199,9 +205,17 @@ pub trait Store: Send + Sync + 'static {
     fn renew_every(&self) -> Option<Duration>;
 }
 
-/// A durable job queue over a [`Store`] (SQLite unless said otherwise).
-/// Cheap to clone.
+/// A durable job queue over a [`Store`] (with the `jobs` feature, SQLite
+/// unless said otherwise). Cheap to clone.
+#[cfg(feature = "jobs")]
 pub struct JobQueue<S = SqliteStore> {
+    shared: Arc<Shared<S>>,
+}
+
+/// A durable job queue over a [`Store`]. Cheap to clone.
+// Without the `jobs` feature there is no SQLite store to default to.
+#[cfg(not(feature = "jobs"))]
+pub struct JobQueue<S> {
     shared: Arc<Shared<S>>,
 }
 
@@ -226,6 +240,8 @@ impl<S> fmt::Debug for JobQueue<S> {
     }
 }
 
+#[cfg(feature = "jobs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "jobs")))]
 impl JobQueue<SqliteStore> {
     /// Opens (or creates) the queue in the SQLite file at `path` and
     /// recovers from a crash: jobs left `running` are re-queued if
@@ -234,7 +250,7 @@ impl JobQueue<SqliteStore> {
     /// # Errors
     ///
     /// SQLite could not open or set up the file.
-    pub fn open(path: impl AsRef<Path>) -> rusqlite::Result<Self> {
+    pub fn open(path: impl AsRef<std::path::Path>) -> rusqlite::Result<Self> {
         Ok(Self::new(SqliteStore::open(path)?))
     }
 }

@@ -1,125 +1,21 @@
-//! What the retry and hedging layers report: gRPC's per-call retry metrics
+//! What the retry and hedging layer reports: gRPC's per-call retry metrics
 //! (`grpc.client.call.retries`, `.hedges`, `.retry_delay`) and the counts
 //! behind their decisions.
 //!
-//! Kept apart from the other counters: the block has its own accessors,
-//! which the retry and hedging tests read.
+//! The block has accessors of its own, which the retry and hedging tests
+//! read. Registered in every [`Metrics`]; the layer itself (and what
+//! reports into the block) comes with the `service-config` feature.
 
-use std::time::Duration;
-
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::registry::{Registry, Unit};
-
-use super::histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Hist, Histogram};
-use super::{HistFamily, MethodLabel, Metrics};
-
-/// The retry and hedging block of [`Metrics`].
-#[derive(Debug)]
-pub(super) struct Resilience {
-    calls: Counter,
-    attempts: Counter,
-    /// All methods together, for the accessors.
-    retries: Hist,
-    hedges: Hist,
-    retry_delay: Hist,
-    /// By `grpc_method`, as exposed.
-    retries_by: HistFamily<MethodLabel>,
-    hedges_by: HistFamily<MethodLabel>,
-    retry_delay_by: HistFamily<MethodLabel>,
-    hedge_losers_cancelled: Counter,
-    throttled: Counter,
-    no_time_for_attempt: Counter,
-    pushback_stops: Counter,
-    committed_unreplayable: Counter,
-}
-
-impl Resilience {
-    /// The block, its series registered in `registry`.
-    pub(super) fn register(registry: &mut Registry) -> Self {
-        let this = Self {
-            calls: Counter::default(),
-            attempts: Counter::default(),
-            retries: Hist::new(COUNT_BOUNDS),
-            hedges: Hist::new(COUNT_BOUNDS),
-            retry_delay: Hist::new(DELAY_BOUNDS),
-            retries_by: HistFamily::new_with_constructor(|| Hist::new(COUNT_BOUNDS)),
-            hedges_by: HistFamily::new_with_constructor(|| Hist::new(COUNT_BOUNDS)),
-            retry_delay_by: HistFamily::new_with_constructor(|| Hist::new(DELAY_BOUNDS)),
-            hedge_losers_cancelled: Counter::default(),
-            throttled: Counter::default(),
-            no_time_for_attempt: Counter::default(),
-            pushback_stops: Counter::default(),
-            committed_unreplayable: Counter::default(),
-        };
-        registry.register(
-            "grpc_client_call_retries",
-            "Retries per call, for calls that retried at least once",
-            this.retries_by.clone(),
-        );
-        registry.register(
-            "grpc_client_call_hedges",
-            "Hedges (attempts after the first) per hedged call that sent any",
-            this.hedges_by.clone(),
-        );
-        registry.register_with_unit(
-            "grpc_client_call_retry_delay",
-            "Time per retried call with no attempt in flight (backoff)",
-            Unit::Seconds,
-            this.retry_delay_by.clone(),
-        );
-        let counters = [
-            (
-                "tonic_deadline_resilient_calls",
-                "Calls made through a retry or hedging layer, counted when they end",
-                &this.calls,
-            ),
-            (
-                "tonic_deadline_call_attempts",
-                "Attempts sent by calls through a retry or hedging layer, first attempts included",
-                &this.attempts,
-            ),
-            (
-                "tonic_deadline_hedge_losers_cancelled",
-                "Losing hedges reset once another attempt won",
-                &this.hedge_losers_cancelled,
-            ),
-            (
-                "tonic_deadline_retries_throttled",
-                "Retries and hedges not sent because throttling or the retry budget said no",
-                &this.throttled,
-            ),
-            (
-                "tonic_deadline_attempts_refused_for_time",
-                "Retries and hedges not sent because the deadline left no time for a useful attempt",
-                &this.no_time_for_attempt,
-            ),
-            (
-                "tonic_deadline_pushback_stops",
-                "Calls that stopped retrying because the server's pushback said so",
-                &this.pushback_stops,
-            ),
-            (
-                "tonic_deadline_committed_unreplayable",
-                "Calls sent once without retries because their request body could not be replayed",
-                &this.committed_unreplayable,
-            ),
-        ];
-        for (name, help, counter) in counters {
-            registry.register(name, help, counter.clone());
-        }
-        this
-    }
-}
-
-/// What one call through a retry or hedging layer did, reported once when
-/// it ends.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct CallReport {
-    pub(crate) attempts: u32,
-    pub(crate) hedged: bool,
-    /// Time with no attempt in flight (backoff sleeps).
-    pub(crate) delay: Duration,
-}
+use super::histogram::Histogram;
+#[cfg(feature = "service-config")]
+use super::metrics::MethodLabel;
+use super::metrics::Metrics;
+#[cfg(feature = "service-config")]
+use {
+    crate::resilience::ResilienceLayer,
+    crate::resilience::observer::{CallReport, Observer},
+    std::sync::Arc,
+};
 
 impl Metrics {
     /// Calls made through a retry or hedging layer, counted when they end
@@ -180,10 +76,33 @@ impl Metrics {
     pub fn committed_unreplayable(&self) -> u64 {
         self.inner.resilience.committed_unreplayable.get()
     }
+}
 
-    /// Reports a call to `path` through a retry or hedging layer as it
-    /// ends.
-    pub(crate) fn resilient_call(&self, path: &str, report: CallReport) {
+#[cfg(feature = "service-config")]
+impl ResilienceLayer {
+    /// Counts calls, attempts, retries, hedges, backoff and cancelled
+    /// losers into `metrics`.
+    ///
+    /// ```
+    /// use tonic_deadline::observe::Metrics;
+    /// use tonic_deadline::resilience::ResilienceLayer;
+    ///
+    /// let metrics = Metrics::new();
+    /// let layer = ResilienceLayer::from_service_config(r#"{"methodConfig": []}"#)?
+    ///     .metrics(&metrics);
+    /// # let _ = layer;
+    /// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics(self, metrics: &Metrics) -> Self {
+        self.observed_by(Arc::new(metrics.clone()))
+    }
+}
+
+/// The retry and hedging layer reports into the block.
+#[cfg(feature = "service-config")]
+impl Observer for Metrics {
+    fn call_ended(&self, path: &str, report: CallReport) {
         let r = &self.inner.resilience;
         r.calls.inc();
         r.attempts.inc_by(u64::from(report.attempts));
@@ -207,23 +126,23 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn hedge_losers(&self, n: u64) {
+    fn hedge_losers(&self, n: u64) {
         self.inner.resilience.hedge_losers_cancelled.inc_by(n);
     }
 
-    pub(crate) fn retry_throttled(&self) {
+    fn retry_throttled(&self) {
         self.inner.resilience.throttled.inc();
     }
 
-    pub(crate) fn attempt_refused_for_time(&self) {
+    fn attempt_refused_for_time(&self) {
         self.inner.resilience.no_time_for_attempt.inc();
     }
 
-    pub(crate) fn pushback_stop(&self) {
+    fn pushback_stop(&self) {
         self.inner.resilience.pushback_stops.inc();
     }
 
-    pub(crate) fn committed_unreplayable_call(&self) {
+    fn committed_unreplayable(&self) {
         self.inner.resilience.committed_unreplayable.inc();
     }
 }

@@ -147,7 +147,6 @@ fn record_budget(span: &Span, requested: Option<Duration>, budget: Option<Durati
 
 /// The span of one inbound plain-HTTP request, parented on the caller's
 /// span when the request carries its trace context.
-#[cfg(feature = "http")]
 pub(crate) fn http_server(
     method: &http::Method,
     path: &str,

@@ -1,6 +1,16 @@
+//! The registry's series and labels, and what the layers report into it.
+
+// Tests start tasks and threads that belong to no request.
+#![allow(clippy::disallowed_methods)]
+
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
+use super::metrics::{CAUSE_LABELS, Stage};
 use super::*;
+use crate::{Cause, Scope};
 
 /// The value of the sample `series` (name and labels as written) in `text`.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -103,7 +113,7 @@ fn methods_past_the_bound_are_labelled_other() {
 #[test]
 fn scope_causes_and_refusals_read_back_by_label() {
     let metrics = Metrics::new();
-    let local_cap = super::call::CAUSE_LABELS
+    let local_cap = CAUSE_LABELS
         .iter()
         .position(|label| *label == "local_cap")
         .expect("a cause label");
@@ -144,4 +154,89 @@ fn two_handles_keep_their_counts_apart() {
         "nothing may be shared between handles"
     );
     assert_eq!(a.clone().unscoped_calls(), 1, "clones share the series");
+}
+
+/// A root scope as the server layer makes it when given `metrics`.
+fn root_reporting_to(metrics: &Metrics) -> Scope {
+    let reporting = Reporting {
+        metrics: Some(metrics.clone()),
+        spans: false,
+    };
+    let attached = crate::server::Attached::new(None, Some(Arc::new(reporting)));
+    Scope::root_attached(None, Some(Arc::new(attached)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawn_blocking_returns_the_work_output_in_time() {
+    let metrics = Metrics::new();
+    let root = root_reporting_to(&metrics);
+    let scope = root.with_timeout(Duration::from_secs(1));
+    let out = scope
+        .spawn_blocking(|scope| {
+            assert!(scope.check().is_ok(), "the work must see its live scope");
+            scope.deadline()
+        })
+        .await
+        .expect("work that finishes in time must return its output");
+    assert_eq!(
+        out,
+        scope.deadline(),
+        "the work's scope must share the deadline"
+    );
+    assert_eq!(
+        metrics.outlived(),
+        0,
+        "work that finished within its scope must not be counted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawn_blocking_returns_at_scope_end_and_counts_outliving_work() {
+    let metrics = Metrics::new();
+    let root = root_reporting_to(&metrics);
+    let scope = root.with_timeout(Duration::from_secs(10));
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (finished_tx, finished_rx) = std::sync::mpsc::channel::<()>();
+    let canceller = scope.clone();
+    tokio::spawn(async move {
+        started_rx.await.expect("the work starts");
+        canceller.cancel();
+    });
+
+    // The work ignores its scope: it blocks until released.
+    let ended = scope
+        .spawn_blocking(move |_scope| {
+            let _ = started_tx.send(());
+            release_rx.recv().expect("the test releases the work");
+            let _ = finished_tx.send(());
+        })
+        .await
+        .expect_err("spawn_blocking must return when the scope ends, not when the work does");
+    assert_eq!(ended.cause(), Cause::Cancelled);
+    assert!(
+        finished_rx.try_recv().is_err(),
+        "the work must still be running when spawn_blocking returns"
+    );
+
+    release_tx.send(()).expect("the work is waiting");
+    let counted = tokio::task::spawn_blocking(move || {
+        finished_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the released work must finish");
+        // The count is taken just after the work returns, on its thread.
+        for _ in 0..10_000 {
+            if metrics.outlived() > 0 {
+                return metrics.outlived();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        0
+    })
+    .await
+    .expect("no panic");
+    assert_eq!(
+        counted, 1,
+        "work that outlived its scope must be counted exactly once, in its root's metrics"
+    );
 }

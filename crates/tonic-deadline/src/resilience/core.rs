@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,9 +18,9 @@ use tokio::time::{Instant, Sleep};
 use tonic::Code;
 
 use super::limiter::Limiter;
+use super::observer::Observer;
 use crate::BoxError;
 use crate::client::WaitForReady;
-use crate::observe::Metrics;
 use crate::scope::Scope;
 use crate::service_config::{Codes, HedgingPolicy, Resolved, ServiceConfig};
 use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
@@ -42,7 +42,8 @@ pub(crate) const HEDGING_DELAY_SAMPLES: usize = 8;
 /// What the layer's builder collects.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    pub(crate) metrics: Option<Metrics>,
+    /// Who observes the calls (metrics); none by default.
+    pub(crate) observer: Option<Arc<dyn Observer>>,
     pub(crate) per_attempt_timeout: Option<Duration>,
     pub(crate) replay_buffer: usize,
     pub(crate) budget: Option<super::RetryBudget>,
@@ -56,7 +57,7 @@ pub(crate) struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            metrics: None,
+            observer: None,
             per_attempt_timeout: None,
             replay_buffer: DEFAULT_REPLAY_BUFFER,
             budget: None,
@@ -94,8 +95,8 @@ impl Core {
         }
     }
 
-    pub(crate) fn metrics(&self) -> Option<&Metrics> {
-        self.settings.metrics.as_ref()
+    pub(crate) fn observer(&self) -> Option<&dyn Observer> {
+        self.settings.observer.as_deref()
     }
 
     /// A uniform random number in [0, 1) (splitmix64 over a shared state).
@@ -163,14 +164,14 @@ impl Core {
     /// attempt it grants.
     pub(crate) fn permit(&self, scope: Option<&Scope>, path: &str, after: Duration) -> Permit {
         if !self.fits(scope, path, after) {
-            if let Some(m) = self.metrics() {
-                m.attempt_refused_for_time();
+            if let Some(o) = self.observer() {
+                o.attempt_refused_for_time();
             }
             return Permit::NoTime;
         }
         if !self.limiter.allow_retry() {
-            if let Some(m) = self.metrics() {
-                m.retry_throttled();
+            if let Some(o) = self.observer() {
+                o.retry_throttled();
             }
             return Permit::Throttled;
         }

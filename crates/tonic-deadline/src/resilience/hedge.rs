@@ -10,8 +10,8 @@ use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::call::Call;
 use super::core::{self, Outcome, Permit, Pushback};
-use super::future::Call;
 use crate::BoxError;
 use crate::scope::{Cancelled, Cause};
 use crate::service_config::HedgingPolicy;
@@ -80,9 +80,9 @@ where
         let losers = self.in_flight.len() as u64;
         self.in_flight.clear();
         if losers > 0
-            && let Some(metrics) = self.call.core.metrics()
+            && let Some(observer) = self.call.core.observer()
         {
-            metrics.hedge_losers(losers);
+            observer.hedge_losers(losers);
         }
     }
 
@@ -204,8 +204,8 @@ where
                         self.last_failure = Some(result);
                         match pushback {
                             Pushback::Stop => {
-                                if let Some(m) = self.call.core.metrics() {
-                                    m.pushback_stop();
+                                if let Some(o) = self.call.core.observer() {
+                                    o.pushback_stop();
                                 }
                                 self.stop();
                             }

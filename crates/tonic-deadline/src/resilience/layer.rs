@@ -4,8 +4,8 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::core::{Core, Settings};
+use super::observer::Observer;
 use super::{Resilience, RetryBudget};
-use crate::observe::Metrics;
 use crate::service_config::{ConfigError, ServiceConfig};
 
 /// Retries or hedges each call as its method's policy in the service
@@ -18,10 +18,8 @@ use crate::service_config::{ConfigError, ServiceConfig};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::observe::Metrics;
 /// use tonic_deadline::resilience::{ResilienceLayer, RetryBudget};
 ///
-/// let metrics = Metrics::new();
 /// // `Get` is hedged, every other method of the service is retried.
 /// let layer = ResilienceLayer::from_service_config(r#"{"methodConfig": [
 ///     {"name": [{"service": "kv.v1.Store"}],
@@ -31,8 +29,7 @@ use crate::service_config::{ConfigError, ServiceConfig};
 ///      "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.02s"}}]}"#)?
 ///     .budget(RetryBudget::new(0.1, 10))
 ///     .per_attempt_timeout(Duration::from_millis(200))
-///     .adaptive_hedging_delay(0.95)
-///     .metrics(&metrics);
+///     .adaptive_hedging_delay(0.95);
 /// # let _ = layer;
 /// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
 /// ```
@@ -74,10 +71,14 @@ impl ResilienceLayer {
         self
     }
 
-    /// Counts calls, attempts, retries, hedges, backoff and cancelled
-    /// losers into `metrics`.
-    pub fn metrics(self, metrics: &Metrics) -> Self {
-        self.with(|s| s.metrics = Some(metrics.clone()))
+    /// The layer with `observer` observing its calls, in place of any it
+    /// had (`observe` builds it: see `metrics`).
+    #[cfg_attr(
+        not(feature = "metrics"),
+        allow(dead_code, reason = "only `observe::Metrics` observes this layer")
+    )]
+    pub(crate) fn observed_by(self, observer: Arc<dyn Observer>) -> Self {
+        self.with(|s| s.observer = Some(observer))
     }
 
     /// Caps each attempt at `timeout` (never beyond the caller's deadline):

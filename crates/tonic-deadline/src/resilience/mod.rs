@@ -171,11 +171,13 @@
 //!
 //! [`Metrics::hedge_losers_cancelled`]: crate::observe::Metrics::hedge_losers_cancelled
 
+mod call;
 mod core;
 mod future;
 mod hedge;
 mod layer;
 mod limiter;
+pub(crate) mod observer;
 mod retry;
 
 use std::sync::Arc;
@@ -263,7 +265,7 @@ where
         // readied again before the next call.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        let call = future::Call::new(ready, self.core.clone(), scope, request);
+        let call = call::Call::new(ready, self.core.clone(), scope, request);
         match plan {
             Plan::Retry(policy, idempotent) => {
                 ResponseFuture::retry(retry::Retrying::new(call, policy, idempotent))

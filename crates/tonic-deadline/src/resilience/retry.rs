@@ -9,8 +9,8 @@ use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::call::Call;
 use super::core::{self, Core, Outcome, Permit, Pushback};
-use super::future::Call;
 use crate::BoxError;
 use crate::scope::{Cancelled, Cause};
 use crate::service_config::RetryPolicy;
@@ -137,8 +137,8 @@ where
                     }
                     let delay = match pushback {
                         Pushback::Stop => {
-                            if let Some(m) = self.call.core.metrics() {
-                                m.pushback_stop();
+                            if let Some(o) = self.call.core.observer() {
+                                o.pushback_stop();
                             }
                             return self.finish(result);
                         }

@@ -7,9 +7,9 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::observer::Observation;
 use super::protocol::{Grpc, Protocol};
 use super::timer::LazyTimer;
-use crate::observe::ServerObserved;
 use crate::scope::{CURRENT, Cause, Scope};
 use crate::status::status_for;
 
@@ -17,17 +17,17 @@ use crate::status::status_for;
 /// [`finish`](EndGuard::finish), or [`Cause::Abandoned`] if it is dropped
 /// unfinished (the client reset the stream or the connection closed).
 ///
-/// A layer given metrics or spans also hands it what the call reports
-/// ([`ServerObserved`]); one given neither pays for a null pointer.
+/// A layer with an observer also hands it what observes the request
+/// ([`Observation`]); one without pays for a null pointer.
 #[derive(Debug)]
 pub(crate) struct EndGuard {
     scope: Scope,
     done: bool,
-    observed: Option<Box<ServerObserved>>,
+    observed: Option<Box<dyn Observation>>,
 }
 
 impl EndGuard {
-    pub(crate) fn new(scope: Scope, observed: Option<Box<ServerObserved>>) -> Self {
+    pub(crate) fn new(scope: Scope, observed: Option<Box<dyn Observation>>) -> Self {
         Self {
             scope,
             done: false,
@@ -37,7 +37,7 @@ impl EndGuard {
 
     /// The request's span, to enter while the handler runs.
     pub(crate) fn span(&self) -> Option<&tracing::Span> {
-        self.observed.as_deref().map(ServerObserved::span)
+        self.observed.as_deref().map(Observation::span)
     }
 
     /// Notes the `grpc-status` of response headers or trailers.

@@ -9,9 +9,9 @@ use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
 use super::body::{EndGuard, ServerBody};
+use super::observer::Observation;
 use super::protocol::{Answer, Grpc, Protocol};
 use super::timer::LazyTimer;
-use crate::observe::ServerObserved;
 use crate::scope::{Cause, Scope};
 
 pin_project! {
@@ -81,7 +81,7 @@ impl<F, P> ResponseFuture<F, P> {
         inner: TaskLocalFuture<Scope, F>,
         scope: Scope,
         timer: Option<Instant>,
-        observed: Option<Box<ServerObserved>>,
+        observed: Option<Box<dyn Observation>>,
     ) -> Self {
         Self {
             state: State::Running {

@@ -3,9 +3,9 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::observer::Observer;
 use super::protocol::{Grpc, Protocol};
 use super::{Config, ServerDeadline};
-use crate::observe::Metrics;
 #[cfg(feature = "http")]
 use {super::protocol::Http, crate::deadline_headers::DeadlineHeader};
 
@@ -128,36 +128,15 @@ impl<P: Protocol> ServerDeadlineLayer<P> {
         self
     }
 
-    /// Reports every call into `metrics`: gRPC's server call metrics, the
-    /// budget each request brought, how its scope ended, and the requests
-    /// refused on arrival as already expired. Without it the layer records
-    /// nothing. A plain-HTTP layer reports under the same names; see
-    /// `Http` for its labels.
-    ///
-    /// ```
-    /// use tonic_deadline::{ServerDeadlineLayer, observe::Metrics};
-    /// let metrics = Metrics::new();
-    /// let layer = ServerDeadlineLayer::new().metrics(&metrics);
-    /// # let _ = layer;
-    /// ```
-    pub fn metrics(mut self, metrics: &Metrics) -> Self {
-        self.config.metrics = Some(metrics.clone());
-        self
+    /// The layer's observer, if it has one.
+    pub(crate) fn observer(&self) -> Option<&dyn Observer> {
+        self.config.observer.as_deref()
     }
 
-    /// Opens a span per request — `grpc.server`, or `http.server` for a
-    /// plain-HTTP layer — with the budget as fields (see
-    /// [`observe::spans`](crate::observe::spans)); with the
-    /// `opentelemetry` feature it is parented on the caller's
-    /// `traceparent`. Off by default: a request then pays for no span at
-    /// all.
-    ///
-    /// ```
-    /// let layer = tonic_deadline::ServerDeadlineLayer::new().trace_spans();
-    /// # let _ = layer;
-    /// ```
-    pub fn trace_spans(mut self) -> Self {
-        self.config.spans = true;
+    /// The layer with `observer` observing its requests, in place of any
+    /// it had (`observe` builds it: see `metrics` and `trace_spans`).
+    pub(crate) fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.config.observer = Some(observer);
         self
     }
 }

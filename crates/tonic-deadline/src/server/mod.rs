@@ -93,6 +93,7 @@ mod future;
 #[cfg(feature = "server")]
 mod guards;
 mod layer;
+pub(crate) mod observer;
 mod protocol;
 mod timer;
 
@@ -104,8 +105,8 @@ use http::{HeaderMap, HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::observe::{Metrics, ServerCall, ServerObserved, Stage, spans};
 use crate::scope::{Attachment, CURRENT, Cause, Scope};
+use observer::{Arrival, Observer};
 
 pub use body::ServerBody;
 pub use future::ResponseFuture;
@@ -124,9 +125,8 @@ pub(crate) struct Config<P = Grpc> {
     pub(crate) default_timeout: Option<Duration>,
     pub(crate) max_timeout: Option<Duration>,
     pub(crate) forward: Vec<HeaderName>,
-    pub(crate) metrics: Option<Metrics>,
-    /// Open a `grpc.server` or `http.server` span per request ([`ServerDeadlineLayer::trace_spans`]).
-    pub(crate) spans: bool,
+    /// Who observes the requests (metrics, spans); none by default.
+    pub(crate) observer: Option<Arc<dyn Observer>>,
     /// The attachment of every request that forwards no metadata, made
     /// once per layer.
     shared: OnceLock<Option<Arc<dyn Attachment>>>,
@@ -138,17 +138,15 @@ pub(crate) struct Config<P = Grpc> {
 #[derive(Debug)]
 pub(crate) struct Attached {
     forwarded: Option<HeaderMap>,
-    metrics: Option<Metrics>,
-    spans: bool,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl Attached {
     #[cfg(test)]
-    pub(crate) fn new(forwarded: Option<HeaderMap>, metrics: Option<Metrics>) -> Self {
+    pub(crate) fn new(forwarded: Option<HeaderMap>, observer: Option<Arc<dyn Observer>>) -> Self {
         Self {
             forwarded,
-            metrics,
-            spans: false,
+            observer,
         }
     }
 
@@ -160,17 +158,19 @@ impl Attached {
 
 impl Attachment for Attached {
     fn outlived(&self, _what: &'static str, by: Option<Duration>) {
-        if let Some(metrics) = &self.metrics {
-            metrics.outlived_scope(by);
+        if let Some(observer) = &self.observer {
+            observer.outlived(by);
         }
     }
 
     fn blocking_span(&self) -> Option<tracing::Span> {
-        self.spans.then(spans::blocking)
+        self.observer.as_ref()?.blocking_span()
     }
 
     fn blocking_returned(&self, span: &tracing::Span, scope: &Scope) {
-        spans::blocking_ended(span, scope);
+        if let Some(observer) = &self.observer {
+            observer.blocking_returned(span, scope);
+        }
     }
 }
 
@@ -218,15 +218,15 @@ impl<P> Config<P> {
     pub(crate) fn attachment(&self, headers: &HeaderMap) -> Option<Arc<dyn Attachment>> {
         let attached = |forwarded| Attached {
             forwarded,
-            metrics: self.metrics.clone(),
-            spans: self.spans,
+            observer: self.observer.clone(),
         };
         match self.forwarded(headers) {
             Some(forwarded) => Some(Arc::new(attached(Some(forwarded)))),
             None => self
                 .shared
                 .get_or_init(|| {
-                    (self.metrics.is_some() || self.spans)
+                    self.observer
+                        .is_some()
                         .then(|| Arc::new(attached(None)) as Arc<dyn Attachment>)
                 })
                 .clone(),
@@ -283,67 +283,47 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let requested = self.config.protocol.requested(request.headers());
-        // Reported only to a layer given a handle, which then reads the
-        // clock here (and the deadline is counted from the same reading).
-        let mut start = None;
-        let report = self.config.metrics.as_ref().map(|metrics| {
-            let requested = requested.as_ref().ok().copied().flatten();
-            let local_cap = self.config.budget(requested) != requested;
-            let now = *start.insert(Instant::now());
-            ServerCall::start(
-                metrics,
-                metrics.named(P::label(request.uri().path())),
-                now,
-                requested,
-                local_cap,
-            )
-        });
-        let requested = match requested {
+        let observer = self.config.observer.as_deref();
+        let arrival = |requested, budget| Arrival {
+            http: P::HTTP_STATUS,
+            method: request.method(),
+            path: request.uri().path(),
+            headers: request.headers(),
+            requested,
+            budget,
+        };
+        let requested = match self.config.protocol.requested(request.headers()) {
             Ok(requested) => requested,
             Err(malformed) => {
                 tracing::debug!(path = %request.uri().path(), %malformed, "refused before the handler");
                 let (answer, code) = P::malformed(malformed);
-                if let Some(report) = report {
-                    report.answered(code);
+                if let Some(observer) = observer {
+                    observer.malformed(&arrival(None, self.config.budget(None)), code);
                 }
                 return ResponseFuture::answer(answer);
             }
         };
         let budget = self.config.budget(requested);
-        let span = self
-            .config
-            .spans
-            .then(|| P::span(&request, requested, budget));
         if budget == Some(Duration::ZERO) {
             tracing::debug!(path = %request.uri().path(), cause = %Cause::DeadlineExceeded, "refused as already expired");
             let answer = P::deadline_exceeded();
-            if let Some(span) = &span {
-                if P::HTTP_STATUS {
-                    spans::http_server_answered(span, answer.status());
-                }
-                spans::server_ended(span, &Scope::root(None), Cause::DeadlineExceeded);
-            }
-            if let (Some(report), Some(metrics)) = (report, &self.config.metrics) {
-                metrics.refused(Stage::Arrival);
-                report.answered(tonic::Code::DeadlineExceeded);
+            if let Some(observer) = observer {
+                observer.expired(&arrival(requested, budget), answer.status());
             }
             return ResponseFuture::answer(answer);
         }
-        let deadline = budget.and_then(|b| start.unwrap_or_else(Instant::now).checked_add(b));
+        // One clock reading, for the deadline and what observes it.
+        let now = budget.map(|_| Instant::now());
+        let observed = observer.map(|o| o.arrived(&arrival(requested, budget), now));
+        let deadline = budget.zip(now).and_then(|(b, now)| now.checked_add(b));
         let scope = Scope::root_attached(deadline, self.config.attachment(request.headers()));
         request.extensions_mut().insert(scope.clone());
         let timer = deadline.map(|d| d.checked_sub(P::TIMER_LEAD).unwrap_or(d));
         let inner = {
-            let _entered = span.as_ref().map(tracing::Span::enter);
+            let _entered = observed.as_ref().map(|o| o.span().enter());
             CURRENT.sync_scope(scope.clone(), || self.inner.call(request))
         };
-        ResponseFuture::running(
-            CURRENT.scope(scope.clone(), inner),
-            scope,
-            timer,
-            ServerObserved::new(report, span),
-        )
+        ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, timer, observed)
     }
 }
 

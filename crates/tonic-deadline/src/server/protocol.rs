@@ -6,9 +6,8 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Response};
 
-use crate::observe::spans;
 use crate::scope::Cause;
 use crate::status::status_for;
 use crate::wire::timeout_header::{self, MalformedTimeout};
@@ -142,16 +141,6 @@ pub(crate) mod sealed {
 
         /// The answer for a handler out of time.
         fn deadline_exceeded() -> Answer;
-
-        /// The metrics label of a request to `path`.
-        fn label(path: &str) -> &str;
-
-        /// The span of one request.
-        fn span<B>(
-            request: &Request<B>,
-            requested: Option<Duration>,
-            budget: Option<Duration>,
-        ) -> tracing::Span;
     }
 }
 
@@ -182,20 +171,6 @@ impl sealed::Sealed for Grpc {
     }
 
     const HTTP_STATUS: bool = false;
-
-    /// `package.Service/Method`.
-    #[inline]
-    fn label(path: &str) -> &str {
-        path.strip_prefix('/').unwrap_or(path)
-    }
-
-    fn span<B>(
-        request: &Request<B>,
-        requested: Option<Duration>,
-        budget: Option<Duration>,
-    ) -> tracing::Span {
-        spans::server(request.uri().path(), request.headers(), requested, budget)
-    }
 }
 
 #[cfg(feature = "http")]
@@ -222,26 +197,6 @@ impl sealed::Sealed for Http {
     }
 
     const HTTP_STATUS: bool = true;
-
-    /// The path as it arrived, slash and all: `/` is a label too, and none
-    /// reads like a gRPC method.
-    fn label(path: &str) -> &str {
-        path
-    }
-
-    fn span<B>(
-        request: &Request<B>,
-        requested: Option<Duration>,
-        budget: Option<Duration>,
-    ) -> tracing::Span {
-        spans::http_server(
-            request.method(),
-            request.uri().path(),
-            request.headers(),
-            requested,
-            budget,
-        )
-    }
 }
 
 /// A plain-text answer.

@@ -233,6 +233,7 @@ mod every_error {
         }
     }
 
+    #[cfg(feature = "service-config")]
     #[test]
     fn config_error_is_no_request_error_and_stays_unknown() {
         let invalid = || {

@@ -43,7 +43,8 @@ const NAMES: [(&str, Code); 17] = [
 ];
 
 /// The code named as in the gRPC spec (`"UNAVAILABLE"`); case-insensitive,
-/// as grpc-java accepts it.
+/// as grpc-java accepts it. Service config names codes this way.
+#[cfg(any(test, feature = "service-config"))]
 pub(crate) fn code_from_name(name: &str) -> Option<Code> {
     NAMES
         .iter()

@@ -10,8 +10,9 @@ mod common;
 mod admission_layer;
 mod cancellation;
 mod failures;
+mod layering;
+mod lean_build;
 mod observe;
-mod peers;
 mod plain_tonic_baseline;
 mod propagation;
 #[cfg(feature = "server")]
@@ -33,13 +34,5 @@ mod http_server;
 #[cfg(feature = "jobs")]
 mod jobs_sigkill;
 
-// Built only with the `postgres-tests` feature, which `scripts/test-all`
-// turns on (through `--all-features`) after starting a throwaway server and
-// exporting its address as `TONIC_DEADLINE_PG_URL`. `peers` reads these
-// declarations to say what a build without the feature left out.
-#[cfg(feature = "postgres-tests")]
-mod db_postgres;
-#[cfg(all(feature = "postgres-tests", feature = "sqlx-postgres"))]
-mod db_sqlx_postgres;
-#[cfg(feature = "postgres-tests")]
-mod jobs_postgres;
+// The tests that need a live PostgreSQL server are in the lab's tests
+// (crates/deadline-lab/tests/it), beside its other tests that need a peer.

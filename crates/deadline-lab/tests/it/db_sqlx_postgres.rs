@@ -3,7 +3,7 @@
 //! time spends the budget (R-26) — and plain sqlx, for contrast, does none
 //! of it.
 //!
-//! Built only with the `postgres-tests` feature, which `scripts/test-all`
+//! Built only with the lab's `postgres-tests` feature, which `scripts/test-all`
 //! turns on (through `--all-features`) after starting a throwaway server and
 //! exporting its address as `TONIC_DEADLINE_PG_URL`.
 
@@ -20,7 +20,7 @@ use tonic_deadline::{Cause, Scope};
 fn url() -> String {
     std::env::var("TONIC_DEADLINE_PG_URL").expect(
         "TONIC_DEADLINE_PG_URL must name a live PostgreSQL server: run scripts/test-all, \
-         or source scripts/postgres first (these tests are built by the postgres-tests feature)",
+         or source scripts/postgres first (these tests are built by the lab's postgres-tests feature)",
     )
 }
 

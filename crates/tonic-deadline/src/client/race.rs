@@ -1,0 +1,216 @@
+//! What a call races against — its deadline and its scope — shared by the
+//! response future and the response body.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, HeaderValue};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use super::abandon::Abandon;
+use super::observer::Observation;
+use super::transport::{lost_connection_status, reset_guard_status};
+use crate::BoxError;
+use crate::scope::{Cancelled, Cause, Scope};
+use crate::status::status_for;
+use crate::wire::{GRPC_MESSAGE, GRPC_STATUS, status_code};
+
+pin_project! {
+    /// What a call races against: its deadline and its scope's cancellation.
+    ///
+    /// Both are *armed* — a timer registered, a wait on the scope's token —
+    /// only once the call is pending: a call that is answered on its first
+    /// poll pays for neither. Before that the deadline is read off the clock
+    /// (not at all on the call's first poll: `call` just did).
+    ///
+    /// It also owns the call's *abandon* signal: dropping the race (or
+    /// [`abandon`](Race::abandon)) ends the request body with a stream reset.
+    pub(crate) struct Race {
+        deadline: Option<Instant>,
+        #[pin]
+        timer: Option<Sleep>,
+        // Read the clock before the timer is armed.
+        check_clock: bool,
+        #[pin]
+        cancelled: Option<Cancelled>,
+        scope: Option<Scope>,
+        abandon: Option<Abandon>,
+        // Told once, with the first status seen (a layer with an observer
+        // only).
+        observed: Option<Box<dyn Observation>>,
+    }
+}
+
+impl Race {
+    pub(crate) fn new(
+        deadline: Option<Instant>,
+        scope: Option<Scope>,
+        abandon: Option<Abandon>,
+        observed: Option<Box<dyn Observation>>,
+    ) -> Self {
+        Self {
+            deadline,
+            timer: None,
+            check_clock: false,
+            cancelled: None,
+            scope,
+            abandon,
+            observed,
+        }
+    }
+
+    /// The call's span, to enter while it is polled.
+    pub(crate) fn span(&self) -> Option<&tracing::Span> {
+        self.observed.as_deref().map(Observation::span)
+    }
+
+    /// Ends the call's report with `code` (the first status seen wins).
+    pub(crate) fn settle(self: Pin<&mut Self>, code: tonic::Code) {
+        if let Some(observed) = self.project().observed.take() {
+            observed.settle(code, None);
+        }
+    }
+
+    /// Ends the call's report with the status of `headers`, if they carry
+    /// one (a trailers-only answer, or trailers): the server's answer.
+    pub(crate) fn settle_from(self: Pin<&mut Self>, headers: &HeaderMap) {
+        if self.observed.is_some()
+            && let Some(code) = status_code(headers)
+        {
+            let this = self.project();
+            if let Some(observed) = this.observed.take() {
+                observed.settle(code, this.scope.as_ref());
+            }
+        }
+    }
+
+    /// The same race for the response body, armed anew when the body is
+    /// first pending.
+    pub(crate) fn for_body(self: Pin<&mut Self>) -> Race {
+        let this = self.project();
+        Race {
+            deadline: *this.deadline,
+            timer: None,
+            check_clock: true,
+            cancelled: None,
+            scope: this.scope.take(),
+            abandon: this.abandon.take(),
+            observed: this.observed.take(),
+        }
+    }
+
+    /// Gives the call up now: the request body ends with a stream reset, so
+    /// the server learns even if the caller still holds its request stream.
+    pub(crate) fn abandon(self: Pin<&mut Self>) {
+        drop(self.project().abandon.take());
+    }
+
+    /// Ready with the status to report once the deadline has passed or the
+    /// scope has ended; what is armed registers for a wake-up.
+    pub(crate) fn poll_lost(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<tonic::Status> {
+        let mut this = self.project();
+        match this.timer.as_mut().as_pin_mut() {
+            Some(timer) => {
+                if timer.poll(cx).is_ready() {
+                    return Poll::Ready(status_for(Cause::DeadlineExceeded));
+                }
+            }
+            None => {
+                if std::mem::take(this.check_clock)
+                    && this.deadline.is_some_and(|d| d <= Instant::now())
+                {
+                    return Poll::Ready(status_for(Cause::DeadlineExceeded));
+                }
+            }
+        }
+        match this.cancelled.as_mut().as_pin_mut() {
+            Some(cancelled) => {
+                if cancelled.poll(cx).is_ready() {
+                    return Poll::Ready(status_for(cancel_cause(this.scope.as_ref())));
+                }
+            }
+            None => {
+                // The deadline is the timer's business; only a cancel here.
+                if let Some(scope) = this.scope.as_ref()
+                    && scope.is_cancelled()
+                {
+                    return Poll::Ready(status_for(scope.cause().unwrap_or(Cause::Cancelled)));
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    /// The call is pending: arm what is not armed yet, and poll it once so
+    /// it registers. Ready if it already fired.
+    pub(crate) fn arm(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<tonic::Status> {
+        let mut this = self.project();
+        if this.timer.is_none()
+            && let Some(deadline) = *this.deadline
+        {
+            this.timer.set(Some(tokio::time::sleep_until(deadline)));
+            if let Some(timer) = this.timer.as_mut().as_pin_mut()
+                && timer.poll(cx).is_ready()
+            {
+                return Poll::Ready(status_for(Cause::DeadlineExceeded));
+            }
+        }
+        if this.cancelled.is_none()
+            && let Some(scope) = this.scope.as_ref()
+        {
+            this.cancelled.set(Some(scope.cancelled()));
+            if let Some(cancelled) = this.cancelled.as_mut().as_pin_mut()
+                && cancelled.poll(cx).is_ready()
+            {
+                return Poll::Ready(status_for(cancel_cause(this.scope.as_ref())));
+            }
+        }
+        Poll::Pending
+    }
+
+    pub(crate) fn is_past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| d <= Instant::now())
+    }
+
+    /// Our deadline passed, so a `CANCELLED` the server sent is really ours
+    /// expiring (gRPC spec, "Client Cancellation"): report it as such.
+    pub(crate) fn correct_late_cancel(&self, headers: &mut HeaderMap) {
+        if self.deadline.is_some()
+            && headers.get(GRPC_STATUS).is_some_and(|v| v == "1")
+            && self.is_past_deadline()
+        {
+            headers.insert(GRPC_STATUS, HeaderValue::from_static("4"));
+            headers.insert(GRPC_MESSAGE, HeaderValue::from_static("deadline exceeded"));
+        }
+    }
+
+    /// Maps an error of the inner call: any failure after our deadline is the
+    /// deadline's doing; a connection closed by a guard against reset
+    /// streams says so; a lost connection is `UNAVAILABLE`, or `INTERNAL`
+    /// when it broke off a response message (`mid_message`); the rest passes
+    /// through for tonic to classify.
+    pub(crate) fn map_error(&self, err: BoxError, mid_message: bool) -> BoxError {
+        if self.is_past_deadline() {
+            Box::new(status_for(Cause::DeadlineExceeded))
+        } else if let Some(status) = reset_guard_status(&*err) {
+            Box::new(status)
+        } else if let Some(status) = lost_connection_status(&*err, mid_message) {
+            Box::new(status)
+        } else {
+            err
+        }
+    }
+}
+
+/// The code of an error a call ends with.
+pub(crate) fn error_code(err: &BoxError) -> tonic::Code {
+    err.downcast_ref::<tonic::Status>()
+        .map_or(tonic::Code::Unknown, tonic::Status::code)
+}
+
+/// Why a call's scope was cancelled, for its status.
+fn cancel_cause(scope: Option<&Scope>) -> Cause {
+    scope.and_then(Scope::cause).unwrap_or(Cause::Cancelled)
+}
