@@ -55,24 +55,27 @@ const BOUNDS: [Bound; 4] = [
         extra_allocs: CHAIN_ALLOCS,
     },
 ];
-/// `server layer, no header`: today 1.0452; goal 1.02. Six builds whose
-/// changes were on the client's path measured it at 1.0421 to 1.0447
-/// (N = 1000): the layout of the binary moves it by ±0.002.
+// Today's figures at N = 200 (the test's), and at N = 1000 (the docs'):
+// the smaller run moves plain tonic's count by up to 0.4 %, so each bound
+// sits a little above the N = 200 figure.
+
+/// `server layer, no header`: today 1.0444 (N = 1000: 1.0435); goal 1.02.
 const SERVER_RATIO: f64 = 1.050;
-/// `server layer, header`: today 1.0522; goal 1.02.
-const SERVER_HEADER_RATIO: f64 = 1.057;
-/// `one hop, both layers`: today 1.0611; goal 1.03.
+/// `server layer, header`: today 1.0585 (N = 1000: 1.0514); goal 1.02.
+const SERVER_HEADER_RATIO: f64 = 1.062;
+/// `one hop, both layers`: today 1.0626 (N = 1000: 1.0632); goal 1.03.
 const ONE_HOP_RATIO: f64 = 1.066;
-/// `3-hop chain` (ours propagates the budget, plain tonic does not): today 1.0972.
-const CHAIN_RATIO: f64 = 1.102;
+/// `3-hop chain` (ours propagates the budget, plain tonic does not): today
+/// 1.1000 (N = 1000: 1.0993).
+const CHAIN_RATIO: f64 = 1.104;
 /// Extra allocations per request, server layer without a header: today 2.0; goal 2.
 const SERVER_ALLOCS: f64 = 2.5;
 /// Extra allocations per request, server layer with a header: today 2.04; goal 2.
 const SERVER_HEADER_ALLOCS: f64 = 2.5;
-/// Extra allocations per request, one hop: today 5.0; goal 2.
-const ONE_HOP_ALLOCS: f64 = 5.5;
-/// Extra allocations per request, 3-hop chain: today 19.19.
-const CHAIN_ALLOCS: f64 = 19.7;
+/// Extra allocations per request, one hop: today 4.07; goal 2.
+const ONE_HOP_ALLOCS: f64 = 4.5;
+/// Extra allocations per request, 3-hop chain: today 16.28.
+const CHAIN_ALLOCS: f64 = 16.7;
 
 #[test]
 fn layer_instruction_ratios_stay_under_their_bounds() {

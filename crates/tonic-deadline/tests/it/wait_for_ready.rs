@@ -89,8 +89,11 @@ async fn a_call_that_waits_for_ready_reaches_a_server_that_starts_150_ms_late() 
         .deadline()
         .expect("the server is told a deadline");
     let excess = server_deadline.saturating_duration_since(client_deadline);
+    // A header written before the wait would tell the server the 150 ms of
+    // waiting too much; what is left is loopback transit, which a loaded
+    // machine can stretch to tens of milliseconds.
     assert!(
-        excess < Duration::from_millis(5),
+        excess < LATE / 3,
         "the budget on the wire counts the wait: the server was told {excess:?} too much"
     );
 }
