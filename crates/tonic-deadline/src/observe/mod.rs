@@ -57,7 +57,7 @@ pub mod spans;
 pub use histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Histogram, LATENCY_BOUNDS};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use metrics::{CONTENT_TYPE, MAX_METHODS, Metrics};
+pub use metrics::{CONTENT_TYPE, MAX_METHODS, Metrics, ScopeEnding, Stage};
 
 use std::any::Any;
 use std::sync::Arc;
