@@ -82,7 +82,7 @@ use crate::wire::{code_from_name, code_name};
 
 /// The most attempts a policy may ask for; larger values are treated as
 /// this (gRPC's default channel limit).
-pub const MAX_ATTEMPTS_LIMIT: u32 = 5;
+pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = 5;
 
 /// A parsed and validated service config.
 #[derive(Debug, Clone, Default, PartialEq)]

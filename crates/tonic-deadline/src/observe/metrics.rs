@@ -100,16 +100,21 @@ impl Stage {
     }
 }
 
-/// The `Content-Type` of [`Metrics::encode`]'s text.
+/// The `Content-Type` of [`Metrics::encode`]'s text: the header to send
+/// with it where Prometheus scrapes (`/metrics`).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// How many distinct methods one handle labels; calls to any further method
 /// are labelled `other`, so a client inventing paths cannot grow the
 /// registry without bound.
-pub const MAX_METHODS: usize = 200;
+pub(crate) const MAX_METHODS: usize = 200;
 
 /// The registry the layers report to. Cheap to clone: clones share the
 /// series. See the [module docs](super) for the series it holds.
+///
+/// At most 200 methods (or plain-HTTP paths) are labelled per handle;
+/// calls to any further one are labelled `other`, so a client inventing
+/// paths cannot grow the registry without bound.
 ///
 /// ```
 /// use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer, observe::Metrics};
@@ -582,13 +587,13 @@ impl Metrics {
     }
 
     /// The handles of `path` (`/package.Service/Method` or without the
-    /// slash), made on first use; `other` past [`MAX_METHODS`].
+    /// slash), made on first use; `other` past [`MAX_METHODS`] (200).
     pub(crate) fn method(&self, path: &str) -> Arc<Method> {
         self.named(path.strip_prefix('/').unwrap_or(path))
     }
 
     /// The handles labelled `name` as it is (a plain-HTTP path keeps its
-    /// slash), made on first use; `other` past [`MAX_METHODS`].
+    /// slash), made on first use; `other` past [`MAX_METHODS`] (200).
     pub(crate) fn named(&self, name: &str) -> Arc<Method> {
         let methods = &self.inner.methods;
         if let Some(m) = methods.read().ok().and_then(|m| m.get(name).cloned()) {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::metrics::{ScopeEnding, Stage};
+use super::metrics::{MAX_METHODS, ScopeEnding, Stage};
 use super::*;
 use crate::{Cause, Scope};
 
