@@ -86,6 +86,7 @@ pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = 5;
 
 /// A parsed and validated service config.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct ServiceConfig {
     /// The method configs, in the order given.
     pub methods: Vec<MethodConfig>,
@@ -99,6 +100,7 @@ pub struct ServiceConfig {
 /// What applies to one method: its policy, its timeout, whether it waits
 /// for the channel, and whether it is idempotent.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Resolved<'a> {
     /// The policy of the most specific `methodConfig` naming the method.
     pub policy: Option<&'a Policy>,
@@ -113,6 +115,7 @@ pub struct Resolved<'a> {
 
 /// One `methodConfig` entry.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct MethodConfig {
     /// The methods it applies to.
     pub names: Vec<MethodName>,
@@ -170,6 +173,7 @@ pub enum Policy {
 
 /// `retryPolicy`: attempts one after another, with exponential backoff.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (2..=5).
     pub max_attempts: u32,
@@ -185,6 +189,7 @@ pub struct RetryPolicy {
 
 /// `hedgingPolicy`: further attempts started while earlier ones still run.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct HedgingPolicy {
     /// Attempts in all, the first included (2..=5).
     pub max_attempts: u32,
@@ -198,6 +203,7 @@ pub struct HedgingPolicy {
 /// `retryThrottling`: a token bucket per server that stops retries and
 /// hedges while too many calls fail.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Throttling {
     /// Tokens when full, in (0, 1000].
     pub max_tokens: u32,

@@ -31,6 +31,7 @@ pub(crate) const LATENCY_BOUNDS: &[f64] = &[
 /// A histogram read from [`Metrics`](super::Metrics): bucket counts (not
 /// cumulative), their total and sum.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Histogram {
     /// Upper bounds (inclusive) of the buckets; one more bucket, `+Inf`,
     /// follows them.
