@@ -30,6 +30,14 @@ pub(crate) const LATENCY_BOUNDS: &[f64] = &[
 
 /// A histogram read from [`Metrics`](super::Metrics): bucket counts (not
 /// cumulative), their total and sum.
+///
+/// ```
+/// use tonic_deadline::observe::Metrics;
+/// let outlived = Metrics::new().outlived_by();
+/// assert_eq!(outlived.count, 0);
+/// assert_eq!(outlived.buckets.len(), outlived.bounds.len() + 1);
+/// assert_eq!(outlived.mean(), 0.0);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Histogram {

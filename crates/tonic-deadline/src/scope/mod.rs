@@ -80,6 +80,17 @@ pub use task::{detach, spawn};
 /// Each cause maps to exactly one gRPC status code (see [`Cause::code`]);
 /// the conversion lives in one table, so a deadline can never surface as
 /// `UNKNOWN` or `CANCELLED`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use tonic_deadline::{Cause, Scope};
+/// let scope = Scope::background();
+/// scope.cancel();
+/// assert_eq!(scope.cause(), Some(Cause::Cancelled));
+/// assert_eq!(Cause::DeadlineExceeded.code(), tonic::Code::DeadlineExceeded);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Cause {
@@ -176,6 +187,19 @@ impl fmt::Display for Ended {
 /// share the same node.
 ///
 /// See the [module docs](self) for the model.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use tonic_deadline::{Cause, Scope};
+/// let request = Scope::background().with_timeout(Duration::from_millis(300));
+/// let pricing = request.with_timeout(Duration::from_millis(100));
+/// assert_eq!(pricing.remaining(), Some(Duration::from_millis(100)));
+/// request.cancel();
+/// assert_eq!(pricing.cause(), Some(Cause::Cancelled), "a child ends with its parent");
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Scope {
     node: Arc<Node<Data, End>>,
