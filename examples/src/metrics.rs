@@ -20,7 +20,7 @@ use std::time::Duration;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
-use tonic_deadline::observe::Metrics;
+use tonic_deadline::observe::{Metrics, ScopeEnding, Stage};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tonic_deadline_examples::loopback;
 use tonic_deadline_examples::work::work_client::WorkClient;
@@ -70,7 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The server's side of the second call ends on its own timer; wait for
     // its scope to be counted.
     for _ in 0..100 {
-        if metrics.scopes_ended("deadline_exceeded") > 0 {
+        if metrics.scopes_ended(ScopeEnding::DeadlineExceeded) > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -86,9 +86,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "\nscopes ended: completed {}, deadline_exceeded {}; refused as expired at the client: {}; \
          budgets on entry: {} (mean {:.0} ms)",
-        metrics.scopes_ended("completed"),
-        metrics.scopes_ended("deadline_exceeded"),
-        metrics.refused_expired("client"),
+        metrics.scopes_ended(ScopeEnding::Completed),
+        metrics.scopes_ended(ScopeEnding::DeadlineExceeded),
+        metrics.refused_expired(Stage::Client),
         budgets.count,
         budgets.mean() * 1e3,
     );
@@ -102,15 +102,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "the third call must be refused",
     )?;
     expect(
-        metrics.scopes_ended("completed") == 2,
+        metrics.scopes_ended(ScopeEnding::Completed) == 2,
         "two server scopes must complete",
     )?;
     expect(
-        metrics.scopes_ended("deadline_exceeded") == 1,
+        metrics.scopes_ended(ScopeEnding::DeadlineExceeded) == 1,
         "one server scope must end at its deadline",
     )?;
     expect(
-        metrics.refused_expired("client") == 1,
+        metrics.refused_expired(Stage::Client) == 1,
         "the client layer must count the refused call",
     )?;
     expect(

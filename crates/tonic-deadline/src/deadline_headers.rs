@@ -35,6 +35,16 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::wire::timeout_header;
 
 /// One HTTP header that can carry a request's deadline.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::deadline_headers::DeadlineHeader;
+/// let envoy = DeadlineHeader::EnvoyExpectedTimeoutMs;
+/// let value = envoy.encode(Duration::from_millis(250));
+/// assert_eq!(value, "250");
+/// assert_eq!(envoy.decode(&value), Ok(Duration::from_millis(250)));
+/// assert_eq!(DeadlineHeader::GrpcTimeout.as_str(), "grpc-timeout");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DeadlineHeader {
@@ -176,6 +186,16 @@ fn seconds(bytes: &[u8]) -> Option<Duration> {
 /// As a gRPC status it is `INTERNAL`, what gRPC maps a `400` to and what a
 /// malformed `grpc-timeout` gets: converted, that text as the message;
 /// boxed (through tonic's `Status::from_error`), a fixed message.
+///
+/// ```
+/// use http::HeaderValue;
+/// use tonic_deadline::deadline_headers::DeadlineHeader;
+/// let err = DeadlineHeader::ConnectTimeoutMs
+///     .decode(&HeaderValue::from_static("soon"))
+///     .unwrap_err();
+/// assert_eq!(err.header(), DeadlineHeader::ConnectTimeoutMs);
+/// assert_eq!(tonic::Status::from(err).code(), tonic::Code::Internal);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedDeadline {
     header: DeadlineHeader,

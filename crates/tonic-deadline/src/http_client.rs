@@ -63,6 +63,15 @@ use crate::status::chain;
 
 /// Bounds every outbound request by the current scope. See the
 /// [module docs](self).
+///
+/// ```
+/// use tonic_deadline::deadline_headers::DeadlineHeader;
+/// use tonic_deadline::http_client::DeadlineMiddleware;
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(DeadlineMiddleware::new().propagate_as(DeadlineHeader::RequestTimeout))
+///     .build();
+/// # let _ = client;
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeadlineMiddleware {
     header: Option<DeadlineHeader>,

@@ -42,6 +42,12 @@ pub use server::ServerDeadlineLayer;
 pub use wire::timeout_header;
 
 /// The error type that crosses service boundaries (as in tower and tonic).
+///
+/// ```
+/// use tonic_deadline::BoxError;
+/// let err: BoxError = "no route to pricing".into();
+/// assert_eq!(err.to_string(), "no route to pricing");
+/// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[doc = include_str!("../docs/propagation.md")]

@@ -82,10 +82,29 @@ use crate::wire::{code_from_name, code_name};
 
 /// The most attempts a policy may ask for; larger values are treated as
 /// this (gRPC's default channel limit).
-pub const MAX_ATTEMPTS_LIMIT: u32 = 5;
+pub(crate) const MAX_ATTEMPTS_LIMIT: u32 = 5;
 
 /// A parsed and validated service config.
+///
+/// ```
+/// use tonic_deadline::service_config::ServiceConfig;
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// let config = config.idempotent("shop.v1.Stock/Get")?;
+/// assert_eq!(config.methods.len(), 2);
+/// assert!(config.throttling.is_some());
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct ServiceConfig {
     /// The method configs, in the order given.
     pub methods: Vec<MethodConfig>,
@@ -98,7 +117,27 @@ pub struct ServiceConfig {
 
 /// What applies to one method: its policy, its timeout, whether it waits
 /// for the channel, and whether it is idempotent.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::service_config::ServiceConfig;
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// let quote = config.resolve("/shop.v1.Pricing/Quote");
+/// assert_eq!(quote.timeout, Some(Duration::from_millis(200)));
+/// assert!(quote.policy.is_some() && !quote.wait_for_ready && !quote.idempotent);
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Resolved<'a> {
     /// The policy of the most specific `methodConfig` naming the method.
     pub policy: Option<&'a Policy>,
@@ -112,7 +151,26 @@ pub struct Resolved<'a> {
 }
 
 /// One `methodConfig` entry.
+///
+/// ```
+/// use tonic_deadline::service_config::{MethodName, ServiceConfig};
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// let stock = config.method("/shop.v1.Stock/Get").expect("named");
+/// assert_eq!(stock.names, [MethodName::Method("shop.v1.Stock".into(), "Get".into())]);
+/// assert_eq!(stock.wait_for_ready, Some(true));
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct MethodConfig {
     /// The methods it applies to.
     pub names: Vec<MethodName>,
@@ -130,6 +188,22 @@ pub struct MethodConfig {
 }
 
 /// Which methods a [`MethodConfig`] names.
+///
+/// ```
+/// use tonic_deadline::service_config::{MethodName, ServiceConfig};
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// assert_eq!(config.methods[0].names, [MethodName::Service("shop.v1.Pricing".into())]);
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MethodName {
     /// Every method of every service: the channel's default.
@@ -160,6 +234,29 @@ impl MethodName {
 }
 
 /// The policy of a method: retry after failures, or hedge.
+///
+/// ```
+/// use tonic_deadline::service_config::{Policy, ServiceConfig};
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// let attempts = |path| match config.resolve(path).policy {
+///     Some(Policy::Retry(retry)) => retry.max_attempts,
+///     Some(Policy::Hedge(hedge)) => hedge.max_attempts,
+///     None => 1,
+/// };
+/// assert_eq!(attempts("/shop.v1.Pricing/Quote"), 3);
+/// assert_eq!(attempts("/shop.v1.Stock/Get"), 2);
+/// assert_eq!(attempts("/shop.v1.Cart/Add"), 1);
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum Policy {
     /// `retryPolicy`.
@@ -169,7 +266,28 @@ pub enum Policy {
 }
 
 /// `retryPolicy`: attempts one after another, with exponential backoff.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::service_config::{Policy, ServiceConfig};
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// let Some(Policy::Retry(retry)) = &config.methods[0].policy else { unreachable!() };
+/// assert_eq!(retry.max_attempts, 3);
+/// assert_eq!(retry.initial_backoff, Duration::from_millis(10));
+/// assert!(retry.retryable.contains(tonic::Code::Unavailable));
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (2..=5).
     pub max_attempts: u32,
@@ -184,7 +302,26 @@ pub struct RetryPolicy {
 }
 
 /// `hedgingPolicy`: further attempts started while earlier ones still run.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::service_config::{Policy, ServiceConfig};
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// let Some(Policy::Hedge(hedge)) = &config.methods[1].policy else { unreachable!() };
+/// assert_eq!(hedge.hedging_delay, Duration::from_millis(50));
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct HedgingPolicy {
     /// Attempts in all, the first included (2..=5).
     pub max_attempts: u32,
@@ -197,7 +334,25 @@ pub struct HedgingPolicy {
 
 /// `retryThrottling`: a token bucket per server that stops retries and
 /// hedges while too many calls fail.
+///
+/// ```
+/// use tonic_deadline::service_config::ServiceConfig;
+/// let config = ServiceConfig::from_json(r#"{
+///   "methodConfig": [
+///     {"name": [{"service": "shop.v1.Pricing"}], "timeout": "0.2s",
+///      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+///                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
+///     {"name": [{"service": "shop.v1.Stock", "method": "Get"}], "waitForReady": true,
+///      "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.05s"}}
+///   ],
+///   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+/// }"#)?;
+/// let throttling = config.throttling.expect("configured");
+/// assert_eq!((throttling.max_tokens, throttling.token_ratio_milli), (10, 100));
+/// # Ok::<(), tonic_deadline::service_config::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Throttling {
     /// Tokens when full, in (0, 1000].
     pub max_tokens: u32,
@@ -251,6 +406,14 @@ impl fmt::Debug for Codes {
 }
 
 /// An invalid service config: which field, and what is wrong with it.
+///
+/// ```
+/// use tonic_deadline::service_config::ServiceConfig;
+/// let json = r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#;
+/// let err = ServiceConfig::from_json(json).unwrap_err();
+/// assert_eq!(err.field(), "retryThrottling.maxTokens");
+/// println!("{err}: {}", err.problem());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     field: String,

@@ -89,7 +89,7 @@ pub struct Hop {
     pub budget_on_entry_ms: Option<f64>,
     /// What a call wrote in `grpc-timeout`.
     pub granted_ms: Option<f64>,
-    /// The cap above a call ([`Scope::with_cap`]), if any.
+    /// The cap above a call ([`Scope::with_timeout`] tighter than its parent), if any.
     pub cap_ms: Option<f64>,
     /// Whether that cap set the call's deadline.
     pub cap_bound: bool,

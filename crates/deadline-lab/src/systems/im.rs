@@ -54,7 +54,7 @@ struct GatewaySvc {
 impl Gateway for GatewaySvc {
     async fn push(&self, request: Request<PushReq>) -> Result<Response<PushResp>, Status> {
         let tracer = Tracer::enter("gateway", &request, &self.journal);
-        let logic_scope = Scope::current().with_cap(GATEWAY_TO_LOGIC);
+        let logic_scope = Scope::current().with_timeout(GATEWAY_TO_LOGIC);
         let reply = tracer
             .call(
                 "logic",
@@ -83,7 +83,7 @@ impl Logic for LogicSvc {
         let request = request.into_inner();
         // budget = remaining − 50 ms; refused at once when nothing is left.
         let budget = Scope::current().reserve(LOGIC_RESERVE)?;
-        let route_scope = budget.with_cap(LOGIC_TO_ROUTE);
+        let route_scope = budget.with_timeout(LOGIC_TO_ROUTE);
         let route = tracer
             .call(
                 "route",

@@ -52,7 +52,7 @@ struct Api {
 impl Api {
     /// The request's scope: whatever the caller sent, at most 900 ms.
     fn request_scope() -> Scope {
-        Scope::current().with_cap(API_DEADLINE)
+        Scope::current().with_timeout(API_DEADLINE)
     }
 
     /// A fresh 800 ms that ignores the request: the explicit opt-out used to
@@ -62,7 +62,7 @@ impl Api {
     }
 
     async fn cache_lookup(&self, tracer: &Tracer, scope: &Scope, sku: &str, ms: u64) -> bool {
-        let lookup = scope.with_cap(CACHE_CAP);
+        let lookup = scope.with_timeout(CACHE_CAP);
         let item = ItemReq {
             sku: sku.to_owned(),
             work_ms: ms,

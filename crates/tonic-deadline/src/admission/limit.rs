@@ -90,6 +90,13 @@ impl<S> Layer<S> for AdmissionLayer {
 }
 
 /// The service produced by [`AdmissionLayer`].
+///
+/// ```
+/// use tonic_deadline::admission::{Admission, AdmissionLayer, Admitted};
+/// use tower_layer::Layer;
+/// let admitted: Admitted<&str> = AdmissionLayer::new(Admission::new(8)).layer("inner service");
+/// assert_eq!(*admitted.get_ref(), "inner service");
+/// ```
 #[derive(Debug, Clone)]
 pub struct Admitted<S> {
     inner: S,
@@ -162,6 +169,14 @@ where
 pin_project! {
     /// A response body that holds the request's admission permit until it
     /// is finished or dropped; empty when the request was refused.
+    ///
+    /// ```
+    /// use http_body::Body;
+    /// use tonic_deadline::admission::AdmittedBody;
+    /// // The body of a refused request: empty, and no permit held.
+    /// let body = AdmittedBody::<tonic::body::Body>::default();
+    /// assert!(body.is_end_stream());
+    /// ```
     pub struct AdmittedBody<B> {
         #[pin]
         inner: Option<B>,

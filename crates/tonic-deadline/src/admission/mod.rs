@@ -75,6 +75,18 @@ use crate::scope::{Cause, Scope};
 use crate::status::cause_status;
 
 /// Why a caller was not given a permit.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use tonic_deadline::{Cause, Scope};
+/// use tonic_deadline::admission::{Admission, Reason};
+/// let scope = Scope::background();
+/// scope.cancel();
+/// let refused = Admission::new(4).try_acquire(&scope).unwrap_err();
+/// assert_eq!(refused.reason(), Reason::Ended(Cause::Cancelled));
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Reason {

@@ -19,6 +19,20 @@ use crate::scope::Scope;
 /// too late and goodput falls; last-in-first-out keeps goodput near capacity
 /// but starves old waiters even when there is no overload; the adaptive mix
 /// keeps LIFO's goodput under overload and FIFO's order when calm.
+///
+/// ```
+/// use std::time::Duration;
+/// use tonic_deadline::admission::{Admission, Discipline};
+/// let fair = Admission::new(8).discipline(Discipline::Fifo);
+/// let newest_first = Admission::new(8).discipline(Discipline::AdaptiveLifo {
+///     after: Duration::from_millis(5),
+/// });
+/// assert_eq!(
+///     Discipline::default(),
+///     Discipline::AdaptiveLifo { after: Duration::from_millis(10) }
+/// );
+/// # let _ = (fair, newest_first);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Discipline {
@@ -55,6 +69,17 @@ struct Config {
 }
 
 /// Counters of an [`Admission`], for metrics and leak checks.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use tonic_deadline::{Scope, admission::Admission};
+/// let admission = Admission::new(2);
+/// let _permit = admission.try_acquire(&Scope::background()).expect("a free permit");
+/// let stats = admission.stats();
+/// assert_eq!((stats.permits, stats.in_use, stats.granted), (2, 1, 1));
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -211,6 +236,21 @@ impl Shared {
 /// A deadline-aware semaphore. Cheap to clone: clones share the permits.
 ///
 /// See the [module docs](super) for the rules.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use tonic_deadline::Scope;
+/// use tonic_deadline::admission::Admission;
+/// let database = Admission::new(8).max_queue(64);
+/// let request = Scope::background().with_timeout(Duration::from_millis(300));
+/// let permit = database.acquire(&request).await.expect("a free permit");
+/// assert_eq!(database.stats().in_use, 1);
+/// drop(permit);
+/// assert_eq!(database.stats().in_use, 0);
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Admission {
     shared: Arc<Shared>,
@@ -508,6 +548,21 @@ impl Drop for Slot<'_> {
 
 /// The right to use one unit of the resource. Dropping it releases the unit
 /// (or hands it to the next waiter) and records how long it was held.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use tonic_deadline::{Scope, admission::Admission};
+/// let admission = Admission::new(1);
+/// let scope = Scope::background();
+/// let first = admission.try_acquire(&scope).expect("a free permit");
+/// assert_eq!(first.waited(), Duration::ZERO);
+/// assert!(admission.try_acquire(&scope).is_err(), "the only permit is held");
+/// drop(first);
+/// assert!(admission.try_acquire(&scope).is_ok(), "dropping a permit releases it");
+/// # }
+/// ```
 #[must_use = "the permit is released as soon as it is dropped"]
 pub struct Permit {
     shared: Option<Arc<Shared>>,

@@ -24,6 +24,24 @@ pin_project! {
     /// stream is reset at once, even if the caller keeps the body (or its
     /// request stream) around. Dropping the body before its end resets the
     /// stream too.
+    ///
+    /// ```
+    /// use tonic_deadline::BoxError;
+    /// use tonic_deadline::client::{ClientBody, ClientDeadline};
+    /// use tower_service::Service;
+    ///
+    /// // The body of a response through the client layer.
+    /// async fn body_of<S>(
+    ///     client: &mut ClientDeadline<S>,
+    ///     request: http::Request<tonic::body::Body>,
+    /// ) -> Result<ClientBody<tonic::body::Body>, BoxError>
+    /// where
+    ///     S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
+    ///     S::Error: Into<BoxError>,
+    /// {
+    ///     Ok(client.call(request).await?.into_body())
+    /// }
+    /// ```
     pub struct ClientBody<B> {
         #[pin]
         inner: Option<B>,

@@ -480,6 +480,19 @@ pin_project! {
     ///
     /// Dropping it drops the call (tonic resets its stream) or ends the
     /// wait; a connection being dialled is kept for the next call.
+    ///
+    /// ```
+    /// use tonic_deadline::client::{ReadyChannel, ReadyFuture};
+    /// use tower_service::Service;
+    ///
+    /// // The future of one call on a ready channel.
+    /// fn future_of(
+    ///     channel: &mut ReadyChannel,
+    ///     request: http::Request<tonic::body::Body>,
+    /// ) -> ReadyFuture {
+    ///     channel.call(request)
+    /// }
+    /// ```
     pub struct ReadyFuture {
         #[pin]
         state: ReadyState,

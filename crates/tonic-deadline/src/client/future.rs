@@ -19,6 +19,24 @@ pin_project! {
     /// # Cancellation safety
     ///
     /// Dropping it drops the inner call, which resets the HTTP/2 stream.
+    ///
+    /// ```
+    /// use tonic_deadline::BoxError;
+    /// use tonic_deadline::client::{ClientDeadline, ResponseFuture};
+    /// use tower_service::Service;
+    ///
+    /// // The future of one call through the client layer.
+    /// fn future_of<S>(
+    ///     client: &mut ClientDeadline<S>,
+    ///     request: http::Request<tonic::body::Body>,
+    /// ) -> ResponseFuture<S::Future>
+    /// where
+    ///     S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
+    ///     S::Error: Into<BoxError>,
+    /// {
+    ///     client.call(request)
+    /// }
+    /// ```
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,

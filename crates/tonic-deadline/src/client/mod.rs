@@ -108,6 +108,19 @@ pub use unscoped::{Unscoped, capture_scope};
 pub struct WaitForReady;
 
 /// The service produced by [`ClientDeadlineLayer`]. See the [module docs](self).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use tonic_deadline::ClientDeadlineLayer;
+/// use tonic_deadline::client::ClientDeadline;
+/// use tower_layer::Layer;
+/// let channel = tonic::transport::Endpoint::from_static("http://[::1]:50051").connect_lazy();
+/// let client: ClientDeadline<_> = ClientDeadlineLayer::new().layer(channel);
+/// // Hand `client` to a generated client: `GreeterClient::new(client)`.
+/// # let _ = client;
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ClientDeadline<S> {
     inner: S,

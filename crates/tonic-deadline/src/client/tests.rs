@@ -371,7 +371,7 @@ async fn scope_ended_by_the_server_timer_is_deadline_exceeded_mid_call() {
         server_timer.end(Cause::DeadlineExceeded);
     });
     let error = handler
-        .with_cap(Duration::from_secs(1))
+        .with_timeout(Duration::from_secs(1))
         .enter(channel.oneshot(Request::new(Empty::new())))
         .await
         .expect_err("the call must stop with its scope");
@@ -607,7 +607,7 @@ async fn forwarded_metadata_is_copied_to_outbound_calls() {
         Some(Instant::now() + Duration::from_secs(1)),
         Some(Arc::new(crate::server::Attached::new(Some(incoming), None))),
     );
-    let downstream = request_scope.with_cap(200 * MS);
+    let downstream = request_scope.with_timeout(200 * MS);
 
     let (channel, recorded) = recording_channel();
     let mut request = Request::new(Empty::new());

@@ -10,7 +10,7 @@
 //! 2. gets a SQLite *progress handler* watching the scope (one round trip to
 //!    the worker per connection taken): once the scope ends, or the call's
 //!    future is dropped, the running statement fails with `SQLITE_INTERRUPT`
-//!    within [`PROGRESS_STEPS`] virtual-machine steps;
+//!    within 1000 virtual-machine steps;
 //! 3. when the scope ends mid-statement, the statement's own future is polled
 //!    on until the worker reports the interrupt, and a `ROLLBACK` makes sure
 //!    no transaction of the stopped call stays open. Only then does the call
@@ -72,7 +72,7 @@ use crate::scope::{Cause, Scope};
 pub use sqlx;
 
 /// How many SQLite virtual-machine steps run between two looks at the scope.
-pub const PROGRESS_STEPS: i32 = 1000;
+const PROGRESS_STEPS: i32 = 1000;
 
 /// How long a stopped statement may take to end before its connection is
 /// closed instead of reused.

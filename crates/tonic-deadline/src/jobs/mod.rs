@@ -84,9 +84,22 @@ pub use sqlite::SqliteStore;
 const POLL: Duration = Duration::from_millis(50);
 
 /// The identity of an accepted job.
+///
+/// ```
+/// use tonic_deadline::jobs::{Job, JobId};
+/// let id: JobId = 42;
+/// let job = Job::new(id, "send-receipt".to_owned(), Vec::new(), true, 1);
+/// assert_eq!(job.id, 42);
+/// ```
 pub type JobId = i64;
 
 /// Where a job is in its life.
+///
+/// ```
+/// use tonic_deadline::jobs::JobState;
+/// assert_eq!(JobState::Interrupted.as_str(), "interrupted");
+/// assert_eq!(JobState::parse("done"), Some(JobState::Done));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum JobState {
@@ -129,6 +142,13 @@ impl JobState {
 }
 
 /// A job as a worker sees it.
+///
+/// ```
+/// use tonic_deadline::jobs::Job;
+/// // What a `Store` claims, and what a worker's function receives.
+/// let job = Job::new(7, "send-receipt".to_owned(), b"order 42".to_vec(), true, 1);
+/// assert_eq!((job.id, job.kind.as_str(), job.attempt), (7, "send-receipt", 1));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Job {
@@ -164,6 +184,15 @@ impl Job {
 /// reads and writes.
 ///
 /// Every write must be durable when its future returns `Ok`.
+///
+/// ```
+/// use tonic_deadline::jobs::{JobQueue, Store};
+///
+/// // Code that works over any store.
+/// async fn backlog<S: Store>(queue: &JobQueue<S>) -> u64 {
+///     queue.pending().await.unwrap_or(0)
+/// }
+/// ```
 pub trait Store: Send + Sync + 'static {
     /// Writes a new `queued` job; returns its id.
     fn insert(
@@ -207,12 +236,35 @@ pub trait Store: Send + Sync + 'static {
 
 /// A durable job queue over a [`Store`] (with the `jobs` feature, SQLite
 /// unless said otherwise). Cheap to clone.
+///
+/// ```
+/// # #[cfg(feature = "jobs")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use tonic_deadline::jobs::{JobQueue, JobState};
+/// let dir = tempfile::tempdir().unwrap();
+/// let queue = JobQueue::open(dir.path().join("jobs.db")).expect("opens");
+/// let id = queue.submit("send-receipt", b"order 42", true).await.expect("accepted");
+/// assert_eq!(queue.state(id).await.expect("reads"), Some(JobState::Queued));
+/// # }
+/// # #[cfg(not(feature = "jobs"))]
+/// # fn main() {}
+/// ```
 #[cfg(feature = "jobs")]
 pub struct JobQueue<S = SqliteStore> {
     shared: Arc<Shared<S>>,
 }
 
 /// A durable job queue over a [`Store`]. Cheap to clone.
+///
+/// ```
+/// use tonic_deadline::jobs::{JobQueue, Store};
+///
+/// // Code that works over any store.
+/// async fn backlog<S: Store>(queue: &JobQueue<S>) -> u64 {
+///     queue.pending().await.unwrap_or(0)
+/// }
+/// ```
 // Without the `jobs` feature there is no SQLite store to default to.
 #[cfg(not(feature = "jobs"))]
 pub struct JobQueue<S> {
@@ -358,6 +410,26 @@ impl<S: Store> JobQueue<S> {
 
 /// Runs the jobs of a [`JobQueue`] one at a time, each under a child of the
 /// worker's own scope (no request's deadline reaches it).
+///
+/// ```
+/// # #[cfg(feature = "jobs")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use tonic_deadline::jobs::{JobQueue, JobState, Worker};
+/// let dir = tempfile::tempdir().unwrap();
+/// let queue = JobQueue::open(dir.path().join("jobs.db")).expect("opens");
+/// let id = queue.submit("send-receipt", b"order 42", true).await.expect("accepted");
+/// let worker = Worker::start(queue.clone(), |job| async move {
+///     assert_eq!(job.kind, "send-receipt");
+///     Ok(())
+/// });
+/// queue.wait_idle().await;
+/// worker.shutdown().await;
+/// assert_eq!(queue.state(id).await.unwrap(), Some(JobState::Done));
+/// # }
+/// # #[cfg(not(feature = "jobs"))]
+/// # fn main() {}
+/// ```
 #[derive(Debug)]
 pub struct Worker {
     name: String,

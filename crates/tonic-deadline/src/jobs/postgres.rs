@@ -102,6 +102,18 @@ impl Default for PgStoreOptions {
 
 /// Jobs in one PostgreSQL table, shared by every worker that connects to
 /// it. See the [module docs](self). Cheap to clone.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tonic_deadline::db::Error> {
+/// use tonic_deadline::jobs::JobQueue;
+/// use tonic_deadline::jobs::postgres::{PgStore, PgStoreOptions};
+/// let options = PgStoreOptions::default().table("receipts");
+/// let store = PgStore::connect("postgres://localhost/app", options).await?;
+/// let queue = JobQueue::new(store);
+/// # let _ = queue;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,

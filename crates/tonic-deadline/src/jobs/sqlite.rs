@@ -13,6 +13,20 @@ use crate::db::Error;
 /// Jobs in one SQLite file (WAL, `synchronous = FULL`), for one process at a
 /// time: opening the file recovers the jobs a crashed process left
 /// `running`. Cheap to clone.
+///
+/// ```
+/// # #[cfg(feature = "jobs")]
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use tonic_deadline::jobs::{JobQueue, SqliteStore};
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = SqliteStore::open(dir.path().join("jobs.db")).expect("opens");
+/// let queue = JobQueue::new(store);
+/// assert_eq!(queue.pending().await.expect("reads"), 0);
+/// # }
+/// # #[cfg(not(feature = "jobs"))]
+/// # fn main() {}
+/// ```
 #[derive(Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,

@@ -13,16 +13,16 @@ use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
 /// Bucket bounds of the attempt-count histograms (`retries`, `hedges`).
-pub const COUNT_BOUNDS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0];
+pub(crate) const COUNT_BOUNDS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0];
 
 /// Bucket bounds of `retry_delay`, in seconds (as gRPC's latency buckets).
-pub const DELAY_BOUNDS: &[f64] = &[
+pub(crate) const DELAY_BOUNDS: &[f64] = &[
     0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 ];
 
 /// Bucket bounds of every latency and budget histogram, in seconds: the
 /// latency buckets gRPC's OpenTelemetry metrics define.
-pub const LATENCY_BOUNDS: &[f64] = &[
+pub(crate) const LATENCY_BOUNDS: &[f64] = &[
     0.0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
     0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.13, 0.16,
     0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
@@ -30,7 +30,16 @@ pub const LATENCY_BOUNDS: &[f64] = &[
 
 /// A histogram read from [`Metrics`](super::Metrics): bucket counts (not
 /// cumulative), their total and sum.
+///
+/// ```
+/// use tonic_deadline::observe::Metrics;
+/// let outlived = Metrics::new().outlived_by();
+/// assert_eq!(outlived.count, 0);
+/// assert_eq!(outlived.buckets.len(), outlived.bounds.len() + 1);
+/// assert_eq!(outlived.mean(), 0.0);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Histogram {
     /// Upper bounds (inclusive) of the buckets; one more bucket, `+Inf`,
     /// follows them.

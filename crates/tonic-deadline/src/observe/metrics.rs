@@ -14,22 +14,73 @@ use prometheus_client::registry::{Registry, Unit};
 
 use super::histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Hist, Histogram};
 
-/// The `cause` labels of `tonic_deadline_scope_ended_total`.
-pub(crate) const CAUSE_LABELS: [&str; 6] = [
-    "completed",
-    "failed",
-    "deadline_exceeded",
-    "local_cap",
-    "abandoned",
-    "cancelled",
-];
+/// How a request scope of the server layer ended: the `cause` label of
+/// `tonic_deadline_scope_ended_total`, and what [`Metrics::scopes_ended`]
+/// counts. Finer than [`Cause`](crate::Cause): a completed request that
+/// answered with an error status, and a deadline that was this server's
+/// own (its default or maximum) rather than the caller's, are told apart.
+///
+/// ```
+/// use tonic_deadline::observe::{Metrics, ScopeEnding};
+/// assert_eq!(ScopeEnding::LocalCap.as_str(), "local_cap");
+/// assert_eq!(Metrics::new().scopes_ended(ScopeEnding::DeadlineExceeded), 0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ScopeEnding {
+    /// The handler answered `OK`.
+    Completed,
+    /// The handler answered with another status.
+    Failed,
+    /// The caller's deadline passed first.
+    DeadlineExceeded,
+    /// This server's own deadline (its default, or its maximum below the
+    /// caller's) passed first.
+    LocalCap,
+    /// The request was dropped before its answer: a client reset, a closed
+    /// connection, or an outer layer giving up.
+    Abandoned,
+    /// The scope was cancelled.
+    Cancelled,
+}
 
-/// The `stage` labels of `tonic_deadline_refused_expired_total`.
-pub(crate) const STAGE_LABELS: [&str; 3] = ["arrival", "admission", "client"];
+impl ScopeEnding {
+    /// Every ending, in the order of the counters made for them up front.
+    const ALL: [ScopeEnding; 6] = [
+        ScopeEnding::Completed,
+        ScopeEnding::Failed,
+        ScopeEnding::DeadlineExceeded,
+        ScopeEnding::LocalCap,
+        ScopeEnding::Abandoned,
+        ScopeEnding::Cancelled,
+    ];
 
-/// Where work was refused as already expired.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Stage {
+    /// The `cause` label: `completed`, `failed`, `deadline_exceeded`,
+    /// `local_cap`, `abandoned` or `cancelled`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ScopeEnding::Completed => "completed",
+            ScopeEnding::Failed => "failed",
+            ScopeEnding::DeadlineExceeded => "deadline_exceeded",
+            ScopeEnding::LocalCap => "local_cap",
+            ScopeEnding::Abandoned => "abandoned",
+            ScopeEnding::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Where work was refused because its deadline had already passed: the
+/// `stage` label of `tonic_deadline_refused_expired_total`, and what
+/// [`Metrics::refused_expired`] counts.
+///
+/// ```
+/// use tonic_deadline::observe::{Metrics, Stage};
+/// assert_eq!(Stage::Arrival.as_str(), "arrival");
+/// assert_eq!(Metrics::new().refused_expired(Stage::Client), 0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Stage {
     /// The server layer: the request arrived with no budget left.
     Arrival,
     /// The admission layer: the scope had expired before a permit.
@@ -39,25 +90,31 @@ pub(crate) enum Stage {
 }
 
 impl Stage {
-    fn label(self) -> &'static str {
+    /// The `stage` label: `arrival`, `admission` or `client`.
+    pub const fn as_str(self) -> &'static str {
         match self {
-            Stage::Arrival => STAGE_LABELS[0],
-            Stage::Admission => STAGE_LABELS[1],
-            Stage::Client => STAGE_LABELS[2],
+            Stage::Arrival => "arrival",
+            Stage::Admission => "admission",
+            Stage::Client => "client",
         }
     }
 }
 
-/// The `Content-Type` of [`Metrics::encode`]'s text.
+/// The `Content-Type` of [`Metrics::encode`]'s text: the header to send
+/// with it where Prometheus scrapes (`/metrics`).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// How many distinct methods one handle labels; calls to any further method
 /// are labelled `other`, so a client inventing paths cannot grow the
 /// registry without bound.
-pub const MAX_METHODS: usize = 200;
+pub(crate) const MAX_METHODS: usize = 200;
 
 /// The registry the layers report to. Cheap to clone: clones share the
 /// series. See the [module docs](super) for the series it holds.
+///
+/// At most 200 methods (or plain-HTTP paths) are labelled per handle;
+/// calls to any further one are labelled `other`, so a client inventing
+/// paths cannot grow the registry without bound.
 ///
 /// ```
 /// use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer, observe::Metrics};
@@ -130,7 +187,7 @@ struct Series {
     queue_wait: HistFamily<MethodLabel>,
     admission_refused: Family<ReasonLabel, Counter>,
     scope_ended: Family<CauseLabel, Counter>,
-    /// The counters of `scope_ended`, one per `CAUSE_LABELS` entry, made
+    /// The counters of `scope_ended`, one per `ScopeEnding::ALL` entry, made
     /// up front: a request's end increments one without a lookup.
     scope_ended_by: [Counter; 6],
     refused_expired: Family<StageLabel, Counter>,
@@ -147,8 +204,11 @@ fn latency() -> Hist {
 impl Series {
     fn register(registry: &mut Registry) -> Self {
         let scope_ended = Family::<CauseLabel, Counter>::default();
-        let scope_ended_by =
-            CAUSE_LABELS.map(|cause| scope_ended.get_or_create_owned(&CauseLabel { cause }));
+        let scope_ended_by = ScopeEnding::ALL.map(|ending| {
+            scope_ended.get_or_create_owned(&CauseLabel {
+                cause: ending.as_str(),
+            })
+        });
         let series = Series {
             server_started: Family::default(),
             server_duration: Family::new_with_constructor(latency),
@@ -488,37 +548,22 @@ impl Metrics {
         self.inner.series.left_late.get()
     }
 
-    /// Request scopes of the server layer that ended with `cause` (one of
-    /// the labels of `tonic_deadline_scope_ended_total`: `completed`,
-    /// `failed`, `deadline_exceeded`, `local_cap`, `abandoned`,
-    /// `cancelled`).
-    pub fn scopes_ended(&self, cause: &str) -> u64 {
-        CAUSE_LABELS
-            .iter()
-            .find(|l| **l == cause)
-            .map_or(0, |&cause| {
-                self.inner
-                    .series
-                    .scope_ended
-                    .get_or_create(&CauseLabel { cause })
-                    .get()
-            })
+    /// Request scopes of the server layer that ended in `ending`.
+    pub fn scopes_ended(&self, ending: ScopeEnding) -> u64 {
+        self.inner.series.scope_ended_by[ending as usize].get()
     }
 
     /// Work refused because its deadline had already passed, at `stage`:
-    /// `arrival` (the server layer), `admission`, or `client` (an outbound
-    /// call whose scope had expired).
-    pub fn refused_expired(&self, stage: &str) -> u64 {
-        STAGE_LABELS
-            .iter()
-            .find(|l| **l == stage)
-            .map_or(0, |&stage| {
-                self.inner
-                    .series
-                    .refused_expired
-                    .get_or_create(&StageLabel { stage })
-                    .get()
+    /// on arrival at the server layer, in admission, or at the client layer
+    /// (an outbound call whose scope had expired).
+    pub fn refused_expired(&self, stage: Stage) -> u64 {
+        self.inner
+            .series
+            .refused_expired
+            .get_or_create(&StageLabel {
+                stage: stage.as_str(),
             })
+            .get()
     }
 
     /// Pieces of scope-tied work (blocking work, database queries) that
@@ -542,13 +587,13 @@ impl Metrics {
     }
 
     /// The handles of `path` (`/package.Service/Method` or without the
-    /// slash), made on first use; `other` past [`MAX_METHODS`].
+    /// slash), made on first use; `other` past [`MAX_METHODS`] (200).
     pub(crate) fn method(&self, path: &str) -> Arc<Method> {
         self.named(path.strip_prefix('/').unwrap_or(path))
     }
 
     /// The handles labelled `name` as it is (a plain-HTTP path keeps its
-    /// slash), made on first use; `other` past [`MAX_METHODS`].
+    /// slash), made on first use; `other` past [`MAX_METHODS`] (200).
     pub(crate) fn named(&self, name: &str) -> Arc<Method> {
         let methods = &self.inner.methods;
         if let Some(m) = methods.read().ok().and_then(|m| m.get(name).cloned()) {
@@ -599,18 +644,16 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Counts a request scope's end; `cause` indexes `CAUSE_LABELS`.
-    pub(crate) fn scope_ended(&self, cause: usize) {
-        if let Some(counter) = self.series().scope_ended_by.get(cause) {
-            counter.inc();
-        }
+    /// Counts a request scope's end.
+    pub(crate) fn scope_ended(&self, ending: ScopeEnding) {
+        self.series().scope_ended_by[ending as usize].inc();
     }
 
     pub(crate) fn refused(&self, stage: Stage) {
         self.series()
             .refused_expired
             .get_or_create(&StageLabel {
-                stage: stage.label(),
+                stage: stage.as_str(),
             })
             .inc();
     }

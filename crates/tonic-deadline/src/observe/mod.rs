@@ -54,10 +54,10 @@ pub mod spans;
 
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use histogram::{COUNT_BOUNDS, DELAY_BOUNDS, Histogram, LATENCY_BOUNDS};
+pub use histogram::Histogram;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use metrics::{CONTENT_TYPE, MAX_METHODS, Metrics};
+pub use metrics::{CONTENT_TYPE, Metrics, ScopeEnding, Stage};
 
 use std::any::Any;
 use std::sync::Arc;

@@ -16,7 +16,7 @@ use crate::server::observer::{Arrival, Observation, Observer};
 use crate::server::{Protocol, ServerDeadlineLayer};
 #[cfg(feature = "metrics")]
 use {
-    super::metrics::{Method, Metrics, Stage},
+    super::metrics::{Method, Metrics, ScopeEnding, Stage},
     crate::wire::status_code,
     std::sync::Arc,
 };
@@ -252,16 +252,15 @@ impl ServerCall {
             Cause::DeadlineExceeded => tonic::Code::DeadlineExceeded,
             Cause::Abandoned | Cause::Cancelled => tonic::Code::Cancelled,
         });
-        // Indices into `CAUSE_LABELS`.
-        let label = match cause {
-            Cause::Completed if code == tonic::Code::Ok => 0,
-            Cause::Completed => 1,
-            Cause::DeadlineExceeded if self.local_cap => 3,
-            Cause::DeadlineExceeded => 2,
-            Cause::Abandoned => 4,
-            Cause::Cancelled => 5,
+        let ending = match cause {
+            Cause::Completed if code == tonic::Code::Ok => ScopeEnding::Completed,
+            Cause::Completed => ScopeEnding::Failed,
+            Cause::DeadlineExceeded if self.local_cap => ScopeEnding::LocalCap,
+            Cause::DeadlineExceeded => ScopeEnding::DeadlineExceeded,
+            Cause::Abandoned => ScopeEnding::Abandoned,
+            Cause::Cancelled => ScopeEnding::Cancelled,
         };
-        self.metrics.scope_ended(label);
+        self.metrics.scope_ended(ending);
         self.metrics
             .server_ended(&self.method, code, self.start.elapsed());
     }

@@ -23,7 +23,7 @@
 //! | | `outcome` | the gRPC status of that answer (the table on `Http` in `server`), or of why the layer ended it |
 //! | `grpc.client` | `scope_remaining_ms` | what the caller's scope had left when the call was made |
 //! | | `granted_ms` | the `grpc-timeout` written on the wire (empty: none) |
-//! | | `cap_ms`, `cap_bound` | the nearest [`Scope::with_cap`](crate::Scope::with_cap) above the call, and whether it set the deadline |
+//! | | `cap_ms`, `cap_bound` | the nearest [`Scope::with_timeout`](crate::Scope::with_timeout) above the call that was tighter than its parent, and whether it still sets the call's deadline |
 //! | | `reserve_ms`, `reserve_bound` | the same for [`Scope::reserve`](crate::Scope::reserve) |
 //! | | `outcome` | the call's gRPC status (`OK`, `DEADLINE_EXCEEDED`, …) |
 //! | `blocking work` | `outlived_parent_deadline`, `outlived_ms` | the work returned after its scope had ended, and how long after |

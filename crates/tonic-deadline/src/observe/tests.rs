@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::metrics::{CAUSE_LABELS, Stage};
+use super::metrics::{MAX_METHODS, ScopeEnding, Stage};
 use super::*;
 use crate::{Cause, Scope};
 
@@ -113,16 +113,12 @@ fn methods_past_the_bound_are_labelled_other() {
 #[test]
 fn scope_causes_and_refusals_read_back_by_label() {
     let metrics = Metrics::new();
-    let local_cap = CAUSE_LABELS
-        .iter()
-        .position(|label| *label == "local_cap")
-        .expect("a cause label");
-    metrics.scope_ended(local_cap);
+    metrics.scope_ended(ScopeEnding::LocalCap);
     metrics.refused(Stage::Admission);
-    assert_eq!(metrics.scopes_ended("local_cap"), 1);
-    assert_eq!(metrics.scopes_ended("completed"), 0);
-    assert_eq!(metrics.scopes_ended("no such cause"), 0);
-    assert_eq!(metrics.refused_expired("admission"), 1);
+    assert_eq!(metrics.scopes_ended(ScopeEnding::LocalCap), 1);
+    assert_eq!(metrics.scopes_ended(ScopeEnding::Completed), 0);
+    assert_eq!(metrics.refused_expired(Stage::Admission), 1);
+    assert_eq!(metrics.refused_expired(Stage::Client), 0);
     let text = metrics.encode();
     assert_eq!(
         sample(
@@ -140,6 +136,37 @@ fn scope_causes_and_refusals_read_back_by_label() {
         Some(1.0),
         "{text}"
     );
+}
+
+#[test]
+fn every_scope_ending_counts_under_its_own_label() {
+    let metrics = Metrics::new();
+    let endings = [
+        ScopeEnding::Completed,
+        ScopeEnding::Failed,
+        ScopeEnding::DeadlineExceeded,
+        ScopeEnding::LocalCap,
+        ScopeEnding::Abandoned,
+        ScopeEnding::Cancelled,
+    ];
+    for (times, ending) in (1..).zip(endings) {
+        for _ in 0..times {
+            metrics.scope_ended(ending);
+        }
+    }
+    let text = metrics.encode();
+    for (times, ending) in (1..).zip(endings) {
+        assert_eq!(
+            metrics.scopes_ended(ending),
+            times,
+            "{ending:?} must read back its own count"
+        );
+        let series = format!(
+            r#"tonic_deadline_scope_ended_total{{cause="{}"}}"#,
+            ending.as_str()
+        );
+        assert_eq!(sample(&text, &series), Some(times as f64), "{text}");
+    }
 }
 
 #[test]

@@ -209,7 +209,7 @@ impl Core {
     /// per-attempt timeout if one is set.
     pub(crate) fn attempt_scope(&self, caller: &Scope) -> Scope {
         match self.settings.per_attempt_timeout {
-            Some(cap) => caller.with_cap(cap),
+            Some(cap) => caller.with_timeout(cap),
             None => caller.child(),
         }
     }
@@ -270,7 +270,11 @@ pub(crate) fn policy_scope<B>(request: &mut Request<B>, resolved: &Resolved<'_>)
     mark_wait_for_ready(request, resolved);
     let scope = caller_scope(request);
     match resolved.timeout {
-        Some(timeout) => Some(scope.unwrap_or_else(Scope::background).with_cap(timeout)),
+        Some(timeout) => Some(
+            scope
+                .unwrap_or_else(Scope::background)
+                .with_timeout(timeout),
+        ),
         None => scope,
     }
 }
@@ -284,7 +288,7 @@ pub(crate) fn pass_through<B>(mut request: Request<B>, resolved: &Resolved<'_>) 
     if let Some(timeout) = resolved.timeout {
         let scope = caller_scope(&mut request)
             .unwrap_or_else(Scope::background)
-            .with_cap(timeout);
+            .with_timeout(timeout);
         request.extensions_mut().insert(scope);
     }
     request

@@ -26,7 +26,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
 //! let request = Scope::background().with_timeout(Duration::from_secs(1));
-//! let lookup = request.with_cap(Duration::from_millis(20)); // a cache may take 20 ms at most
+//! let lookup = request.with_timeout(Duration::from_millis(20)); // a cache may take 20 ms at most
 //! assert!(lookup.remaining() <= Some(Duration::from_millis(20)));
 //!
 //! let worker = request.spawn(async {
@@ -80,6 +80,17 @@ pub use task::{detach, spawn};
 /// Each cause maps to exactly one gRPC status code (see [`Cause::code`]);
 /// the conversion lives in one table, so a deadline can never surface as
 /// `UNKNOWN` or `CANCELLED`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use tonic_deadline::{Cause, Scope};
+/// let scope = Scope::background();
+/// scope.cancel();
+/// assert_eq!(scope.cause(), Some(Cause::Cancelled));
+/// assert_eq!(Cause::DeadlineExceeded.code(), tonic::Code::DeadlineExceeded);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Cause {
@@ -176,6 +187,19 @@ impl fmt::Display for Ended {
 /// share the same node.
 ///
 /// See the [module docs](self) for the model.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use tonic_deadline::{Cause, Scope};
+/// let request = Scope::background().with_timeout(Duration::from_millis(300));
+/// let pricing = request.with_timeout(Duration::from_millis(100));
+/// assert_eq!(pricing.remaining(), Some(Duration::from_millis(100)));
+/// request.cancel();
+/// assert_eq!(pricing.cause(), Some(Cause::Cancelled), "a child ends with its parent");
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Scope {
     node: Arc<Node<Data, End>>,
@@ -225,7 +249,8 @@ pub(crate) trait Attachment: Any + Send + Sync + fmt::Debug {
 /// the cap or reserve applied on the way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Limit {
-    /// [`Scope::with_cap`]: at most this long from when it was made.
+    /// [`Scope::with_timeout`] where it set the deadline: at most this
+    /// long from when it was made.
     Cap(Duration),
     /// [`Scope::reserve`]: this much kept back for the hop itself.
     Reserve(Duration),
@@ -509,26 +534,35 @@ impl Scope {
     }
 
     /// A child ending at `min(parent deadline, now + timeout)`: Go's
-    /// `context.WithTimeout`.
+    /// `context.WithTimeout`, and the way to cap a dependency tighter than
+    /// the caller (a cache lookup at 20 ms, logic → route at 200 ms).
+    ///
+    /// When `now + timeout` is the tighter of the two, the child remembers
+    /// the timeout as a local cap: a call span under it reports it as
+    /// `cap_ms` (see [`observe`](crate::observe)). A timeout the parent's
+    /// deadline already beats changes nothing and is not reported.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use tonic_deadline::Scope;
+    /// let request = Scope::background().with_timeout(Duration::from_millis(300));
+    /// let lookup = request.with_timeout(Duration::from_millis(20));
+    /// assert_eq!(lookup.remaining(), Some(Duration::from_millis(20)));
+    /// // A child cannot outlive its parent.
+    /// let slow = request.with_timeout(Duration::from_secs(5));
+    /// assert_eq!(slow.remaining(), Some(Duration::from_millis(300)));
+    /// # }
+    /// ```
     pub fn with_timeout(&self, timeout: Duration) -> Scope {
-        match Instant::now().checked_add(timeout) {
-            Some(deadline) => self.with_deadline(deadline),
-            None => self.child(),
-        }
-    }
-
-    /// Caps a dependency tighter than the caller: `min(parent, now + cap)`.
-    /// The same rule as [`with_timeout`](Scope::with_timeout), named for its
-    /// per-hop use (a cache lookup capped at 20 ms, logic → route 200 ms).
-    pub fn with_cap(&self, cap: Duration) -> Scope {
-        let Some(capped) = Instant::now().checked_add(cap) else {
+        let Some(own) = Instant::now().checked_add(timeout) else {
             return self.child();
         };
-        let deadline = match self.deadline() {
-            Some(parent) => parent.min(capped),
-            None => capped,
-        };
-        self.child_limited(Some(deadline), Some(Limit::Cap(cap)))
+        match self.deadline() {
+            Some(parent) if parent <= own => self.child(),
+            _ => self.child_limited(Some(own), Some(Limit::Cap(timeout))),
+        }
     }
 
     /// Keeps `reserve` of the budget for this hop's own completion and gives

@@ -44,7 +44,6 @@ async fn child_cannot_extend_parent_deadline() {
             "with_deadline",
             parent.with_deadline(Instant::now() + Duration::from_secs(10)),
         ),
-        ("with_cap", parent.with_cap(Duration::from_secs(10))),
         ("child", parent.child()),
         ("with_timeout(MAX)", parent.with_timeout(Duration::MAX)),
     ];
@@ -62,7 +61,6 @@ async fn child_cannot_extend_parent_deadline() {
             "with_deadline",
             parent.with_deadline(Instant::now() + 40 * MS),
         ),
-        ("with_cap", parent.with_cap(40 * MS)),
     ];
     for (how, child) in &shorter {
         assert_eq!(
@@ -99,7 +97,7 @@ async fn child_of_scope_without_deadline_takes_its_own() {
         "child() inherits no deadline"
     );
     assert_eq!(
-        root.with_cap(20 * MS).remaining(),
+        root.with_timeout(20 * MS).remaining(),
         Some(20 * MS),
         "a cap on an unbounded scope must become the deadline"
     );
@@ -118,7 +116,7 @@ proptest! {
         let limit = Instant::now() + Duration::from_millis(cap_ms);
         let child = parent.with_deadline(limit);
         prop_assert_eq!(child.deadline(), Some(parent_deadline.min(limit)));
-        let capped = parent.with_cap(Duration::from_millis(cap_ms));
+        let capped = parent.with_timeout(Duration::from_millis(cap_ms));
         prop_assert!(capped.deadline() <= Some(parent_deadline), "a cap must never extend");
     }
 }
@@ -206,8 +204,8 @@ async fn reserve_without_deadline_gives_child_without_deadline() {
 async fn cancel_cascades_to_descendants_with_parent_cause() {
     let root = Scope::background().with_timeout(Duration::from_secs(10));
     let child = root.child();
-    let sibling = root.with_cap(Duration::from_secs(5));
-    let grandchild = child.with_cap(Duration::from_secs(1));
+    let sibling = root.with_timeout(Duration::from_secs(5));
+    let grandchild = child.with_timeout(Duration::from_secs(1));
     let reserved = grandchild.reserve(100 * MS).expect("time is left");
     let all = [&root, &child, &sibling, &grandchild, &reserved];
     for scope in all {
@@ -232,7 +230,7 @@ async fn cancel_cascades_to_descendants_with_parent_cause() {
 #[tokio::test(start_paused = true)]
 async fn caller_cancel_cascades_with_its_own_cause() {
     let request = Scope::root(Some(Instant::now() + Duration::from_secs(1)));
-    let downstream = request.with_cap(200 * MS);
+    let downstream = request.with_timeout(200 * MS);
     let task_scope = downstream.child();
 
     request.end(Cause::Abandoned);
@@ -269,7 +267,7 @@ async fn cancelling_a_child_leaves_parent_and_siblings_alone() {
 async fn deadline_of_parent_ends_descendants_as_deadline_exceeded() {
     let root = Scope::background().with_timeout(100 * MS);
     let child = root.child();
-    let grandchild = child.with_cap(Duration::from_secs(5));
+    let grandchild = child.with_timeout(Duration::from_secs(5));
 
     advance(99 * MS).await;
     assert_eq!(grandchild.cause(), None, "one millisecond is still left");
@@ -316,10 +314,38 @@ async fn cause_is_fixed_by_whichever_came_first() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn with_timeout_is_a_cap_only_where_it_is_tighter() {
+    let request = Scope::background().with_timeout(300 * MS);
+    assert_eq!(
+        request.limits().cap,
+        Some((300 * MS, true)),
+        "a timeout under no deadline sets the deadline: a cap that binds"
+    );
+    let lookup = request.with_timeout(20 * MS);
+    assert_eq!(
+        lookup.limits().cap,
+        Some((20 * MS, true)),
+        "the nearest cap is the lookup's own, and it set the deadline"
+    );
+    let roomy = request.with_timeout(Duration::from_secs(5));
+    assert_eq!(
+        roomy.limits().cap,
+        Some((300 * MS, true)),
+        "a timeout the parent beats is no cap: the request's own is reported"
+    );
+    let reserved = lookup.reserve(5 * MS).expect("15 ms are left");
+    assert_eq!(
+        reserved.limits().cap,
+        Some((20 * MS, false)),
+        "under a reserve the cap no longer set the deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn child_whose_cap_passed_before_parent_cancel_reports_deadline() {
     let parent = Scope::background();
-    let capped = parent.with_cap(50 * MS);
-    let roomy = parent.with_cap(Duration::from_secs(1));
+    let capped = parent.with_timeout(50 * MS);
+    let roomy = parent.with_timeout(Duration::from_secs(1));
 
     advance(60 * MS).await;
     parent.cancel();
@@ -493,7 +519,7 @@ async fn enter_installs_the_current_scope() {
     );
 
     let outer = Scope::background().with_timeout(Duration::from_secs(2));
-    let inner = outer.with_cap(Duration::from_secs(1));
+    let inner = outer.with_timeout(Duration::from_secs(1));
     let seen = outer
         .enter(async {
             let before = Scope::try_current().map(|s| s.deadline());
@@ -717,7 +743,7 @@ fn cause_maps_to_code_and_text() {
 #[tokio::test(start_paused = true)]
 async fn waits_given_up_leave_no_registration_behind() {
     let root = Scope::background();
-    let capped = root.with_cap(Duration::from_secs(1));
+    let capped = root.with_timeout(Duration::from_secs(1));
     for _ in 0..1000 {
         let mut wait = capped.cancelled();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());

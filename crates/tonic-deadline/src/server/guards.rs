@@ -4,7 +4,9 @@ use tonic::transport::Server;
 
 /// How many streams a client may have reset before the server accepted
 /// them, at one time on one connection, under [`reset_guards`] (hyper's
-/// default is 20).
+/// default is 20). Public for a server built on hyper directly (axum, plain
+/// HTTP), to set the same guard:
+/// `http2_max_pending_accept_reset_streams(Some(PENDING_ACCEPT_RESETS))`.
 ///
 /// ```
 /// assert!(tonic_deadline::server::PENDING_ACCEPT_RESETS > 20);
@@ -13,7 +15,9 @@ pub const PENDING_ACCEPT_RESETS: usize = 4096;
 
 /// How many streams the server may reset for a client's protocol errors
 /// on one connection under [`reset_guards`]: hyper's own default, which
-/// tonic's `Server` turns off.
+/// tonic's `Server` turns off. Public for a server built on hyper directly,
+/// to set the same guard:
+/// `http2_max_local_error_reset_streams(Some(LOCAL_ERROR_RESETS))`.
 ///
 /// ```
 /// assert_eq!(tonic_deadline::server::LOCAL_ERROR_RESETS, 1024);

@@ -55,9 +55,8 @@ impl Protocol for Grpc {}
 /// ends a response already under way with an error.
 ///
 /// The metrics of a plain-HTTP layer label a request with its path as
-/// `grpc_method` (`/orders/7`: at most
-/// [`MAX_METHODS`](crate::observe::MAX_METHODS) distinct paths per handle,
-/// the rest are `other`), and its answer with the gRPC status of the
+/// `grpc_method` (`/orders/7`: at most 200 distinct paths per handle, the
+/// rest are `other`), and its answer with the gRPC status of the
 /// HTTP status, as `google.rpc.Code` documents the pairs, so the series of
 /// an HTTP edge and of the gRPC services behind it read alike:
 ///

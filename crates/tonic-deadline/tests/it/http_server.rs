@@ -26,7 +26,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tonic_deadline::deadline_headers::DeadlineHeader;
-use tonic_deadline::observe::Metrics;
+use tonic_deadline::observe::{Metrics, ScopeEnding, Stage};
 use tonic_deadline::server::Http;
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
@@ -482,9 +482,17 @@ async fn http_requests_are_counted_under_their_path_with_the_grpc_status_of_thei
         1.0,
         "only the expired request brought a deadline header"
     );
-    assert_eq!(metrics.refused_expired("arrival"), 1);
-    assert_eq!(metrics.scopes_ended("completed"), 1, "the OK answer");
-    assert_eq!(metrics.scopes_ended("failed"), 2, "the 404 and the 418");
+    assert_eq!(metrics.refused_expired(Stage::Arrival), 1);
+    assert_eq!(
+        metrics.scopes_ended(ScopeEnding::Completed),
+        1,
+        "the OK answer"
+    );
+    assert_eq!(
+        metrics.scopes_ended(ScopeEnding::Failed),
+        2,
+        "the 404 and the 418"
+    );
 }
 
 #[tokio::test]
@@ -516,12 +524,12 @@ async fn an_http_answer_cut_or_ended_at_the_deadline_is_counted_as_deadline_exce
         scope_of(&mut scopes).await;
     }
     assert_eq!(
-        metrics.scopes_ended("local_cap"),
+        metrics.scopes_ended(ScopeEnding::LocalCap),
         1,
         "the stuck request's deadline was the layer's default"
     );
     assert_eq!(
-        metrics.scopes_ended("deadline_exceeded"),
+        metrics.scopes_ended(ScopeEnding::DeadlineExceeded),
         1,
         "the streaming request's deadline was the caller's"
     );

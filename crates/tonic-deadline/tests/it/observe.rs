@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{Client, Events, Node, PATIENCE, channel, code, serve};
 use probe::CallRequest;
 use probe::probe_client::ProbeClient;
-use tonic_deadline::observe::Metrics;
+use tonic_deadline::observe::{Metrics, ScopeEnding, Stage};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
 const METHOD: &str = "probe.v1.Probe/Call";
@@ -67,7 +67,10 @@ async fn budgets_calls_and_scope_causes_are_counted_in_the_given_handle() {
     // The entry hop's scope ends by its own timer (deadline exceeded), or by
     // the client's reset when the client's timer fires in the same tick
     // (abandoned): on one thread either may run first.
-    let expired = || metrics.scopes_ended("deadline_exceeded") + metrics.scopes_ended("abandoned");
+    let expired = || {
+        metrics.scopes_ended(ScopeEnding::DeadlineExceeded)
+            + metrics.scopes_ended(ScopeEnding::Abandoned)
+    };
     for _ in 0..100 {
         if expired() >= 1 {
             break;
@@ -90,7 +93,7 @@ async fn budgets_calls_and_scope_causes_are_counted_in_the_given_handle() {
         "every request brought a budget"
     );
     assert!(
-        metrics.scopes_ended("completed") >= 2,
+        metrics.scopes_ended(ScopeEnding::Completed) >= 2,
         "the quick call's scopes completed on both hops"
     );
     assert_eq!(
@@ -144,11 +147,11 @@ async fn a_deadline_set_by_the_servers_cap_is_counted_as_local_cap() {
     let outcome = client.call(work(1_000)).await;
     assert_eq!(code(&outcome), tonic::Code::DeadlineExceeded);
     assert_eq!(
-        metrics.scopes_ended("local_cap"),
+        metrics.scopes_ended(ScopeEnding::LocalCap),
         1,
         "an expiry of the server's own cap is not the caller's deadline"
     );
-    assert_eq!(metrics.scopes_ended("deadline_exceeded"), 0);
+    assert_eq!(metrics.scopes_ended(ScopeEnding::DeadlineExceeded), 0);
     let text = metrics.encode();
     assert_eq!(
         sample(
@@ -170,7 +173,7 @@ async fn an_outbound_call_of_an_expired_scope_is_refused_and_counted() {
     tokio::time::sleep(Duration::from_millis(5)).await;
     let outcome = scope.enter(client.call(work(0))).await;
     assert_eq!(code(&outcome), tonic::Code::DeadlineExceeded);
-    assert_eq!(metrics.refused_expired("client"), 1);
+    assert_eq!(metrics.refused_expired(Stage::Client), 1);
     let text = metrics.encode();
     assert!(
         !text.contains("grpc_client_attempt_started_total{"),

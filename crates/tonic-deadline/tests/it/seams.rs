@@ -783,7 +783,7 @@ async fn ready_channel_to_nowhere_fails_fast_as_unavailable() {
 struct Boxing;
 
 async fn capped_step() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let lookup = Scope::current().with_cap(Duration::from_millis(50));
+    let lookup = Scope::current().with_timeout(Duration::from_millis(50));
     lookup.ended().await;
     lookup.check()?; // `?` boxes the Ended
     Ok(())
