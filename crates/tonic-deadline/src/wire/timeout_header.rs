@@ -158,6 +158,18 @@ pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
 /// the `INTERNAL` status a gRPC server answers such a request with (as gRPC's
 /// own servers do), that text as the message; boxed, it still answers
 /// `INTERNAL` through tonic's `Status::from_error`, with a fixed message.
+///
+/// ```
+/// use tonic_deadline::timeout_header::decode;
+///
+/// let malformed = decode(b"1a").unwrap_err();
+/// assert_eq!(
+///     malformed.to_string(),
+///     "malformed grpc-timeout \"1a\": unit is not one of H M S m u n"
+/// );
+/// let status = tonic::Status::from(malformed);
+/// assert_eq!(status.code(), tonic::Code::Internal);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedTimeout {
     reason: Reason,
