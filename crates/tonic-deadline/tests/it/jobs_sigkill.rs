@@ -178,10 +178,12 @@ fn sigkill_mid_way_loses_no_accepted_job_and_runs_none_twice_unless_idempotent()
                     !idempotent,
                     "an idempotent job {id} must be run again, not abandoned"
                 );
-                assert_eq!(
-                    count("start", id),
-                    1,
-                    "job {id} was interrupted once, never rerun"
+                // The kill may land after the worker claimed the job and
+                // before its handler wrote a line: at most once, then.
+                assert!(
+                    count("start", id) <= 1,
+                    "job {id} was interrupted, never rerun: started {} times",
+                    count("start", id)
                 );
                 interrupted += 1;
             }
