@@ -262,7 +262,7 @@ impl Instructions {
                 })
                 .collect(),
             notes: vec![
-                "instructions: valgrind --tool=callgrind, Ir; the same figure from run to run whatever else the machine does".into(),
+                "instructions: valgrind --tool=callgrind, Ir; within about 0.3 % from run to run, whatever else the machine does".into(),
                 "goals (SPEC K): server layer <= 1.02, one hop <= 1.03, allocations <= plain + 2".into(),
             ],
         })
