@@ -45,13 +45,13 @@
 //! charges a frame that arrives while a stream it reset is still held; so
 //! the connection's stream follows the `RST_STREAM`s the client writes and
 //! marks a DATA frame read on such a stream as the stream's last, which h2
-//! ignores just the same and does not charge. What is left is an answer
-//! that crosses its reset: read from the socket before the reset is
-//! written, and ignored by h2 after it — still charged, which only h2 can
-//! stop; in a soak of 10⁶ calls with random deadlines and cancels, 8 calls
-//! failed so (31 before the marking), each with a status that says why.
-//! (Both guards defend a server from clients; a server that makes its
-//! client answer with resets gains nothing.)
+//! ignores just the same and does not charge. And an answer can cross its
+//! reset: h2 writes the reset of a dropped call only once it has read all
+//! there is to read, so an answer already on the socket would be read
+//! before it, and charged. A call dropped before its answer ended makes the
+//! connection's stream hold its next read back once, so that h2 writes the
+//! reset first. (Both guards defend a server from clients; a server that
+//! makes its client answer with resets gains nothing.)
 //!
 //! What remains: the hop through tonic's own queue (tens of microseconds),
 //! and a TLS handshake, which tonic performs after our connector returns
@@ -448,10 +448,11 @@ impl Service<Request<Body>> for ReadyChannel {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let slot = match self.slot.take() {
+        let mut slot = match self.slot.take() {
             Some(slot) => slot,
             None => self.streams.admit(),
         };
+        slot.sent();
         let waits = self.wait_for_ready || request.extensions().get::<WaitForReady>().is_some();
         let state = if waits && self.dial.failed() {
             ReadyState::Waiting {
@@ -496,7 +497,8 @@ pin_project! {
     pub struct ReadyFuture {
         #[pin]
         state: ReadyState,
-        // The call's stream, handed on to the response body.
+        // The call's stream, handed on to the response body; dropped after
+        // the call, as in `ReadyBody`.
         slot: Option<Slot>,
     }
 }
@@ -540,6 +542,8 @@ pin_project! {
     pub struct ReadyBody {
         #[pin]
         inner: Body,
+        // Dropped after the body, so that h2 has scheduled the stream's
+        // reset by the time the slot says one is due.
         slot: Option<Slot>,
     }
 }
@@ -556,8 +560,10 @@ impl http_body::Body for ReadyBody {
         let polled = std::task::ready!(this.inner.poll_frame(cx));
         // The stream is free once it ended: an error, the end, or trailers
         // (always the last frame).
-        if !matches!(&polled, Some(Ok(frame)) if frame.is_data()) {
-            *this.slot = None;
+        if !matches!(&polled, Some(Ok(frame)) if frame.is_data())
+            && let Some(slot) = this.slot.take()
+        {
+            slot.ended();
         }
         Poll::Ready(polled)
     }
@@ -927,6 +933,7 @@ where
                     streams: dialer.streams.clone(),
                     scratch: Vec::new(),
                     resets: Resets::default(),
+                    held_back: false,
                 })),
             })
         })
@@ -954,9 +961,25 @@ struct Scanned {
     /// Reads land here first, to be scanned, when no [`Metered`] reads them.
     scratch: Vec<u8>,
     resets: Resets,
+    /// The last read was held back for a reset due.
+    held_back: bool,
 }
 
 impl Scanned {
+    /// Whether to hold this read back, once, because a call was dropped
+    /// before its answer ended: h2 writes the reset it scheduled only once
+    /// a read finds nothing, and an answer read before it would be charged
+    /// (see [`Streams::take_reset_due`]). Never twice in a row, so reads
+    /// go on under a storm of resets.
+    fn hold_back(&mut self, cx: &Context<'_>) -> bool {
+        if std::mem::take(&mut self.held_back) || !self.streams.take_reset_due() {
+            return false;
+        }
+        self.held_back = true;
+        cx.waker().wake_by_ref();
+        true
+    }
+
     fn scan(&mut self, bytes: &mut [u8]) {
         if let Limit::Set(limit) = self.scan.scan(bytes, &self.resets) {
             self.streams.set_limit(limit);
@@ -1028,6 +1051,9 @@ impl<T: Read + Unpin> Read for LinkedIo<T> {
         let this = self.get_mut();
         if this.scan.as_ref().is_some_and(|s| s.scan.is_off()) {
             this.scan = None;
+        }
+        if this.scan.as_deref_mut().is_some_and(|s| s.hold_back(cx)) {
+            return Poll::Pending;
         }
         let Some(metered) = this.meter.as_deref_mut() else {
             let Some(scanned) = this.scan.as_deref_mut() else {

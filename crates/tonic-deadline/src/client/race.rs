@@ -11,7 +11,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::abandon::Abandon;
 use super::observer::Observation;
-use super::transport::{lost_connection_status, reset_guard_status};
+use super::transport::{lost_connection_status, reset_guard_status, unsent_status};
 use crate::BoxError;
 use crate::scope::{Cancelled, Cause, Scope};
 use crate::status::status_for;
@@ -188,13 +188,16 @@ impl Race {
 
     /// Maps an error of the inner call: any failure after our deadline is the
     /// deadline's doing; a connection closed by a guard against reset
-    /// streams says so; a lost connection is `UNAVAILABLE`, or `INTERNAL`
-    /// when it broke off a response message (`mid_message`); the rest passes
-    /// through for tonic to classify.
+    /// streams says so; a call the connection closed before it was sent is
+    /// `UNAVAILABLE`; a lost connection is `UNAVAILABLE` too, or `INTERNAL`
+    /// when it broke off a response message (`mid_message`); the rest
+    /// passes through for tonic to classify.
     pub(crate) fn map_error(&self, err: BoxError, mid_message: bool) -> BoxError {
         if self.is_past_deadline() {
             Box::new(status_for(Cause::DeadlineExceeded))
         } else if let Some(status) = reset_guard_status(&*err) {
+            Box::new(status)
+        } else if let Some(status) = unsent_status(&*err) {
             Box::new(status)
         } else if let Some(status) = lost_connection_status(&*err, mid_message) {
             Box::new(status)

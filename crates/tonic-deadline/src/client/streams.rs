@@ -16,9 +16,18 @@
 //! A call holds its stream from readiness until its response body ends or
 //! is dropped (h2 lets the stream go at the same moment: on the frame that
 //! ends it, or on the reset a dropped body sends).
+//!
+//! A call dropped before its answer ended makes h2 schedule a reset, which
+//! it writes only once it has read all there is to read; an answer already
+//! on its way is then read first, ignored and charged to the connection's
+//! budget for small DATA frames ([`Resets`]). So such a drop also tells the
+//! connection's stream ([`Streams::take_reset_due`]) to hold its next read
+//! back once: h2 writes the reset, then reads the answer as the last frame
+//! of a stream it reset, and charges nothing.
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -50,6 +59,9 @@ const SETTING_LEN: usize = 6;
 #[derive(Default)]
 pub(crate) struct Streams {
     state: Mutex<State>,
+    /// Set when a call is dropped before its answer ended: h2 has a reset
+    /// to write.
+    reset_due: AtomicBool,
 }
 
 #[derive(Default)]
@@ -139,6 +151,14 @@ impl Streams {
         woken.into_iter().for_each(Waker::wake);
     }
 
+    /// Whether a call was dropped before its answer ended since the last
+    /// time this was asked: its reset should be written before the
+    /// connection reads on.
+    pub(crate) fn take_reset_due(&self) -> bool {
+        // A load first: the common answer takes no exclusive access.
+        self.reset_due.load(Ordering::Relaxed) && self.reset_due.swap(false, Ordering::Relaxed)
+    }
+
     /// Calls open now.
     #[cfg(test)]
     pub(crate) fn open(&self) -> usize {
@@ -148,6 +168,7 @@ impl Streams {
     fn slot(self: &Arc<Self>) -> Slot {
         Slot {
             streams: self.clone(),
+            sent: false,
         }
     }
 
@@ -183,10 +204,28 @@ impl fmt::Debug for Streams {
 /// One call's stream: given back when dropped.
 pub(crate) struct Slot {
     streams: Arc<Streams>,
+    /// Its call went out and has not been answered to the end: dropping
+    /// the slot now means h2 resets the stream.
+    sent: bool,
+}
+
+impl Slot {
+    /// Its call goes out now.
+    pub(crate) fn sent(&mut self) {
+        self.sent = true;
+    }
+
+    /// Its call's answer ended: the stream is free, with nothing to reset.
+    pub(crate) fn ended(mut self) {
+        self.sent = false;
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        if self.sent {
+            self.streams.reset_due.store(true, Ordering::Relaxed);
+        }
         self.streams.release();
     }
 }
@@ -652,5 +691,31 @@ pub(super) mod tests {
                 .poll_acquire(&mut Context::from_waker(&w), &mut waiting)
                 .is_ready()
         );
+    }
+
+    #[test]
+    fn only_a_call_dropped_before_its_answer_ended_leaves_a_reset_due() {
+        let streams = Arc::new(Streams::default());
+        drop(streams.admit());
+        assert!(
+            !streams.take_reset_due(),
+            "a slot never used opens no stream"
+        );
+        let mut answered = streams.admit();
+        answered.sent();
+        answered.ended();
+        assert!(
+            !streams.take_reset_due(),
+            "an answer that ended leaves no reset"
+        );
+        let mut dropped = streams.admit();
+        dropped.sent();
+        drop(dropped);
+        assert!(
+            streams.take_reset_due(),
+            "a call dropped mid-answer is reset"
+        );
+        assert!(!streams.take_reset_due(), "told once");
+        assert_eq!(streams.open(), 0, "every slot was given back");
     }
 }

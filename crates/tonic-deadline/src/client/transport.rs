@@ -41,6 +41,23 @@ pub(crate) fn lost_connection_status(
     })
 }
 
+/// The status for `err` if the connection closed before the call was
+/// handed to it: hyper fails the calls it still holds with `Canceled`
+/// ("connection closed", "connection was not ready"), which tonic reports
+/// as `CANCELLED`, as if the caller had given up. Nothing reached the
+/// server: gRPC calls that `UNAVAILABLE`, the code a client may retry.
+pub(crate) fn unsent_status(err: &(dyn Error + 'static)) -> Option<tonic::Status> {
+    let unsent = chain(err)
+        .filter_map(|err| err.downcast_ref::<hyper::Error>())
+        .any(hyper::Error::is_canceled);
+    unsent.then(|| {
+        tonic::Status::unavailable(
+            "the connection closed before this call was sent (hyper: request canceled, \
+             connection closed): nothing reached the server; the call may be tried again",
+        )
+    })
+}
+
 /// The status for `err` if it is an HTTP/2 guard against reset streams
 /// closing the connection (`GOAWAY ENHANCE_YOUR_CALM`): it names which side's
 /// guard tripped and the setting that moves it. `None` for anything else.
@@ -67,9 +84,9 @@ pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::S
             "this client closed its connection: h2's budget for small DATA frames ran out \
              (HTTP/2 ENHANCE_YOUR_CALM, too_many_data_frames); h2 charges it, for good, with \
              the small DATA frames it ignores on streams this client reset: remember none \
-             (Endpoint::http2_max_concurrent_reset_streams(0)); ReadyChannel does, and marks \
-             such frames so that h2 does not charge them, all but answers that cross their \
-             reset; the channel connects again",
+             (Endpoint::http2_max_concurrent_reset_streams(0)); ReadyChannel does, and has \
+             such frames read after the reset and marked so that h2 does not charge them; \
+             the channel connects again",
         )
     } else {
         tonic::Status::unavailable(

@@ -118,7 +118,7 @@ impl Config {
                  was told that much more time than the caller has. Something below \
                  ClientDeadlineLayer held the request (a plain tonic Channel connecting: use \
                  tonic_deadline::client::ReadyChannel; a queue or rate limit: put it above the \
-                 layer)",
+                 layer), or the process waited that long for a CPU",
             );
         }
     }

@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use probe::CallRequest;
-use probe::frames::{FrameParser, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS};
+use probe::frames::{
+    ACK, DATA, END_STREAM, FrameParser, GOAWAY, HEADERS, PING, PREFACE, Parsed, RST_STREAM,
+    SETTINGS,
+};
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use tokio::time::Instant;
@@ -26,6 +29,7 @@ use crate::common::{Events, Node, PATIENCE, connect, loopback};
 
 const END_HEADERS: u8 = 0x4;
 const ENHANCE_YOUR_CALM: u32 = 11;
+const CANCEL: u32 = 8;
 
 /// A request's header block in HPACK, with no dynamic table (the same bytes
 /// fit every stream): POST http /probe.Probe/Call, application/grpc.
@@ -101,7 +105,7 @@ fn flood_one(addr: SocketAddr, stop: &AtomicBool) -> Flood {
         batch.clear();
         for _ in 0..512 {
             frame(&mut batch, HEADERS, END_HEADERS, id, &block);
-            frame(&mut batch, RST_STREAM, 0, id, &8u32.to_be_bytes()); // CANCEL
+            frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
             id += 2;
         }
         if tcp.write_all(&batch).is_err() {
@@ -284,4 +288,249 @@ async fn late_answers_to_calls_that_gave_up_do_not_close_the_client_connection()
             .await
             .expect("the connection still serves");
     }
+}
+
+/// What a client sent [`Scripted`]'s server.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Streams the client reset because its call was dropped.
+    cancelled: usize,
+    /// The error code of the client's GOAWAY, if it sent one.
+    go_away: Option<u32>,
+}
+
+enum Event {
+    Frame(Parsed),
+    /// Finish the oldest call answered in part with this many more small
+    /// replies and the trailers.
+    Rest(usize),
+}
+
+/// A raw HTTP/2 server on one connection that answers each call with its
+/// headers and one reply, then waits to be told how the answer goes on: so
+/// a test can put the rest of an answer on the socket exactly while the
+/// client's connection task cannot read it.
+struct Scripted {
+    events: std::sync::mpsc::Sender<Event>,
+    written: std::sync::mpsc::Receiver<()>,
+    seen: Arc<std::sync::Mutex<Seen>>,
+}
+
+impl Scripted {
+    fn start() -> (Self, SocketAddr) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let addr = listener.local_addr().expect("its address");
+        let (events, inbox) = std::sync::mpsc::channel();
+        let (done, written) = std::sync::mpsc::channel();
+        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+        let (frames, noted) = (events.clone(), seen.clone());
+        std::thread::spawn(move || {
+            // One connection: a client that reconnects is refused.
+            let (tcp, _) = listener.accept().expect("the client connects");
+            drop(listener);
+            tcp.set_nodelay(true).expect("nodelay");
+            let mut reader = tcp.try_clone().expect("a second handle");
+            std::thread::spawn(move || {
+                let mut parser = FrameParser::client_to_server();
+                let mut buf = vec![0; 64 * 1024];
+                while let Ok(n @ 1..) = reader.read(&mut buf) {
+                    for parsed in parser.feed(&buf[..n]) {
+                        if frames.send(Event::Frame(parsed)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+            serve_scripted(tcp, &inbox, &done, &noted);
+        });
+        let server = Self {
+            events,
+            written,
+            seen,
+        };
+        (server, addr)
+    }
+
+    /// Has the oldest call answered in part finished with `replies` more
+    /// replies; returns once they are on the socket.
+    fn finish(&self, replies: usize) {
+        self.events
+            .send(Event::Rest(replies))
+            .expect("the server runs");
+        self.written
+            .recv_timeout(PATIENCE)
+            .expect("the server writes the rest of its answer");
+    }
+}
+
+fn serve_scripted(
+    mut tcp: std::net::TcpStream,
+    inbox: &std::sync::mpsc::Receiver<Event>,
+    written: &std::sync::mpsc::Sender<()>,
+    seen: &std::sync::Mutex<Seen>,
+) {
+    // :status 200 (static), content-type: application/grpc (indexed name).
+    let mut response = vec![0x88, 0x0f, 0x10, 16];
+    response.extend_from_slice(b"application/grpc");
+    let mut trailers = vec![0x00, 11];
+    trailers.extend_from_slice(b"grpc-status");
+    trailers.extend([1, b'0']);
+    // An empty message: not compressed, 0 bytes.
+    let reply = [0u8; 5];
+    let mut out = Vec::new();
+    frame(&mut out, SETTINGS, 0, 0, &[]);
+    let mut answered = std::collections::VecDeque::new();
+    let mut rests = std::collections::VecDeque::new();
+    while let Ok(event) = inbox.recv() {
+        match event {
+            Event::Frame(parsed) => {
+                let f = &parsed.frame;
+                match f.kind {
+                    SETTINGS if f.flags & ACK == 0 => frame(&mut out, SETTINGS, ACK, 0, &[]),
+                    PING if f.flags & ACK == 0 => {
+                        frame(&mut out, PING, ACK, 0, &parsed.payload);
+                    }
+                    HEADERS => {
+                        frame(&mut out, HEADERS, END_HEADERS, f.stream, &response);
+                        frame(&mut out, DATA, 0, f.stream, &reply);
+                        answered.push_back(f.stream);
+                    }
+                    RST_STREAM if parsed.error_code() == Some(CANCEL) => {
+                        seen.lock().expect("seen").cancelled += 1;
+                    }
+                    GOAWAY => seen.lock().expect("seen").go_away = parsed.error_code(),
+                    _ => {}
+                }
+            }
+            Event::Rest(replies) => rests.push_back(replies),
+        }
+        let mut finished = 0;
+        while !answered.is_empty() && !rests.is_empty() {
+            let (stream, replies) = (answered.pop_front(), rests.pop_front());
+            let (Some(stream), Some(replies)) = (stream, replies) else {
+                break;
+            };
+            for _ in 0..replies {
+                frame(&mut out, DATA, 0, stream, &reply);
+            }
+            frame(
+                &mut out,
+                HEADERS,
+                END_HEADERS | END_STREAM,
+                stream,
+                &trailers,
+            );
+            finished += 1;
+        }
+        if !out.is_empty() && tcp.write_all(&std::mem::take(&mut out)).is_err() {
+            return;
+        }
+        for _ in 0..finished {
+            let _ = written.send(());
+        }
+    }
+}
+
+/// A call dropped while the rest of its answer is already on the socket,
+/// then one more call, on `client`'s one connection to `server`: whether
+/// that call was answered whole, and what the server saw.
+async fn drop_mid_answer<T>(
+    mut client: ProbeClient<T>,
+    server: Scripted,
+) -> (Result<(), tonic::Status>, Seen)
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let mut replies = Scope::background()
+        .with_timeout(PATIENCE)
+        .enter(client.watch(CallRequest::default()))
+        .await
+        .expect("the call is answered")
+        .into_inner();
+    let first = replies.message().await;
+    assert!(matches!(first, Ok(Some(_))), "the first reply: {first:?}");
+    // This thread, and with it the connection's task, is blocked while the
+    // rest of the answer lands on the socket.
+    server.finish(200);
+    // One turn of the runtime's IO driver: the socket is marked readable
+    // and the connection's task woken, but this task runs first and drops
+    // the call, its answer unread.
+    tokio::task::yield_now().await;
+    drop(replies);
+
+    // The next call runs the connection's task: h2 reads what crossed.
+    server.events.send(Event::Rest(0)).expect("the server runs");
+    let next = async {
+        let mut next = Scope::background()
+            .with_timeout(PATIENCE)
+            .enter(client.watch(CallRequest::default()))
+            .await?
+            .into_inner();
+        while next.message().await?.is_some() {}
+        Ok(())
+    };
+    let answered = next.await;
+    let seen = std::mem::take(&mut *server.seen.lock().expect("seen"));
+    (answered, seen)
+}
+
+/// A call dropped while the rest of its answer is already on the socket:
+/// h2 reads that answer before it writes the call's reset, ignores it,
+/// and charges each small DATA frame to the connection's budget for them,
+/// for good. `ReadyChannel` has the reset written first, so nothing is
+/// charged and the connection lives. A plain tonic channel that remembers
+/// no resets either, beside it, shows that the answer did cross.
+#[tokio::test(flavor = "current_thread")]
+async fn an_answer_that_crosses_its_calls_reset_is_not_charged_to_the_connection() {
+    // A 64 KiB window makes a budget of 32 767 bytes; each empty reply is
+    // charged 251 of it: 200 of them spend it.
+    let endpoint = |addr: SocketAddr| {
+        Endpoint::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .initial_connection_window_size(65_535)
+    };
+
+    let (server, addr) = Scripted::start();
+    let plain = endpoint(addr)
+        .http2_max_concurrent_reset_streams(0)
+        .connect()
+        .await
+        .expect("connects");
+    let (answered, seen) = drop_mid_answer(
+        ProbeClient::new(ClientDeadlineLayer::new().layer(plain)),
+        server,
+    )
+    .await;
+    assert_eq!(
+        seen.go_away,
+        Some(ENHANCE_YOUR_CALM),
+        "on a plain channel the answer crosses its reset and closes the connection: {seen:?}"
+    );
+    // The next call was not sent: unavailable, not cancelled (as tonic
+    // alone says), since nobody cancelled it.
+    let status = answered.expect_err("the connection is closed");
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unavailable,
+        "a call the connection closed before it was sent: {status:?}"
+    );
+
+    let (server, addr) = Scripted::start();
+    let ready = ReadyChannel::connect(&endpoint(addr))
+        .await
+        .expect("connects");
+    let (answered, seen) = drop_mid_answer(
+        ProbeClient::new(ClientDeadlineLayer::new().layer(ready)),
+        server,
+    )
+    .await;
+    answered.expect("the connection still serves");
+    assert_eq!(
+        seen.go_away, None,
+        "the client must not close its connection over an answer it gave up on: {seen:?}"
+    );
+    assert_eq!(seen.cancelled, 1, "the dropped call was reset: {seen:?}");
 }
