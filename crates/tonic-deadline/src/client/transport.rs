@@ -46,6 +46,8 @@ pub(crate) fn lost_connection_status(
 /// ("connection closed", "connection was not ready"), which tonic reports
 /// as `CANCELLED`, as if the caller had given up. Nothing reached the
 /// server: gRPC calls that `UNAVAILABLE`, the code a client may retry.
+/// (hyper is known with the `channel` feature; without it, `None`.)
+#[cfg(feature = "channel")]
 pub(crate) fn unsent_status(err: &(dyn Error + 'static)) -> Option<tonic::Status> {
     let unsent = chain(err)
         .filter_map(|err| err.downcast_ref::<hyper::Error>())
@@ -56,6 +58,11 @@ pub(crate) fn unsent_status(err: &(dyn Error + 'static)) -> Option<tonic::Status
              connection closed): nothing reached the server; the call may be tried again",
         )
     })
+}
+
+#[cfg(not(feature = "channel"))]
+pub(crate) fn unsent_status(_: &(dyn Error + 'static)) -> Option<tonic::Status> {
+    None
 }
 
 /// The status for `err` if it is an HTTP/2 guard against reset streams
