@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use probe::CallRequest;
 use probe::frames::{
-    ACK, DATA, END_STREAM, FrameParser, GOAWAY, HEADERS, PING, PREFACE, Parsed, RST_STREAM,
-    SETTINGS,
+    ACK, DATA, END_HEADERS, END_STREAM, FrameParser, GOAWAY, HEADERS, PING, PREFACE, Parsed,
+    RST_STREAM, SETTINGS,
 };
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
@@ -27,7 +27,6 @@ use tower::Layer;
 
 use crate::common::{Events, Node, PATIENCE, connect, loopback};
 
-const END_HEADERS: u8 = 0x4;
 const ENHANCE_YOUR_CALM: u32 = 11;
 const CANCEL: u32 = 8;
 
@@ -404,12 +403,8 @@ fn serve_scripted(
             }
             Event::Rest(replies) => rests.push_back(replies),
         }
-        let mut finished = 0;
-        while !answered.is_empty() && !rests.is_empty() {
-            let (stream, replies) = (answered.pop_front(), rests.pop_front());
-            let (Some(stream), Some(replies)) = (stream, replies) else {
-                break;
-            };
+        let finished = answered.len().min(rests.len());
+        for (stream, replies) in answered.drain(..finished).zip(rests.drain(..finished)) {
             for _ in 0..replies {
                 frame(&mut out, DATA, 0, stream, &reply);
             }
@@ -420,7 +415,6 @@ fn serve_scripted(
                 stream,
                 &trailers,
             );
-            finished += 1;
         }
         if !out.is_empty() && tcp.write_all(&std::mem::take(&mut out)).is_err() {
             return;
