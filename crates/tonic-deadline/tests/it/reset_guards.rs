@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use probe::CallRequest;
 use probe::frames::{
     ACK, DATA, END_HEADERS, END_STREAM, FrameParser, GOAWAY, HEADERS, PING, PREFACE, Parsed,
@@ -290,16 +291,20 @@ async fn late_answers_to_calls_that_gave_up_do_not_close_the_client_connection()
 }
 
 /// What a client sent [`Scripted`]'s server.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Seen {
     /// Streams the client reset because its call was dropped.
     cancelled: usize,
     /// The error code of the client's GOAWAY, if it sent one.
     go_away: Option<u32>,
+    /// The client closed the connection: nothing more will be seen.
+    closed: bool,
 }
 
 enum Event {
     Frame(Parsed),
+    /// The client closed the connection.
+    Closed,
     /// Finish the oldest call answered in part with this many more small
     /// replies and the trailers.
     Rest(usize),
@@ -312,7 +317,7 @@ enum Event {
 struct Scripted {
     events: std::sync::mpsc::Sender<Event>,
     written: std::sync::mpsc::Receiver<()>,
-    seen: Arc<std::sync::Mutex<Seen>>,
+    seen: tokio::sync::watch::Receiver<Seen>,
 }
 
 impl Scripted {
@@ -321,8 +326,8 @@ impl Scripted {
         let addr = listener.local_addr().expect("its address");
         let (events, inbox) = std::sync::mpsc::channel();
         let (done, written) = std::sync::mpsc::channel();
-        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
-        let (frames, noted) = (events.clone(), seen.clone());
+        let (noted, seen) = tokio::sync::watch::channel(Seen::default());
+        let frames = events.clone();
         std::thread::spawn(move || {
             // One connection: a client that reconnects is refused.
             let (tcp, _) = listener.accept().expect("the client connects");
@@ -339,6 +344,7 @@ impl Scripted {
                         }
                     }
                 }
+                let _ = frames.send(Event::Closed);
             });
             serve_scripted(tcp, &inbox, &done, &noted);
         });
@@ -366,7 +372,7 @@ fn serve_scripted(
     mut tcp: std::net::TcpStream,
     inbox: &std::sync::mpsc::Receiver<Event>,
     written: &std::sync::mpsc::Sender<()>,
-    seen: &std::sync::Mutex<Seen>,
+    seen: &tokio::sync::watch::Sender<Seen>,
 ) {
     // :status 200 (static), content-type: application/grpc (indexed name).
     let mut response = vec![0x88, 0x0f, 0x10, 16];
@@ -395,12 +401,13 @@ fn serve_scripted(
                         answered.push_back(f.stream);
                     }
                     RST_STREAM if parsed.error_code() == Some(CANCEL) => {
-                        seen.lock().expect("seen").cancelled += 1;
+                        seen.send_modify(|seen| seen.cancelled += 1);
                     }
-                    GOAWAY => seen.lock().expect("seen").go_away = parsed.error_code(),
+                    GOAWAY => seen.send_modify(|seen| seen.go_away = parsed.error_code()),
                     _ => {}
                 }
             }
+            Event::Closed => seen.send_modify(|seen| seen.closed = true),
             Event::Rest(replies) => rests.push_back(replies),
         }
         let finished = answered.len().min(rests.len());
@@ -450,9 +457,13 @@ where
     // rest of the answer lands on the socket.
     server.finish(200);
     // One turn of the runtime's IO driver: the socket is marked readable
-    // and the connection's task woken, but this task runs first and drops
-    // the call, its answer unread.
+    // and the connection's task woken, but `block_on` polls this task
+    // first, and it drops the call, its answer unread.
     tokio::task::yield_now().await;
+    assert!(
+        replies.message().now_or_never().is_none(),
+        "the connection's task read the answer before its call could be dropped"
+    );
     drop(replies);
 
     // The next call runs the connection's task: h2 reads what crossed.
@@ -467,7 +478,18 @@ where
         Ok(())
     };
     let answered = next.await;
-    let seen = std::mem::take(&mut *server.seen.lock().expect("seen"));
+    // A reset is read before the answer to the next call; but a GOAWAY may
+    // still be on its way when the call fails, so a failed call waits for
+    // the connection to be closed.
+    let mut seen = server.seen;
+    if answered.is_err() {
+        let closed = tokio::time::timeout(PATIENCE, seen.wait_for(|seen| seen.closed)).await;
+        assert!(
+            matches!(closed, Ok(Ok(_))),
+            "a call failed, yet the client kept its connection open"
+        );
+    }
+    let seen = seen.borrow().clone();
     (answered, seen)
 }
 
