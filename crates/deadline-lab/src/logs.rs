@@ -9,7 +9,7 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::Layer;
 
 /// The target prefix of the library's own events.
 const LIBRARY: &str = "tonic_deadline";
@@ -40,12 +40,7 @@ pub type Extra = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 pub fn install_with(extra: Option<Extra>) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // sqlx warns of every statement slower than a second and of each
-        // server notice; the experiments make statements slow and cancel
-        // them on purpose, so its lines would read as failures. RUST_LOG
-        // still shows them.
-        let filter =
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,sqlx=error"));
+        let filter = stderr_filter(std::env::var("RUST_LOG").ok().as_deref());
         let _ = tracing_subscriber::registry()
             .with(extra)
             .with(
@@ -60,6 +55,23 @@ pub fn install_with(extra: Option<Extra>) {
             .with(LibraryWarnings.with_filter(library_warnings_filter()))
             .try_init();
     });
+}
+
+/// What is printed to stderr: `RUST_LOG` (`target=level` directives and a
+/// default level, comma-separated) or, without it, warnings.
+///
+/// sqlx warns of every statement slower than a second and of each server
+/// notice; the experiments make statements slow and cancel them on
+/// purpose, so by default its lines would read as failures. `RUST_LOG`
+/// still shows them. A `RUST_LOG` that does not parse is said on stderr,
+/// not ignored in silence.
+fn stderr_filter(rust_log: Option<&str>) -> Targets {
+    const DEFAULT: &str = "warn,sqlx=error";
+    let directives = rust_log.unwrap_or(DEFAULT);
+    directives.parse().unwrap_or_else(|error| {
+        eprintln!("RUST_LOG={directives:?} does not parse ({error}): using {DEFAULT:?}");
+        DEFAULT.parse().expect("the default filter parses")
+    })
 }
 
 /// How many warnings the library (`tonic_deadline`) logged, and their
@@ -115,7 +127,28 @@ mod tests {
     use tracing::Level;
     use tracing::level_filters::LevelFilter;
 
-    use super::library_warnings_filter;
+    use super::{library_warnings_filter, stderr_filter};
+
+    #[test]
+    fn stderr_shows_warnings_but_not_sqlx_unless_rust_log_asks() {
+        let default = stderr_filter(None);
+        assert!(default.would_enable("tonic_deadline::client", &Level::WARN));
+        assert!(!default.would_enable("tonic_deadline::client", &Level::INFO));
+        assert!(!default.would_enable("sqlx::query", &Level::WARN));
+        assert!(default.would_enable("sqlx::query", &Level::ERROR));
+
+        let asked = stderr_filter(Some("info,h2=debug"));
+        assert!(asked.would_enable("sqlx::query", &Level::INFO));
+        assert!(asked.would_enable("h2::codec", &Level::DEBUG));
+        assert!(!asked.would_enable("hyper", &Level::DEBUG));
+
+        let garbled = stderr_filter(Some("h2=loud"));
+        assert!(
+            garbled.would_enable("tonic_deadline", &Level::WARN)
+                && !garbled.would_enable("sqlx", &Level::WARN),
+            "a RUST_LOG that does not parse falls back to the default"
+        );
+    }
 
     #[test]
     fn the_warning_counter_sees_only_the_library_at_warn_and_above() {
