@@ -1,15 +1,18 @@
-//! The `probe.v1.Probe` service definition, generated at build time, and the
-//! HTTP/2 frame decoder ([`frames`]).
+//! The `probe.v1.Probe` service definition, generated from `proto/` into
+//! `src/generated/` (checked by [`codegen`] in the `generated` test), and
+//! the HTTP/2 frame decoder ([`frames`]).
 //!
 //! Shared by the library's integration tests and by `deadline-lab`.
 
+#[cfg(feature = "codegen")]
+pub mod codegen;
 pub mod frames;
 
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 mod generated {
-    tonic::include_proto!("probe.v1");
+    include!("generated/probe.v1.rs");
 }
 pub use generated::*;
 
 /// The encoded file descriptor set, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("probe_descriptor");
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/probe_descriptor.bin");

@@ -12,6 +12,7 @@ mod common;
 mod docs;
 mod experiments;
 mod faults;
+mod generated;
 mod peers;
 mod resilience;
 mod resources;
