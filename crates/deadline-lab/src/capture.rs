@@ -334,7 +334,7 @@ impl Capture {
     }
 
     /// When the proxy cut a connection mid-message
-    /// ([`Options::cut_reply_mid_data`]), if it did.
+    /// ([`Options::cut_reply_after`]), if it did.
     pub fn cut_at(&self) -> Option<Instant> {
         self.cut_at.lock().ok().and_then(|c| *c)
     }

@@ -354,7 +354,7 @@ pub async fn run_exe(exe: &std::path::Path) -> anyhow::Result<Outcome> {
 }
 
 /// A text bar: `█` from start to end, `|` at the deadline, one column per
-/// [`BAR_MS`].
+/// `BAR_MS`.
 pub fn bar(hop: &Hop, width: usize) -> String {
     let col = |ms: f64| ((ms / BAR_MS).round().max(0.0) as usize).min(width);
     let (from, to) = (
