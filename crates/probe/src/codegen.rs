@@ -38,20 +38,14 @@ pub fn check(
     let proto_dir = crate_dir.join("proto");
     let files = protox::compile(protos.iter().map(|p| proto_dir.join(p)), [&proto_dir])
         .map_err(|e| format!("the protos do not compile: {e}"))?;
-    let out = std::env::temp_dir().join(format!(
-        "codegen-{package}-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let out = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
     let encoded = files.encode_to_vec();
     tonic_prost_build::configure()
-        .out_dir(&out)
+        .out_dir(out.path())
         .compile_fds(files)
         .map_err(|e| format!("code generation failed: {e}"))?;
-    let code = std::fs::read(out.join(format!("{package}.rs")))
+    let code = std::fs::read(out.path().join(format!("{package}.rs")))
         .map_err(|e| format!("tonic-prost-build wrote no {package}.rs: {e}"))?;
-    let _ = std::fs::remove_dir_all(&out);
 
     let generated = crate_dir.join("src/generated");
     let regenerate = std::env::var_os("REGENERATE").is_some();
