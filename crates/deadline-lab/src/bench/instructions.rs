@@ -343,6 +343,23 @@ pub fn measure(options: &Options) -> anyhow::Result<Instructions> {
             counted(case, Variant::Plain, n)?,
             counted(case, Variant::Plain, 5 * n)?,
         );
+        // A per-request count of zero (or less) is not a cheap layer but a
+        // measurement that did not happen: in the server cases, collection
+        // toggled on by function names that no symbol of this build has.
+        anyhow::ensure!(
+            ours > 0.0 && plain > 0.0,
+            "{}: callgrind counted {ours:.1} (ours) and {plain:.1} (plain) instructions \
+             per request; {}",
+            case.label(),
+            match case {
+                Case::Server | Case::ServerHeader => format!(
+                    "no function of this build matched the server tasks' names \
+                     ({SERVER_TASKS:?}): a change of symbol mangling or of tonic/hyper \
+                     renamed them"
+                ),
+                _ => "the child ran no requests".to_owned(),
+            }
+        );
         rows.push(Row {
             case: case.label().to_owned(),
             counted: case.counted().to_owned(),
@@ -499,10 +516,22 @@ fn child_args(cmd: &mut Command, case: Case, variant: Variant, requests: u64, op
 /// stream (our layer, tonic's services, the handler, the response body),
 /// plus the drop of a finished stream task, where the response body and the
 /// request's scope are released.
-const SERVER_TASKS: [&str; 3] = [
+///
+/// Each name is given as valgrind demangles both of rustc's symbol
+/// manglings: legacy (`{{closure}}`, `H2Stream<F,B,Ex>`; stable's default)
+/// and v0 (`{closure#0}`, every generic function's type arguments,
+/// `drop_in_place::<…>`; a nightly compiler's default, and a stable one's
+/// under `RUSTC_BOOTSTRAP=1` or `-C symbol-mangling-version=v0`, where
+/// the counts come out the same). A binary holds one of the two; should
+/// neither match, the server cases count nothing and [`measure`] says so.
+const SERVER_TASKS: [&str; 5] = [
     "tonic::transport::server::serve_connection::{{closure}}",
-    "<hyper::proto::h2::server::H2Stream<F,B,Ex> as core::future::future::Future>::poll",
+    "tonic::transport::server::serve_connection::<*>::{closure#0}",
+    "<hyper::proto::h2::server::H2Stream<* as core::future::future::Future>::poll",
+    // Not a wildcard before `<`: the drop of a task's stage that holds the
+    // stream would match, and a toggle nested in a toggle turns it off.
     "core::ptr::drop_in_place<hyper::proto::h2::server::H2Stream<*",
+    "core::ptr::drop_in_place::<hyper::proto::h2::server::H2Stream<*",
 ];
 
 /// One variant with `requests` requests under callgrind.
