@@ -61,7 +61,7 @@ async fn report_charts_render_in_headless_chromium() {
     // Short windows: the plot needs every variant at every load, not a
     // precise figure.
     let overload = bench::overload::run(bench::overload::Load {
-        window: Duration::from_millis(500),
+        window: Duration::from_millis(200),
         ..Default::default()
     })
     .await;
