@@ -3,7 +3,7 @@
 //! up — and when it does not, did the library say so?
 //!
 //! Each row: a client with a 200 ms budget calls A; A's handler calls B in
-//! the row's way; B works 600 ms (ignoring its scope: the server layer must
+//! the row's way; B works 400 ms (ignoring its scope: the server layer must
 //! stop it). What B saw on entry, when B's scope ended, and what the library
 //! logged or counted are the row.
 
@@ -38,7 +38,7 @@ use crate::report::{Outcome, code_name, ms};
 /// The client's budget.
 pub const BUDGET: Duration = Duration::from_millis(200);
 /// What B works for: far beyond the budget.
-pub const SLOW: Duration = Duration::from_millis(600);
+pub const SLOW: Duration = Duration::from_millis(400);
 /// How long a slow peer takes to accept a connection.
 pub const CONNECT: Duration = Duration::from_millis(100);
 
