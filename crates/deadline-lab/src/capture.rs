@@ -379,7 +379,8 @@ async fn relay(
 
 /// Finds where to cut a server → client byte stream: inside the DATA frame
 /// that carries payload byte number `after`.
-struct Cutter {
+#[derive(Debug)]
+pub struct Cutter {
     parser: FrameParser,
     after: u64,
     /// Bytes of the stream before the current chunk.
@@ -390,7 +391,9 @@ struct Cutter {
 }
 
 impl Cutter {
-    fn new(after: u64, cut_at: Arc<Mutex<Option<Instant>>>) -> Self {
+    /// A cutter for payload byte `after`; the proxy records the time of
+    /// the cut in `cut_at`.
+    pub fn new(after: u64, cut_at: Arc<Mutex<Option<Instant>>>) -> Self {
         Self {
             parser: FrameParser::server_to_client(),
             after,
@@ -403,7 +406,7 @@ impl Cutter {
     /// How many bytes of `chunk` to forward before cutting, if the cut
     /// falls in it. A frame split across chunks is cut at the start of the
     /// chunk that completes it if its cut point already went through.
-    fn cut_point(&mut self, chunk: &[u8]) -> Option<usize> {
+    pub fn cut_point(&mut self, chunk: &[u8]) -> Option<usize> {
         let start = self.seen;
         self.seen += chunk.len() as u64;
         for parsed in self.parser.feed(chunk) {
@@ -518,6 +521,19 @@ async fn wait_until(due: Instant) {
     tokio::time::sleep_until(due).await;
 }
 
+/// Decodes one direction's bytes as the proxy does: a record per frame, a
+/// header block decoded across its CONTINUATION frames.
+pub fn decode(direction: Direction, bytes: &[u8]) -> Vec<Record> {
+    let sink = Sink {
+        started: Instant::now(),
+        records: Arc::default(),
+        observer: None,
+        forget: false,
+    };
+    Decoder::new(direction, 0, sink.clone()).feed(bytes);
+    sink.records.lock().map(|r| r.clone()).unwrap_or_default()
+}
+
 /// One direction's frame parser, HPACK table and pending header block.
 struct Decoder {
     direction: Direction,
@@ -620,8 +636,8 @@ impl Decoder {
 }
 
 /// The header block fragment of a HEADERS payload, without padding and
-/// priority fields.
-fn header_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
+/// priority fields; `None` when the padding is longer than the payload.
+pub fn header_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
     let mut start = 0;
     let mut end = payload.len();
     if flags & PADDED != 0 {
@@ -633,99 +649,4 @@ fn header_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
         start += 5;
     }
     payload.get(start..end)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use probe::frames::{END_STREAM, PREFACE, RST_STREAM};
-
-    fn sink() -> Sink {
-        Sink {
-            started: Instant::now(),
-            records: Arc::default(),
-            observer: None,
-            forget: false,
-        }
-    }
-
-    #[tokio::test]
-    async fn decoder_reads_grpc_timeout_and_reset_codes() {
-        let mut encoder = loona_hpack::Encoder::new();
-        let block = encoder.encode([
-            (&b":method"[..], &b"POST"[..]),
-            (b":path", b"/probe.v1.Probe/Call"),
-            (b"grpc-timeout", b"999978u"),
-        ]);
-        let mut wire = PREFACE.to_vec();
-        // HEADERS split in two: HEADERS without END_HEADERS, then CONTINUATION.
-        let (first, rest) = block.split_at(block.len() / 2);
-        wire.extend(frame_bytes(HEADERS, 0, 1, first));
-        wire.extend(frame_bytes(CONTINUATION, END_HEADERS, 1, rest));
-        wire.extend(frame_bytes(RST_STREAM, 0, 1, &8u32.to_be_bytes()));
-        let sink = sink();
-        let mut decoder = Decoder::new(Direction::ClientToServer, 0, sink.clone());
-        decoder.feed(&wire);
-        let records = sink.records.lock().expect("records").clone();
-        assert_eq!(records.len(), 2 + 1);
-        assert_eq!(
-            records[1].header("grpc-timeout"),
-            Some("999978u"),
-            "the header block must be decoded across CONTINUATION"
-        );
-        assert_eq!(records[2].error_code.map(error_code_name), Some("CANCEL"));
-        assert!(records[2].line().contains("RST_STREAM"));
-        assert!(records[1].line().contains("grpc-timeout=999978u"));
-    }
-
-    fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-        let len = payload.len();
-        let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-        out.extend(stream.to_be_bytes());
-        out.extend(payload);
-        out
-    }
-
-    #[test]
-    fn the_cut_falls_inside_the_data_frame_that_carries_the_byte_whatever_the_chunking() {
-        let mut wire = frame_bytes(HEADERS, END_HEADERS, 1, &[0xaa; 7]);
-        wire.extend(frame_bytes(DATA, 0, 1, &[0x2a; 40]));
-        let second = wire.len();
-        wire.extend(frame_bytes(DATA, 0, 1, &[0x2b; 40]));
-        let end = wire.len();
-        wire.extend(frame_bytes(
-            HEADERS,
-            END_STREAM | END_HEADERS,
-            1,
-            &[0xbb; 3],
-        ));
-        for chunk in 1..wire.len() {
-            let mut cutter = Cutter::new(60, Arc::default());
-            let mut forwarded = 0;
-            for piece in wire.chunks(chunk) {
-                match cutter.cut_point(piece) {
-                    Some(keep) => {
-                        forwarded += keep.min(piece.len());
-                        break;
-                    }
-                    None => forwarded += piece.len(),
-                }
-            }
-            assert!(
-                forwarded > second + 9 && forwarded < end,
-                "chunk size {chunk}: the cut must fall inside the second DATA payload, at {forwarded}"
-            );
-        }
-    }
-
-    #[test]
-    fn padding_and_priority_are_stripped() {
-        let payload = [2, 0, 0, 0, 0, 0, 0xaa, 0xbb, 0, 0];
-        assert_eq!(
-            header_fragment(PADDED | PRIORITY, &payload),
-            Some(&[0xaa, 0xbb][..])
-        );
-        assert_eq!(header_fragment(PADDED, &[9, 1]), None, "padding too long");
-    }
 }

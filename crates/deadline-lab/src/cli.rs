@@ -12,6 +12,11 @@ use crate::registry::{self, Params, Spans};
 use crate::report::Outcome;
 use crate::{bench, experiments, systems};
 
+/// The command line, as clap describes it (its subcommands and their help).
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "deadline-lab",
@@ -700,59 +705,5 @@ fn service_name(system: &System) -> String {
     match role {
         Some(role) => format!("{name}-{role}"),
         None => name.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_experiment_of_the_registry_has_its_subcommand_and_no_other() {
-        let cli = Cli::command();
-        let experiment = cli
-            .find_subcommand("experiment")
-            .expect("`experiment` must be a subcommand");
-        let mut subcommands: Vec<&str> = experiment
-            .get_subcommands()
-            .map(|c| c.get_name())
-            .filter(|name| *name != "help")
-            .collect();
-        let mut registered: Vec<&str> = registry::ENTRIES
-            .iter()
-            .filter(|e| e.kind == registry::Kind::Experiment)
-            .map(|e| e.name)
-            .collect();
-        subcommands.sort_unstable();
-        registered.sort_unstable();
-        assert_eq!(
-            subcommands, registered,
-            "`experiment NAME` must offer exactly the registry's experiments"
-        );
-        for sub in experiment.get_subcommands() {
-            assert!(
-                sub.get_about().is_some_and(|a| !a.to_string().is_empty()),
-                "{} must have the registry's line as its help",
-                sub.get_name()
-            );
-        }
-    }
-
-    #[test]
-    fn the_benchmarks_of_the_demo_are_benchmarks_on_the_command_line() {
-        let cli = Cli::command();
-        let bench = cli
-            .find_subcommand("bench")
-            .expect("`bench` must be a subcommand");
-        for entry in registry::ENTRIES
-            .iter()
-            .filter(|e| e.kind == registry::Kind::Bench)
-        {
-            assert!(
-                bench.find_subcommand(entry.name).is_some(),
-                "the demo's `bench {}` must also run as a command",
-                entry.name
-            );
-        }
     }
 }

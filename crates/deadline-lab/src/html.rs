@@ -7,8 +7,8 @@
 //! (`data-rendered="W×H"`) and the number of bars drawn, so a headless
 //! browser's DOM dump shows that the charts really rendered.
 
-mod resilience;
-mod waterfall;
+pub mod resilience;
+pub mod waterfall;
 
 use std::fmt::Write as _;
 
@@ -141,7 +141,8 @@ pub struct Bar {
 }
 
 impl Bar {
-    fn new(label: impl Into<String>, value: f64, seed: Option<f64>) -> Self {
+    /// A bar of `value`, with the seed's figure as a tick when there is one.
+    pub fn new(label: impl Into<String>, value: f64, seed: Option<f64>) -> Self {
         Self {
             label: label.into(),
             value,
@@ -1099,7 +1100,7 @@ pub fn render_with_skipped(steps: &[Step], skipped: &[Skipped], wall_seconds: f6
 }
 
 /// The edge experiment: budget on entry and when each layer stopped.
-fn edge_charts(edge: &crate::experiments::edge::Edge) -> String {
+pub fn edge_charts(edge: &crate::experiments::edge::Edge) -> String {
     let entry: Vec<Bar> = edge
         .rows
         .iter()
@@ -1149,255 +1150,4 @@ fn edge_charts(edge: &crate::experiments::edge::Edge) -> String {
         fmt_ms(edge.plain_sqlx.next_query_waited_ms)
     );
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn charts_are_inline_svg_with_bars_and_seed_ticks() {
-        let svg = hbars(
-            "t",
-            "A <title>",
-            "ms",
-            &[Bar::new("A", 999.9, Some(999.0)), Bar::new("B", 0.0, None)],
-        );
-        assert!(svg.starts_with("<svg class=\"chart\""));
-        assert_eq!(svg.matches("class=\"bar\"").count(), 2, "one bar per row");
-        assert_eq!(svg.matches("class=\"seed\"").count(), 1, "a tick per seed");
-        assert!(svg.contains("A &lt;title&gt;"), "text must be escaped");
-    }
-
-    #[test]
-    fn edge_charts_draw_every_layer_from_the_typed_result() {
-        use crate::experiments::edge::{Edge, LAYERS, LayerRow, PlainSqlx, PoolAfter, SqlxCosts};
-        let edge = Edge {
-            rows: LAYERS
-                .iter()
-                .map(|l| LayerRow {
-                    layer: (*l).to_owned(),
-                    remaining_on_entry_ms: Some(899.0),
-                    stopped_ms: Some(301.0),
-                    stopped_on_server: true,
-                    cause: None,
-                })
-                .collect(),
-            edge_budget_ms: 900.0,
-            client_gave_up_ms: 300.0,
-            pool: PoolAfter {
-                size: 1,
-                idle: 1,
-                max_size: 2,
-                cancels_sent: 1,
-                discarded: 0,
-                whole: true,
-                queries_still_active: 0,
-            },
-            plain_sqlx: PlainSqlx {
-                query_ms: 2000.0,
-                dropped_at_ms: 300.0,
-                still_active_after_drop: true,
-                next_query_waited_ms: 1700.0,
-            },
-            sqlx_costs: SqlxCosts {
-                plain_statement_us: 50.0,
-                scoped_statement_us: 51.0,
-                extra_us: 1.0,
-                plain_call_us: 60.0,
-                scoped_call_us: 120.0,
-                call_extra_us: 60.0,
-            },
-        };
-        let json = serde_json::to_value(&edge).expect("serialises");
-        let back = serde_json::from_value(json).expect("the JSON reads back as the result type");
-        let html = edge_charts(&back);
-        assert_eq!(
-            html.matches("class=\"bar\"").count(),
-            8,
-            "two charts, one bar per layer"
-        );
-        assert!(html.contains("sqlx query") && html.contains("kept running"));
-    }
-
-    #[test]
-    fn a_skipped_step_is_shown_as_skipped_not_failed() {
-        let ran = Step {
-            name: "faults".into(),
-            outcome: Err("the downstream did not start".into()),
-            seconds: 1.0,
-        };
-        let skipped = Skipped {
-            name: "proxy".into(),
-            needs: "needs nginx: apt-get install nginx".into(),
-        };
-        let html = render_with_skipped(&[ran], &[skipped], 1.0);
-        assert!(
-            html.contains(r#"data-step="proxy" data-status="skipped""#),
-            "the skipped step must be listed as skipped"
-        );
-        assert!(
-            html.contains("proxy: skipped (needs nginx: apt-get install nginx)"),
-            "its section must say what it needs"
-        );
-        assert!(
-            !html.contains("failed: needs nginx"),
-            "a missing tool must not read as a failure"
-        );
-        assert!(html.contains(r#"data-step="faults" data-status="failed""#));
-        let faults = html.find(r#"data-step="faults""#).expect("faults listed");
-        let proxy = html.find(r#"data-step="proxy""#).expect("proxy listed");
-        assert!(proxy < faults, "steps are listed in the demo's order");
-    }
-
-    #[test]
-    fn hosts_and_faults_get_their_own_tables() {
-        use crate::experiments::{faults, hosts};
-        let hosts = hosts::Hosts {
-            delay_by: "netem".into(),
-            netem_error: String::new(),
-            rows: [false, true]
-                .map(|compensation| hosts::Row {
-                    system: "chain".into(),
-                    hop: "A".into(),
-                    parent: "client".into(),
-                    namespace: "dlab-1-0-A".into(),
-                    one_way_ms: 20,
-                    compensation,
-                    deadline_excess_ms: if compensation { 0.7 } else { 20.9 },
-                    deadline_excess_min_ms: 0.5,
-                    deadline_excess_max_ms: 21.0,
-                    remaining_ms: 999.0,
-                    header: "999000u".into(),
-                })
-                .into(),
-        };
-        let faults = faults::Faults {
-            cases: vec![faults::Case {
-                case: "downstream killed".into(),
-                status: "UNAVAILABLE".into(),
-                message: String::new(),
-                detected_ms: 2.0,
-                deadline_ms: 2000.0,
-                answered_ms: 102.0,
-                upstream_scope_ended: true,
-                leaked: 0,
-                permits_held: 0,
-                tasks_running: 0,
-            }],
-        };
-        let step = |name: &str, json: Value| Step {
-            name: name.into(),
-            outcome: Ok(Outcome {
-                title: name.into(),
-                json,
-                columns: Vec::new(),
-                rows: Vec::new(),
-                notes: Vec::new(),
-            }),
-            seconds: 0.0,
-        };
-        let html = render(
-            &[
-                step("hosts", serde_json::to_value(&hosts).expect("serializable")),
-                step(
-                    "faults",
-                    serde_json::to_value(&faults).expect("serializable"),
-                ),
-            ],
-            1.0,
-        );
-        assert!(html.contains("Across hosts, proxies and faults"));
-        assert!(
-            html.contains("dlab-1-0-A"),
-            "the hosts table must list the namespaces"
-        );
-        assert!(
-            html.contains("data-chart=\"hosts\""),
-            "and chart the excess"
-        );
-        assert!(
-            html.contains("<td>downstream killed</td><td>UNAVAILABLE</td>"),
-            "the faults table must list each case and its status"
-        );
-    }
-
-    #[test]
-    fn overload_plot_draws_one_line_per_variant_over_every_offered_load() {
-        use crate::bench::overload::{Calls, Level};
-        let calls = Calls {
-            sent: 100,
-            good: 90,
-            late: 0,
-            failed: 10,
-        };
-        let level = |x: u32, plain: f64| Level {
-            offered_x: x,
-            offered_rps: 400.0 * f64::from(x),
-            plain_goodput: plain,
-            plain_calls: calls,
-            ours_goodput: 0.95,
-            ours_calls: calls,
-            ours_fifo_goodput: 0.5,
-            ours_fifo_calls: calls,
-            ours_lifo_goodput: 0.9,
-            ours_lifo_calls: calls,
-        };
-        let overload = Overload {
-            capacity_rps: 400.0,
-            capacity_plain_rps: 390.0,
-            capacity_ours_rps: 400.0,
-            connections: 4,
-            query_ms: 10,
-            deadline_ms: 100,
-            window_s: 3.0,
-            rows: vec![level(1, 0.99), level(2, 0.05), level(4, 0.01)],
-        };
-        let step = Step {
-            name: "bench overload".into(),
-            outcome: Ok(crate::bench::overload::outcome(&overload)),
-            seconds: 0.0,
-        };
-        let html = render(&[step], 1.0);
-        assert!(
-            html.contains("data-chart=\"overload\""),
-            "the report must plot bench overload"
-        );
-        assert_eq!(
-            html.matches("<polyline class=\"line").count(),
-            4,
-            "one line per variant"
-        );
-        assert_eq!(
-            html.matches("<circle class=\"point").count(),
-            4 * 3,
-            "a point per variant and offered load"
-        );
-        for label in [
-            "plain tonic",
-            "ours FIFO",
-            "ours LIFO",
-            "ours (adaptive LIFO)",
-            "1× (400 req/s)",
-            "4× (1600 req/s)",
-        ] {
-            assert!(html.contains(&escape(label)), "the plot must name {label}");
-        }
-        assert_eq!(
-            html.matches("<title>goal at").count(),
-            2,
-            "the goals at 2× and 4× are drawn"
-        );
-    }
-
-    #[test]
-    fn report_needs_nothing_from_the_network() {
-        let html = render(&[], 0.0);
-        for external in ["http://", "https://", "<link", "src="] {
-            assert!(
-                !html.contains(external),
-                "the report must be self-contained: {external}"
-            );
-        }
-    }
 }

@@ -65,7 +65,7 @@ pub fn install_with(extra: Option<Extra>) {
 /// purpose, so by default its lines would read as failures. `RUST_LOG`
 /// still shows them. A `RUST_LOG` that does not parse is said on stderr,
 /// not ignored in silence.
-fn stderr_filter(rust_log: Option<&str>) -> Targets {
+pub fn stderr_filter(rust_log: Option<&str>) -> Targets {
     const DEFAULT: &str = "warn,sqlx=error";
     let directives = rust_log.unwrap_or(DEFAULT);
     directives.parse().unwrap_or_else(|error| {
@@ -85,7 +85,7 @@ pub fn library_warnings() -> (u64, Vec<String>) {
 /// What [`LibraryWarnings`] is shown: the library's events at `WARN` and
 /// above; its level hint keeps every callsite below `WARN` disabled unless
 /// another layer (`RUST_LOG`, the span exporter) asks for it.
-fn library_warnings_filter() -> Targets {
+pub fn library_warnings_filter() -> Targets {
     Targets::new().with_target(LIBRARY, tracing::Level::WARN)
 }
 
@@ -119,66 +119,5 @@ impl Visit for Text {
         } else {
             self.0.push_str(&format!("{}={value:?}", field.name()));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use tracing::Level;
-    use tracing::level_filters::LevelFilter;
-
-    use super::{library_warnings_filter, stderr_filter};
-
-    #[test]
-    fn stderr_shows_warnings_but_not_sqlx_unless_rust_log_asks() {
-        let default = stderr_filter(None);
-        assert!(default.would_enable("tonic_deadline::client", &Level::WARN));
-        assert!(!default.would_enable("tonic_deadline::client", &Level::INFO));
-        assert!(!default.would_enable("sqlx::query", &Level::WARN));
-        assert!(default.would_enable("sqlx::query", &Level::ERROR));
-
-        let asked = stderr_filter(Some("info,h2=debug"));
-        assert!(asked.would_enable("sqlx::query", &Level::INFO));
-        assert!(asked.would_enable("h2::codec", &Level::DEBUG));
-        assert!(!asked.would_enable("hyper", &Level::DEBUG));
-
-        let garbled = stderr_filter(Some("h2=loud"));
-        assert!(
-            garbled.would_enable("tonic_deadline", &Level::WARN)
-                && !garbled.would_enable("sqlx", &Level::WARN),
-            "a RUST_LOG that does not parse falls back to the default"
-        );
-    }
-
-    #[test]
-    fn the_warning_counter_sees_only_the_library_at_warn_and_above() {
-        let filter = library_warnings_filter();
-        assert!(
-            filter.would_enable("tonic_deadline::client::unscoped", &Level::WARN),
-            "the library's warnings must reach the counter"
-        );
-        assert!(filter.would_enable("tonic_deadline", &Level::ERROR));
-        assert!(
-            !filter.would_enable("tonic_deadline::server", &Level::INFO),
-            "the library's quieter events must stay disabled"
-        );
-        for target in ["h2::proto::streams", "hyper::proto", "tonic::transport"] {
-            assert!(
-                !filter.would_enable(target, &Level::TRACE)
-                    && !filter.would_enable(target, &Level::WARN),
-                "{target} must stay disabled for the counter"
-            );
-        }
-    }
-
-    #[test]
-    fn the_warning_counter_hints_warn_so_trace_callsites_stay_off() {
-        use tracing_subscriber::Registry;
-        use tracing_subscriber::layer::Filter;
-        assert_eq!(
-            Filter::<Registry>::max_level_hint(&library_warnings_filter()),
-            Some(LevelFilter::WARN),
-            "no callsite below WARN may be enabled for the counter"
-        );
     }
 }

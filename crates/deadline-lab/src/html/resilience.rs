@@ -163,7 +163,7 @@ fn storm_chart(storm: &Storm) -> String {
 }
 
 /// The whole section: CDF, hedge table, storm goodput bars, retry cases.
-pub(super) fn section(
+pub fn section(
     retry: Option<&RetryCases>,
     hedge: Option<&HedgeRows>,
     storm: Option<&Storm>,
@@ -238,94 +238,4 @@ pub(super) fn section(
     }
     html.push_str("</section>");
     html
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bench::retry_storm;
-    use crate::experiments::{hedge, retry};
-
-    fn row(variant: &str, p99: f64) -> hedge::Row {
-        hedge::Row {
-            variant: variant.to_owned(),
-            p50_ms: 5.0,
-            p99_ms: p99,
-            p999_ms: p99 + 5.0,
-            extra_load: 0.05,
-            losers: 50,
-            losers_cancelled_on_server: 49,
-            losers_ended_on_server: 50,
-            after_deadline: 0,
-            failed: 0,
-            cdf_ms: (0..=100).map(|i| if i < 95 { 5.0 } else { p99 }).collect(),
-        }
-    }
-
-    #[test]
-    fn the_section_draws_a_cdf_line_per_variant_and_every_table_from_the_typed_results() {
-        let hedge = HedgeRows {
-            rows: vec![
-                row("none", 205.0),
-                row("ours", 27.0),
-                row("tower::hedge", 40.0),
-            ],
-            calls: 1000,
-            budget_ms: 1000.0,
-            slow_share: 0.05,
-        };
-        let storm = Storm {
-            rows: vec![retry_storm::Row {
-                variant: "ours".into(),
-                goodput: 0.95,
-                amplification: 1.02,
-                calls: 100,
-                good: 95,
-                attempts: 102,
-            }],
-            capacity_rps: 400.0,
-            offered_rps: 800.0,
-            failing_share: 0.1,
-            deadline_ms: 100.0,
-            window_s: 2.0,
-        };
-        let retry = RetryCases {
-            cases: vec![retry::Case {
-                case: retry::THIRD_ATTEMPT.into(),
-                attempts: 3,
-                attempt_starts_ms: vec![0.0, 30.0, 80.0],
-                attempt_budgets_ms: vec![1000.0, 970.0, 920.0],
-                previous_attempts: vec![0, 1, 2],
-                deadline_ms: 1000.0,
-                status: "OK".into(),
-                client_ms: 90.0,
-                attempts_after_deadline: 0,
-                expected: String::new(),
-            }],
-        };
-        let html = section(Some(&retry), Some(&hedge), Some(&storm));
-        assert_eq!(
-            html.matches("<polyline class=\"cdf\"").count(),
-            3,
-            "one CDF line per variant"
-        );
-        assert!(html.contains("data-chart=\"hedge-cdf\""));
-        assert!(
-            html.contains("ours (p99 27 ms, p99.9 32 ms)"),
-            "the legend names each tail"
-        );
-        assert!(
-            html.contains("data-chart=\"retry-storm\""),
-            "the storm's goodput bars"
-        );
-        assert!(html.contains("95 % of capacity, 1.02 attempts per call"));
-        assert!(
-            html.contains("1000 / 970 / 920"),
-            "the retry case's budgets on the wire"
-        );
-        assert!(
-            html.contains("49 / 50"),
-            "losers reset on the server, of all losers"
-        );
-    }
 }

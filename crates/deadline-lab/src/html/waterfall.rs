@@ -161,7 +161,7 @@ svg[data-kind=waterfall] .mark.outlived{fill:#b91c1c;font-weight:600}
 "#;
 
 /// The section: a chart per case.
-pub(super) fn section(waterfall: &Waterfall) -> String {
+pub fn section(waterfall: &Waterfall) -> String {
     let mut out = String::from(
         "<h2>Where the budget went</h2><section><p class=\"muted\">One request through the IM chain, traced over OTLP: every hop a span with its own id, parented through the W3C traceparent its caller's call wrote. Bars run from entry to exit; a dark line is the hop's deadline, the dashed red line the client's; caps and reserves are marked; ✕ is where a budget ended. A red bar ran on after its parent's deadline.</p>",
     );
@@ -170,64 +170,4 @@ pub(super) fn section(waterfall: &Waterfall) -> String {
     }
     out.push_str("</section>");
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hop(service: &str, start: f64, end: f64) -> Hop {
-        Hop {
-            service: service.into(),
-            kind: "server".into(),
-            name: service.into(),
-            span_id: format!("id-{service}"),
-            parent: None,
-            depth: 0,
-            start_ms: start,
-            end_ms: end,
-            budget_on_entry_ms: Some(200.0),
-            granted_ms: None,
-            cap_ms: Some(200.0),
-            cap_bound: true,
-            reserve_ms: Some(50.0),
-            reserve_bound: true,
-            deadline_ms: Some(start + 200.0),
-            outcome: "DEADLINE_EXCEEDED".into(),
-            cause: None,
-            outlived_parent_deadline: false,
-            outlived_ms: None,
-        }
-    }
-
-    #[test]
-    fn waterfall_draws_a_bar_per_hop_with_deadlines_caps_reserves_and_ends() {
-        let mut work = hop("route: blocking work", 10.0, 410.0);
-        work.outlived_parent_deadline = true;
-        work.outlived_ms = Some(200.0);
-        let waterfall = Waterfall {
-            client_budget_ms: 800.0,
-            cases: vec![Case {
-                case: "route stalls".into(),
-                trace_id: "abc".into(),
-                status: "DEADLINE_EXCEEDED".into(),
-                client_ms: 210.0,
-                spans: vec![hop("route", 5.0, 205.0), work],
-            }],
-        };
-        let html = section(&waterfall);
-        assert!(html.contains("data-chart=\"waterfall-route-stalls\""));
-        assert_eq!(
-            html.matches("<rect class=\"bar hop").count(),
-            2,
-            "one bar per hop"
-        );
-        assert!(
-            html.contains("class=\"deadline client\""),
-            "the client's deadline is drawn"
-        );
-        assert!(html.contains("cap 200") && html.contains("reserve 50"));
-        assert!(html.contains("✕"), "where the budget ended is marked");
-        assert!(html.contains("ran on 200 ms past its deadline"));
-    }
 }

@@ -1,5 +1,6 @@
-//! The lab's integration tests, in one binary so that the lab and the
-//! helpers are linked once; with them the library's tests against a live
+//! The lab's tests, in one binary so that the lab and the helpers are
+//! linked once (the library has no test build of its own: its unit tests
+//! are here too); with them the library's tests against a live
 //! PostgreSQL (`db_postgres`, `db_sqlx_postgres`, `jobs_postgres`), which
 //! need the same peer.
 //!
@@ -9,11 +10,17 @@
 
 mod common;
 
+mod callgrind_output;
+mod capture;
+mod clock;
 mod docs;
 mod experiments;
 mod faults;
 mod generated;
+mod logs;
 mod peers;
+mod registry;
+mod report_html;
 mod resilience;
 mod resources;
 mod traces;
