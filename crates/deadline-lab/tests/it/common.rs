@@ -29,6 +29,29 @@ pub(crate) async fn alone_async() -> tokio::sync::MutexGuard<'static, ()> {
     TIMED.lock().await
 }
 
+/// Held by every run that counts instructions under callgrind, one at a
+/// time. Their counts do not depend on the machine's load, so they run
+/// beside the timed runs rather than after them, at the lowest CPU
+/// priority ([`lowest_priority`]): they take only what the timed runs
+/// leave.
+static COUNTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The lock of the runs that count instructions.
+pub(crate) fn counting() -> std::sync::MutexGuard<'static, ()> {
+    COUNTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `program`, to be run at the lowest CPU priority (`nice -n 19`): on a
+/// busy machine it waits for a free core instead of taking one from a run
+/// that measures time.
+pub(crate) fn lowest_priority(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut nice = Command::new("nice");
+    nice.args(["-n", "19"]).arg(program);
+    nice
+}
+
 /// The debug build cargo made for this test binary.
 ///
 /// Cargo names it in `CARGO_BIN_EXE_deadline-lab`, except when the workspace

@@ -2,9 +2,9 @@
 //!
 //! Instruction counts under callgrind move by about 0.3 % from run to run,
 //! whatever else the machine does, so this guard cannot flake on a busy
-//! machine. It measures the release build (the
-//! figure the bench reports; a debug build's ratios mean nothing), building
-//! it first.
+//! machine; it runs beside the runs that time things, at the lowest CPU
+//! priority. It measures the release build (the figure the bench reports; a
+//! debug build's ratios mean nothing), building it first.
 //!
 //! Needs valgrind and libfaketime, so it is only built with the
 //! `callgrind-tests` feature (`scripts/test-all` installs both and enables
@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 
 use deadline_lab::bench::instructions::{Case, Instructions};
 
-use crate::common::{alone, release_lab};
+use crate::common::{counting, lowest_priority, release_lab};
 
 /// The bounds of one case: its instruction ratio ours / plain and its
 /// allocations per request above plain tonic.
@@ -87,10 +87,8 @@ fn layer_instruction_ratios_stay_under_their_bounds() {
          `apt-get update && apt-get install -y valgrind faketime` (scripts/test-all does)"
     );
     let lab = release_lab();
-    // The counts do not depend on the machine's load, but valgrind's
-    // children are load for the runs that time things.
-    let _alone = alone();
-    let out = Command::new(lab)
+    let _counting = counting();
+    let out = lowest_priority(lab)
         .args(["bench", "instructions", "--json", "--requests", "200"])
         .output()
         .expect("the release lab must run");
@@ -157,7 +155,7 @@ fn plain_tonic_in_the_lab_costs_what_it_costs_in_a_binary_of_its_own() {
     }
     let lab = release_lab();
     let own = lab.with_file_name("plain-echo");
-    let _alone = alone();
+    let _counting = counting();
     let in_lab = per_request(
         lab,
         &["serve", "echo", "--plain", "--listen", "127.0.0.1:0"],
@@ -193,7 +191,7 @@ fn per_request(exe: &Path, args: &[&str]) -> f64 {
 fn instructions(exe: &Path, args: &[&str], requests: u64) -> u64 {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let out = dir.path().join("callgrind.out");
-    let mut server = Command::new("valgrind")
+    let mut server = lowest_priority("valgrind")
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(exe)
@@ -211,7 +209,7 @@ fn instructions(exe: &Path, args: &[&str], requests: u64) -> u64 {
     let body = dir.path().join("empty-request");
     // One gRPC message frame: uncompressed, zero bytes long.
     std::fs::write(&body, [0u8; 5]).expect("the request body is written");
-    let load = Command::new("h2load")
+    let load = lowest_priority("h2load")
         .args(["-n", &requests.to_string(), "-c", "4", "-m", "16", "-d"])
         .arg(&body)
         .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
