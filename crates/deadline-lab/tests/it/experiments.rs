@@ -529,6 +529,18 @@ impl Drop for Lab {
     }
 }
 
+/// The client's budget in the tests that run a system as separate
+/// processes of the debug lab. They show the wiring and what crosses the
+/// wire, not timing: the first call connects every hop, which on a loaded
+/// machine can take longer than a second.
+const PROCESS_BUDGET: Duration = Duration::from_secs(10);
+
+/// The header the proxy read carries the client's budget, less at most a
+/// second spent before the request left.
+fn sent_whole(on_the_wire: Duration) -> bool {
+    on_the_wire <= PROCESS_BUDGET && on_the_wire > PROCESS_BUDGET - Duration::from_secs(1)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn im_runs_as_separate_processes_through_the_capture_proxy() {
     let _alone = alone_async().await;
@@ -559,7 +571,7 @@ async fn im_runs_as_separate_processes_through_the_capture_proxy() {
 
     let reply = async {
         let mut client = deadline_lab::systems::im::client(entry).await?;
-        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(800));
+        let scope = tonic_deadline::Scope::background().with_timeout(PROCESS_BUDGET);
         let reply = scope
             .enter(client.push(deadline_lab::pb::PushReq {
                 uid: 7,
@@ -600,10 +612,7 @@ async fn im_runs_as_separate_processes_through_the_capture_proxy() {
     }
     let header = request_timeout.expect("the proxy must decode the request's grpc-timeout");
     let budget = decode(header.as_bytes()).expect("a valid header");
-    assert!(
-        budget <= Duration::from_millis(800) && budget > Duration::from_millis(700),
-        "{header}"
-    );
+    assert!(sent_whole(budget), "{header}");
     assert_eq!(
         reply_status.as_deref(),
         Some("0"),
@@ -627,7 +636,7 @@ async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
 
     let hops = async {
         let mut client = experiments::layered_client(entry).await?;
-        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_secs(1));
+        let scope = tonic_deadline::Scope::background().with_timeout(PROCESS_BUDGET);
         let reply = scope
             .enter(client.call(probe::CallRequest::default()))
             .await?;
@@ -644,10 +653,7 @@ async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
         );
     }
     let measured = first_wire_timeout(&capture);
-    assert!(
-        measured <= Duration::from_secs(1) && measured > Duration::from_millis(900),
-        "{measured:?}"
-    );
+    assert!(sent_whole(measured), "{measured:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -765,7 +771,7 @@ async fn shop_runs_as_separate_processes_through_the_capture_proxy() {
     let (capture, entry) = capture_in_front_of(api.addr());
     let reply = async {
         let mut client = deadline_lab::systems::shop::client(entry).await?;
-        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(900));
+        let scope = tonic_deadline::Scope::background().with_timeout(PROCESS_BUDGET);
         let request = deadline_lab::pb::CheckoutReq {
             sku: "sku-1".into(),
             inventory_ms: 50,
@@ -791,10 +797,7 @@ async fn shop_runs_as_separate_processes_through_the_capture_proxy() {
         reply.trace
     );
     let budget = first_wire_timeout(&capture);
-    assert!(
-        budget <= Duration::from_millis(900) && budget > Duration::from_millis(800),
-        "{budget:?}"
-    );
+    assert!(sent_whole(budget), "{budget:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -806,7 +809,7 @@ async fn orders_runs_as_separate_processes_through_the_capture_proxy() {
     let (capture, entry) = capture_in_front_of(orders.addr());
     let (created, fetched) = async {
         let mut client = deadline_lab::systems::orders::client(entry).await?;
-        let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_secs(1));
+        let scope = tonic_deadline::Scope::background().with_timeout(PROCESS_BUDGET);
         let request = deadline_lab::pb::CreateOrderReq {
             order_id: "order-1".into(),
             amount_cents: 1250,
@@ -836,10 +839,7 @@ async fn orders_runs_as_separate_processes_through_the_capture_proxy() {
         "the row must be written"
     );
     let budget = first_wire_timeout(&capture);
-    assert!(
-        budget <= Duration::from_secs(1) && budget > Duration::from_millis(900),
-        "{budget:?}"
-    );
+    assert!(sent_whole(budget), "{budget:?}");
 }
 
 #[test]
