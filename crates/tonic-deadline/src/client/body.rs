@@ -65,6 +65,21 @@ impl<B> ClientBody<B> {
     }
 }
 
+/// An empty body that races nothing: what tonic's `InterceptedService`
+/// answers with when an interceptor refuses a call, so that a generated
+/// client's `with_interceptor` takes a channel under the client layer.
+///
+/// ```
+/// use tonic_deadline::client::ClientBody;
+/// let body = ClientBody::<tonic::body::Body>::default();
+/// assert!(http_body::Body::is_end_stream(&body));
+/// ```
+impl<B: Default> Default for ClientBody<B> {
+    fn default() -> Self {
+        Self::new(B::default(), Race::new(None, None, None, None))
+    }
+}
+
 impl<B> std::fmt::Debug for ClientBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientBody").finish_non_exhaustive()

@@ -170,6 +170,8 @@ pub struct ReadyChannelBuilder {
     ping_every: Option<Duration>,
     wait_for_ready: bool,
     remembered_resets: usize,
+    #[cfg(unix)]
+    unix_socket: Option<std::path::PathBuf>,
 }
 
 impl ReadyChannelBuilder {
@@ -226,26 +228,79 @@ impl ReadyChannelBuilder {
         self
     }
 
-    /// The channel, over TCP, connecting on first use.
-    pub fn lazy(self) -> ReadyChannel {
-        let connector = tcp_connector(&self.endpoint);
-        self.lazy_with_connector(connector)
+    /// Connects to the Unix socket at `path` instead of the endpoint's
+    /// address; the endpoint's other settings still apply.
+    ///
+    /// tonic's `Endpoint` made from a `unix:` address keeps the socket's
+    /// path to itself (its `uri()` answers the placeholder `http://tonic`),
+    /// so the channel must be told the path. A channel given such an
+    /// endpoint without it dials nothing: every call fails with
+    /// `UNAVAILABLE`, naming this method.
+    ///
+    /// ```no_run
+    /// use tonic::transport::Endpoint;
+    /// use tonic_deadline::client::ReadyChannel;
+    ///
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let endpoint = Endpoint::from_static("unix:/run/app/grpc.sock");
+    /// let channel = ReadyChannel::builder(&endpoint)
+    ///     .unix_socket("/run/app/grpc.sock")
+    ///     .lazy();
+    /// # let _ = channel;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(unix)]
+    pub fn unix_socket(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.unix_socket = Some(path.into());
+        self
     }
 
-    /// The channel, over TCP, connected before it is returned.
+    /// The channel, over TCP (or the Unix socket given to
+    /// [`unix_socket`](Self::unix_socket)), connecting on first use.
+    pub fn lazy(self) -> ReadyChannel {
+        match self.transport() {
+            Transport::Tcp(tcp) => self.lazy_with_connector(tcp),
+            #[cfg(unix)]
+            Transport::Unix(unix) => self.lazy_with_connector(unix),
+            Transport::UnixPathUnknown(refused) => self.lazy_with_connector(refused),
+        }
+    }
+
+    /// The channel, over TCP (or the Unix socket given to
+    /// [`unix_socket`](Self::unix_socket)), connected before it is
+    /// returned.
     ///
     /// # Errors
     ///
     /// When the connection cannot be made.
     pub async fn connect(self) -> Result<ReadyChannel, tonic::transport::Error> {
-        let connector = tcp_connector(&self.endpoint);
-        self.connect_with_connector(connector).await
+        match self.transport() {
+            Transport::Tcp(tcp) => self.connect_with_connector(tcp).await,
+            #[cfg(unix)]
+            Transport::Unix(unix) => self.connect_with_connector(unix).await,
+            Transport::UnixPathUnknown(refused) => self.connect_with_connector(refused).await,
+        }
+    }
+
+    /// How [`lazy`](Self::lazy) and [`connect`](Self::connect) reach the
+    /// server.
+    fn transport(&self) -> Transport {
+        #[cfg(unix)]
+        if let Some(path) = &self.unix_socket {
+            return Transport::Unix(UnixConnector(Arc::from(path.as_path())));
+        }
+        if is_unix_placeholder(self.endpoint.uri()) {
+            tracing::warn!("{UNIX_PATH_UNKNOWN}");
+            return Transport::UnixPathUnknown(UnixPathUnknown);
+        }
+        Transport::Tcp(tcp_connector(&self.endpoint))
     }
 
     /// The channel, through `connector`, connecting on first use.
     pub fn lazy_with_connector<C>(self, connector: C) -> ReadyChannel
     where
-        C: Service<Uri> + Clone + Send + 'static,
+        C: Service<Uri> + Send + 'static,
         C::Response: Read + Write + Unpin + Send + 'static,
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
@@ -264,7 +319,7 @@ impl ReadyChannelBuilder {
         connector: C,
     ) -> Result<ReadyChannel, tonic::transport::Error>
     where
-        C: Service<Uri> + Clone + Send + 'static,
+        C: Service<Uri> + Send + 'static,
         C::Response: Read + Write + Unpin + Send + 'static,
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
@@ -283,7 +338,7 @@ impl ReadyChannelBuilder {
 
     fn parts<C>(&self, connector: C) -> (Parts, Linked<C>)
     where
-        C: Service<Uri> + Clone + Send + 'static,
+        C: Service<Uri> + Send + 'static,
         C::Response: Read + Write + Unpin + Send + 'static,
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
@@ -344,6 +399,8 @@ impl ReadyChannel {
             ping_every: None,
             wait_for_ready: false,
             remembered_resets: REMEMBERED_RESETS,
+            #[cfg(unix)]
+            unix_socket: None,
         }
     }
 
@@ -370,10 +427,12 @@ impl ReadyChannel {
 
     /// A channel that connects through `connector` (a `Service<Uri>` giving
     /// a connected stream, as for tonic's `Endpoint::connect_with_connector`)
-    /// on first use.
+    /// on first use. The connector is called once per dial and need not be
+    /// `Clone`: tonic's one-shot connectors (a stream made in advance,
+    /// handed out once) work as they do with tonic.
     pub fn lazy_with_connector<C>(endpoint: &Endpoint, connector: C) -> Self
     where
-        C: Service<Uri> + Clone + Send + 'static,
+        C: Service<Uri> + Send + 'static,
         C::Response: Read + Write + Unpin + Send + 'static,
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
@@ -392,7 +451,7 @@ impl ReadyChannel {
         connector: C,
     ) -> Result<Self, tonic::transport::Error>
     where
-        C: Service<Uri> + Clone + Send + 'static,
+        C: Service<Uri> + Send + 'static,
         C::Response: Read + Write + Unpin + Send + 'static,
         C::Future: Send + 'static,
         C::Error: Into<BoxError>,
@@ -418,6 +477,74 @@ impl ReadyChannel {
                 Poll::Pending
             }
         }
+    }
+}
+
+/// What [`ReadyChannelBuilder::lazy`] and [`ReadyChannelBuilder::connect`]
+/// dial with.
+enum Transport {
+    Tcp(HttpConnector),
+    #[cfg(unix)]
+    Unix(UnixConnector),
+    UnixPathUnknown(UnixPathUnknown),
+}
+
+/// What a channel whose endpoint came from a `unix:` address, with no path
+/// given, says: at build time, and as the error of every dial.
+const UNIX_PATH_UNKNOWN: &str = "ReadyChannel: this tonic Endpoint was made from a `unix:` \
+     address, whose socket path tonic keeps to itself (its uri() is the placeholder \
+     http://tonic); give the path with ReadyChannelBuilder::unix_socket(path). (A TCP server \
+     named `tonic` on port 80: write the port, http://tonic:80.)";
+
+/// Whether `uri` is what tonic's `Endpoint::uri()` answers for an endpoint
+/// made from a `unix:` address: `http://tonic`, with no port.
+fn is_unix_placeholder(uri: &Uri) -> bool {
+    uri.scheme_str() == Some("http") && uri.authority().is_some_and(|a| a.as_str() == "tonic")
+}
+
+/// Refuses every dial: the socket's path is unknown. Dialling `tonic:80`
+/// over TCP instead would fail on DNS, or reach whatever answers there.
+#[derive(Debug, Clone, Copy)]
+struct UnixPathUnknown;
+
+impl Service<Uri> for UnixPathUnknown {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = io::Error;
+    type Future = std::future::Ready<io::Result<Self::Response>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        std::future::ready(Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            UNIX_PATH_UNKNOWN,
+        )))
+    }
+}
+
+/// Dials a Unix socket.
+#[cfg(unix)]
+#[derive(Debug, Clone)]
+struct UnixConnector(Arc<std::path::Path>);
+
+#[cfg(unix)]
+impl Service<Uri> for UnixConnector {
+    type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move {
+            let stream = tokio::net::UnixStream::connect(&*path).await?;
+            Ok(hyper_util::rt::TokioIo::new(stream))
+        })
     }
 }
 
@@ -545,6 +672,23 @@ pin_project! {
         // Dropped after the body, so that h2 has scheduled the stream's
         // reset by the time the slot says one is due.
         slot: Option<Slot>,
+    }
+}
+
+/// An empty body holding no stream: what tonic's `InterceptedService`
+/// answers with when an interceptor refuses a call, so that a generated
+/// client's `with_interceptor` takes a `ReadyChannel`.
+///
+/// ```
+/// let body = tonic_deadline::client::ReadyBody::default();
+/// assert!(http_body::Body::is_end_stream(&body));
+/// ```
+impl Default for ReadyBody {
+    fn default() -> Self {
+        Self {
+            inner: Body::default(),
+            slot: None,
+        }
     }
 }
 
@@ -779,7 +923,8 @@ type Stashed<T> = Result<T, BoxError>;
 
 struct Dialer<C: Service<Uri>> {
     uri: Uri,
-    /// Cloned for each dial; behind a lock only so the dialer is `Sync`.
+    /// Behind a lock so that the dialer is `Sync`, and so that a dial
+    /// readies and calls it in one go.
     connector: Mutex<C>,
     link: Arc<Link>,
     /// A stream dialed ahead of tonic asking for it, or the dial's error.
@@ -792,19 +937,24 @@ struct Dialer<C: Service<Uri>> {
 
 impl<C> Dialer<C>
 where
-    C: Service<Uri> + Clone,
+    C: Service<Uri>,
     C::Error: Into<BoxError>,
 {
     async fn dial(&self) -> Stashed<C::Response> {
-        let mut connector = self
-            .connector
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        poll_fn(|cx| connector.poll_ready(cx))
-            .await
-            .map_err(Into::into)?;
-        connector.call(self.uri.clone()).await.map_err(Into::into)
+        // Readied and called under one lock, as tower asks; the dial itself
+        // runs outside it. Not cloned: a connector may be one-shot (a
+        // stream made in advance, handed out once).
+        let dialing = poll_fn(|cx| {
+            let mut connector = self
+                .connector
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let ready = std::task::ready!(connector.poll_ready(cx));
+            Poll::Ready(ready.map(|()| connector.call(self.uri.clone())))
+        })
+        .await
+        .map_err(Into::into)?;
+        dialing.await.map_err(Into::into)
     }
 
     fn take_stash(&self) -> Option<Stashed<C::Response>> {
@@ -824,7 +974,7 @@ where
 
 impl<C> Dial for Dialer<C>
 where
-    C: Service<Uri> + Clone + Send + 'static,
+    C: Service<Uri> + Send + 'static,
     C::Response: Send + 'static,
     C::Future: Send + 'static,
     C::Error: Into<BoxError>,
@@ -884,7 +1034,7 @@ impl<C: Service<Uri>> Clone for Linked<C> {
 
 impl<C> Service<Uri> for Linked<C>
 where
-    C: Service<Uri> + Clone + Send + 'static,
+    C: Service<Uri> + Send + 'static,
     C::Response: Read + Write + Unpin + Send + 'static,
     C::Future: Send + 'static,
     C::Error: Into<BoxError>,

@@ -9,6 +9,7 @@ mod common;
 
 mod admission_layer;
 mod cancellation;
+mod edges;
 mod failures;
 mod layering;
 mod lean_build;
