@@ -662,7 +662,10 @@ impl Scope {
     ///
     /// # Errors
     ///
-    /// [`Ended`] if the scope ended before the work returned.
+    /// [`Ended`] if the scope ended before the work returned — also when
+    /// the work returned *because* it ended (it checked, stopped and handed
+    /// back what it had): a result made after the scope ended is never
+    /// reported as a complete one.
     ///
     /// # Panics
     ///
@@ -687,12 +690,16 @@ impl Scope {
                 attached.blocking_returned(span, &watched);
             }
             task::note_if_outlived(&watched, "blocking work");
-            out
+            // Read as the work returns: work that stopped because its scope
+            // ended returns at once, and its result may be ready in the same
+            // poll as the end.
+            (out, watched.cause())
         });
         tokio::select! {
             biased;
             joined = handle => match joined {
-                Ok(out) => Ok(out),
+                Ok((out, None)) => Ok(out),
+                Ok((_, Some(cause))) => Err(Ended::new(cause)),
                 Err(err) => std::panic::resume_unwind(err.into_panic()),
             },
             cause = scope.ended() => Err(Ended::new(cause)),

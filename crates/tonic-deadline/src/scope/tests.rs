@@ -724,6 +724,34 @@ async fn spawn_blocking_resumes_a_panic_of_the_work() {
         .await;
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn spawn_blocking_never_reports_work_cut_short_by_its_scope_as_complete() {
+    let scope = Scope::background().child();
+    let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+    let (stopped, wait_until_stopped) = std::sync::mpsc::channel::<()>();
+    // The cooperative loop of a handler: check, and hand back what was done.
+    let work = scope.spawn_blocking(move |scope| {
+        wait_for_go.recv().expect("the test says go");
+        let partial: u32 = if scope.check().is_err() { 1 } else { 2 };
+        stopped.send(()).expect("the test waits");
+        partial
+    });
+    let mut work = std::pin::pin!(work);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(work.as_mut().poll(&mut cx).is_pending(), "the work waits");
+    scope.cancel();
+    go.send(()).expect("the work waits for go");
+    wait_until_stopped.recv().expect("the work stops");
+    // The runtime's one thread is held here, so the next poll finds the
+    // work's result and the scope's end both ready.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        work.await,
+        Err(Ended::new(Cause::Cancelled)),
+        "a result made after the scope ended must not read as complete"
+    );
+}
+
 #[test]
 fn cause_maps_to_code_and_text() {
     assert_eq!(
