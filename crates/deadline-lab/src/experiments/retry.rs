@@ -375,7 +375,7 @@ pub async fn measure() -> anyhow::Result<RetryCases> {
             retry_deadline_exceeded: false,
             initial_backoff: "0.001s",
             warm_up: 10,
-            expected: "DEADLINE_EXCEEDED at ~100 ms: 50 ms left cannot fit a 100 ms attempt",
+            expected: "UNAVAILABLE (the attempt's answer) at ~100 ms: 50 ms left cannot fit a 100 ms attempt",
         },
     ];
     let mut cases = Vec::new();

@@ -60,7 +60,8 @@ impl Metrics {
     }
 
     /// Retries and hedges not sent because what was left of the deadline
-    /// could not fit a useful attempt (answered `DEADLINE_EXCEEDED`).
+    /// could not fit a useful attempt (the call answered with the last
+    /// attempt's status, its message saying no further attempt fitted).
     pub fn attempts_refused_for_time(&self) -> u64 {
         self.inner.resilience.no_time_for_attempt.get()
     }

@@ -300,6 +300,54 @@ fn mark_wait_for_ready<B>(request: &mut Request<B>, resolved: &Resolved<'_>) {
     }
 }
 
+/// What the message of a call's last answer gets when no further attempt
+/// fitted in what its deadline left: the code stays the attempt's (an
+/// `UNAVAILABLE` says nothing was done, safe to try later), and the
+/// message says why the call ended before its deadline.
+pub(crate) const NO_TIME_LEFT: &str = "no further attempt fitted before the deadline";
+
+/// The last attempt's answer, as the call's when no further attempt fitted
+/// in what was left: its status, with [`NO_TIME_LEFT`] added to its message
+/// (an error's, or a trailers-only answer's `grpc-message`).
+pub(crate) fn no_time_left<B>(
+    result: Result<Response<B>, BoxError>,
+) -> Result<Response<B>, BoxError> {
+    fn amended(message: &str) -> String {
+        if message.is_empty() {
+            NO_TIME_LEFT.to_owned()
+        } else {
+            format!("{message}; {NO_TIME_LEFT}")
+        }
+    }
+    match result {
+        Ok(mut response) => {
+            let headers = response.headers_mut();
+            // `grpc-message` is percent-encoded; the text added is printable
+            // ASCII without `%`, which stands for itself.
+            let message = headers
+                .get(crate::wire::GRPC_MESSAGE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if let Ok(value) = HeaderValue::from_str(&amended(message)) {
+                headers.insert(crate::wire::GRPC_MESSAGE, value);
+            }
+            Ok(response)
+        }
+        Err(err) => {
+            let status = match err.downcast::<tonic::Status>() {
+                Ok(status) => *status,
+                Err(other) => tonic::Status::from_error(other),
+            };
+            Err(Box::new(tonic::Status::with_details_and_metadata(
+                status.code(),
+                amended(status.message()),
+                Bytes::copy_from_slice(status.details()),
+                status.metadata().clone(),
+            )))
+        }
+    }
+}
+
 /// The planner's answer to "may another attempt start?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Permit {

@@ -36,6 +36,8 @@ pub(super) struct Hedging<S: Service<Request<tonic::body::Body>>> {
     now: bool,
     /// No more hedges: pushback said stop, throttled, or no time left.
     stopped: bool,
+    /// Stopped because no further attempt fitted in what was left.
+    no_time: bool,
     /// The first attempt's readiness came with the call.
     ready: bool,
     /// The request body could not be replayed: one attempt only.
@@ -57,6 +59,7 @@ where
             next: None,
             now: true,
             stopped: false,
+            no_time: false,
             ready: true,
             single: false,
             last_failure: None,
@@ -135,6 +138,7 @@ where
                         .core
                         .permit(scope, self.call.path(), Duration::ZERO);
                     if permit != Permit::Send {
+                        self.no_time = permit == Permit::NoTime;
                         self.stop();
                     }
                 }
@@ -224,13 +228,17 @@ where
             // 3. Nothing in flight and nothing more to send: the last
             //    non-fatal answer is the call's.
             if self.in_flight.is_empty() && !self.may_send_more() {
-                let last = self.last_failure.take().unwrap_or_else(|| {
-                    let status = self
-                        .call
-                        .ended()
-                        .unwrap_or_else(|| status_for(Cause::DeadlineExceeded));
-                    Err(Box::new(status))
-                });
+                let last = match self.last_failure.take() {
+                    Some(last) if self.no_time => core::no_time_left(last),
+                    Some(last) => last,
+                    None => {
+                        let status = self
+                            .call
+                            .ended()
+                            .unwrap_or_else(|| status_for(Cause::DeadlineExceeded));
+                        Err(Box::new(status) as BoxError)
+                    }
+                };
                 return self.finish(last);
             }
 

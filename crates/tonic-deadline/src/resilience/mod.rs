@@ -44,8 +44,11 @@
 //!    maxBackoff))` before retry `n`, or exactly what the server's pushback
 //!    asks (and starts the sequence afresh). The sleep ends with the
 //!    caller's scope;
-//! 4. answers `DEADLINE_EXCEEDED` at once, without sending it, when a
-//!    retry cannot fit (counted in
+//! 4. sends no retry that what is left cannot fit: the call ends at once
+//!    with the last attempt's status — not `DEADLINE_EXCEEDED`, a deadline
+//!    that has not passed and an outcome the caller could not know — its
+//!    message ending "no further attempt fitted before the deadline"
+//!    (counted in
 //!    [`Metrics::attempts_refused_for_time`](crate::observe::Metrics::attempts_refused_for_time)).
 //!
 //! # Hedging

@@ -154,10 +154,9 @@ where
                     let scope = self.call.scope.as_ref();
                     match self.call.core.permit(scope, self.call.path(), delay) {
                         Permit::Send => {}
-                        Permit::NoTime => {
-                            let status = status_for(Cause::DeadlineExceeded);
-                            return self.finish(Err(Box::new(status)));
-                        }
+                        // The answer is the attempt's, not a deadline that
+                        // has not passed: its code tells what is known.
+                        Permit::NoTime => return self.finish(core::no_time_left(result)),
                         Permit::Throttled => return self.finish(result),
                     }
                     self.backoff_started = Instant::now();

@@ -156,6 +156,38 @@ async fn no_hedge_is_sent_that_the_deadline_cannot_fit() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_hedge_that_cannot_fit_leaves_the_last_answer_saying_so() {
+    // Every attempt is answered UNAVAILABLE after 100 ms; 250 ms of budget:
+    // the second answer comes at 200 ms, and 50 ms cannot fit a third.
+    let server = Server::new(vec![fail(Code::Unavailable, 100); 5]);
+    let metrics = Metrics::new();
+    let layer = ResilienceLayer::from_service_config(&config(5, "1s", r#""UNAVAILABLE""#))
+        .expect("valid")
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_millis(250));
+    let mut call = super::request(super::PATH);
+    call.extensions_mut().insert(scope.clone());
+    let answer = tower::ServiceExt::ready(&mut service)
+        .await
+        .expect("ready")
+        .call(call)
+        .await
+        .expect("the server's trailers-only answer");
+    assert_eq!(server.seen().len(), 2, "no third attempt");
+    assert_eq!(
+        super::code_of(&answer),
+        Code::Unavailable,
+        "the last answer's code, not a deadline that has not passed"
+    );
+    assert_eq!(
+        answer.headers().get("grpc-message").map(|v| v.as_bytes()),
+        Some(super::super::core::NO_TIME_LEFT.as_bytes())
+    );
+    assert_eq!(metrics.attempts_refused_for_time(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn pushback_delays_the_next_hedge_and_a_negative_one_stops_them() {
     let server = Server::new(vec![
         Step {

@@ -279,10 +279,17 @@ async fn a_per_request_timeout_counts_from_the_call_not_from_each_attempt() {
         "{:?}",
         started.elapsed()
     );
-    let status = result
-        .err()
-        .and_then(|e| e.downcast_ref::<tonic::Status>().map(tonic::Status::code));
-    assert_eq!(status, Some(Code::DeadlineExceeded));
+    let code = match &result {
+        Ok(answer) => code_of(answer),
+        Err(e) => e
+            .downcast_ref::<tonic::Status>()
+            .map_or(Code::Unknown, tonic::Status::code),
+    };
+    assert_eq!(
+        code,
+        Code::Unavailable,
+        "at 200 ms, 50 ms cannot fit a 100 ms attempt: the last answer is the call's"
+    );
     let seen = server.seen();
     assert!(
         seen.len() <= 3,
@@ -314,8 +321,8 @@ async fn an_attempt_the_learned_latency_cannot_fit_is_not_sent() {
     let (code, took) = outcome(&mut service, &scope).await;
     assert_eq!(
         code,
-        Code::DeadlineExceeded,
-        "a doomed attempt is answered, not sent"
+        Code::Unavailable,
+        "a doomed attempt is not sent; the last attempt's status is the answer"
     );
     assert!(
         took <= Duration::from_millis(101),
@@ -336,18 +343,78 @@ async fn from_the_first_answered_failure_on_no_attempt_starts_that_cannot_fit() 
         .metrics(&metrics);
     let mut service = stack(layer, &server);
     let scope = Scope::background().with_timeout(Duration::from_millis(400));
-    let (code, took) = outcome(&mut service, &scope).await;
+    let started = Instant::now();
+    let mut call = request(PATH);
+    call.extensions_mut().insert(scope.clone());
+    let answer = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(call)
+        .await
+        .expect("the server's trailers-only answer");
+    let took = started.elapsed();
     assert_eq!(
         server.seen().len(),
         2,
         "after two 150 ms answers, about 100 ms is left: no third attempt"
     );
-    assert_eq!(code, Code::DeadlineExceeded);
+    assert_eq!(
+        code_of(&answer),
+        Code::Unavailable,
+        "the deadline has not passed: the answer is what the last attempt said \
+         (nothing was done, safe to try later), not an unknown outcome"
+    );
+    assert_eq!(
+        answer.headers().get("grpc-message").map(|v| v.as_bytes()),
+        Some(core::NO_TIME_LEFT.as_bytes()),
+        "the message must say why no further attempt was made"
+    );
     assert!(
         took < Duration::from_millis(310),
         "answered when the second attempt failed, not at the deadline: {took:?}"
     );
     assert_eq!(metrics.attempts_refused_for_time(), 1);
+}
+
+#[test]
+fn an_answer_no_attempt_could_follow_keeps_its_code_details_and_metadata() {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert("x-shard", "7".parse().expect("ascii"));
+    let status = tonic::Status::with_details_and_metadata(
+        Code::Unavailable,
+        "shard 7 down",
+        bytes::Bytes::from_static(b"\x08\x0e"),
+        metadata,
+    );
+    let err = core::no_time_left::<()>(Err(Box::new(status))).expect_err("stays an error");
+    let status = err.downcast::<tonic::Status>().expect("a status");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        format!("shard 7 down; {}", core::NO_TIME_LEFT)
+    );
+    assert_eq!(status.details(), b"\x08\x0e");
+    assert_eq!(
+        status.metadata().get("x-shard").map(|v| v.as_bytes()),
+        Some(&b"7"[..])
+    );
+
+    // A trailers-only answer: its percent-encoded grpc-message, extended.
+    let mut response = Response::new(());
+    response
+        .headers_mut()
+        .insert("grpc-status", "14".parse().expect("ascii"));
+    response
+        .headers_mut()
+        .insert("grpc-message", "shard%207%20down".parse().expect("ascii"));
+    let response = core::no_time_left(Ok(response)).expect("stays an answer");
+    let status = tonic::Status::from_header_map(response.headers()).expect("a status");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        format!("shard 7 down; {}", core::NO_TIME_LEFT)
+    );
 }
 
 #[tokio::test(start_paused = true)]
