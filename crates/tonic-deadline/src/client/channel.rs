@@ -580,7 +580,11 @@ impl Service<Request<Body>> for ReadyChannel {
             None => self.streams.admit(),
         };
         slot.sent();
-        let waits = self.wait_for_ready || request.extensions().get::<WaitForReady>().is_some();
+        let asked = request.extensions().get::<WaitForReady>().is_some();
+        if asked && let Some(honoured) = request.extensions().get::<super::WaitHonoured>() {
+            honoured.honour();
+        }
+        let waits = self.wait_for_ready || asked;
         let state = if waits && self.dial.failed() {
             ReadyState::Waiting {
                 wait: Box::pin(wait_then_send(self.clone(), request)),

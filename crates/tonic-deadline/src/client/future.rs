@@ -6,6 +6,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use super::WaitCheck;
 use super::abandon::Abandon;
 use super::body::ClientBody;
 use super::observer::Observation;
@@ -52,6 +53,8 @@ pin_project! {
             inner: F,
             #[pin]
             race: Race,
+            // Set for a call that asked to wait for ready.
+            waits: Option<Box<WaitCheck>>,
         },
     }
 }
@@ -71,11 +74,13 @@ impl<F> ResponseFuture<F> {
         scope: Option<Scope>,
         abandon: Abandon,
         observed: Option<Box<dyn Observation>>,
+        waits: Option<Box<WaitCheck>>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
                 race: Race::new(deadline, scope, Some(abandon), observed),
+                waits,
             },
         }
     }
@@ -97,7 +102,11 @@ where
                     .expect("ResponseFuture polled after completion");
                 return Poll::Ready(Err(Box::new(status)));
             }
-            StateProj::Running { inner, mut race } => {
+            StateProj::Running {
+                inner,
+                mut race,
+                waits,
+            } => {
                 // The call first: a head that has arrived goes on to the
                 // body, whose first poll reads the clock and the scope (see
                 // `Race::for_body`), so a deadline or cancel that came with
@@ -120,7 +129,10 @@ where
                         status
                     }
                     Poll::Ready(Err(err)) => {
-                        let err = race.map_error(err.into(), false);
+                        let mut err = race.map_error(err.into(), false);
+                        if let Some(waits) = waits {
+                            err = waits.map_error(err);
+                        }
                         race.settle(error_code(&err));
                         return Poll::Ready(Err(err));
                     }

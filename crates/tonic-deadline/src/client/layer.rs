@@ -26,13 +26,22 @@ use super::{ClientDeadline, Config, Unscoped};
 /// that service holds the request — a plain tonic `Channel` connecting, a
 /// call queued behind the server's `max_concurrent_streams`, a queue in a
 /// middleware — the server is told that wait more than the caller has. The
-/// layer watches the first of every 64 calls: one whose request leaves more
-/// than 10 ms — and more than 5 % of its budget — after its header is
-/// counted
+/// layer watches every call with a deadline (one clock read when its
+/// request leaves): one whose request leaves more than 10 ms — and more
+/// than 5 % of its budget — after its header is counted
 /// ([`Metrics::budgets_left_late`](crate::observe::Metrics::budgets_left_late))
 /// and warned about (rate-limited), whatever the service below is. Put the
 /// layer over a [`ReadyChannel`](crate::client::ReadyChannel), which waits
-/// for its connection before the header is written.
+/// for its connection, and for a free stream, before the header is
+/// written.
+///
+/// A call that asks to wait for ready
+/// ([`WaitForReady`](crate::client::WaitForReady), a service config's
+/// `"waitForReady": true`) but is failed at once for want of a connection
+/// by a service below that does not wait (a plain tonic `Channel`) answers
+/// `UNAVAILABLE` naming `ReadyChannel`, and is counted
+/// ([`Metrics::waits_for_ready_ignored`](crate::observe::Metrics::waits_for_ready_ignored))
+/// and warned about.
 #[derive(Debug, Clone, Default)]
 pub struct ClientDeadlineLayer {
     pub(super) transit_allowance: Duration,

@@ -107,6 +107,50 @@ pub use unscoped::{Unscoped, capture_scope};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WaitForReady;
 
+/// Put beside a [`WaitForReady`] by the client layer; set by a channel that
+/// honours it ([`ReadyChannel`]), so that a call failed at once for want of
+/// a connection tells a channel that waited in vain from one that does not
+/// wait at all.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WaitHonoured(Arc<std::sync::atomic::AtomicBool>);
+
+impl WaitHonoured {
+    #[cfg_attr(
+        not(feature = "channel"),
+        allow(dead_code, reason = "ReadyChannel honours it")
+    )]
+    pub(crate) fn honour(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn is_honoured(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A call that asked to wait for ready, checked when it fails.
+#[derive(Debug)]
+pub(crate) struct WaitCheck {
+    honoured: WaitHonoured,
+    config: Arc<Config>,
+    method: http::uri::PathAndQuery,
+}
+
+impl WaitCheck {
+    /// `err`, or — when it is a failed connect that no channel below waited
+    /// out — an `UNAVAILABLE` naming the fix, counted and warned about.
+    pub(crate) fn map_error(&self, err: BoxError) -> BoxError {
+        let connect_failed = crate::status::chain(&*err).any(|e| e.is::<tonic::ConnectError>());
+        if !connect_failed || self.honoured.is_honoured() {
+            return err;
+        }
+        self.config.wait_for_ready_ignored(self.method.path());
+        let mut status = tonic::Status::unavailable(unscoped::WAIT_FOR_READY_IGNORED);
+        status.set_source(Arc::from(err));
+        Box::new(status)
+    }
+}
+
 /// The service produced by [`ClientDeadlineLayer`]. See the [module docs](self).
 ///
 /// ```
@@ -317,28 +361,46 @@ where
             o.sent(&sent, span, &mut parts.headers)
         });
         let (abandon, abandoned) = abandon::pair();
-        // A sample of the calls with a budget on the wire is watched: if the
-        // request leaves much later than now, something below held it, and
-        // the server was told too much.
-        let watch = match granted {
-            Some(granted) if self.config.watch_departure() => Some(body::Departure::watch(
-                now,
-                granted,
-                &self.config,
-                parts.uri.path(),
-            )),
-            _ => None,
-        };
+        // Every call with a budget on the wire is watched: if its request
+        // leaves much later than now, something below held it, and the
+        // server was told too much.
+        let watch = granted.map(|granted| {
+            body::Departure::new(now, granted, &self.config, parts.uri.path_and_query())
+        });
+        // A call that asks to wait for ready: a channel that honours it says
+        // so, and one that fails it at once for want of a connection is
+        // named (a plain tonic Channel never waits).
+        let waits = parts
+            .extensions
+            .get::<WaitForReady>()
+            .is_some()
+            .then(|| self.wait_check(&mut parts));
         let body = tonic::body::Body::new(RequestBody::new(body, abandoned, watch));
         let inner = {
             let _entered = observed.as_ref().map(|o| o.span().enter());
             self.inner.call(Request::from_parts(parts, body))
         };
-        ResponseFuture::running(inner, deadline, scope, abandon, observed)
+        ResponseFuture::running(inner, deadline, scope, abandon, observed, waits)
     }
 }
 
 impl<S> ClientDeadline<S> {
+    #[cold]
+    #[inline(never)]
+    fn wait_check(&self, parts: &mut http::request::Parts) -> Box<WaitCheck> {
+        let honoured = WaitHonoured::default();
+        parts.extensions.insert(honoured.clone());
+        Box::new(WaitCheck {
+            honoured,
+            config: self.config.clone(),
+            method: parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+        })
+    }
+
     /// Counts a call failed locally, sending nothing, because its scope
     /// ended, as refused if it had expired.
     fn count_refused(&self, cause: Cause) {

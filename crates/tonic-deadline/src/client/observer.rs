@@ -48,9 +48,12 @@ pub(crate) trait Observer: Any + Send + Sync + fmt::Debug {
     /// A call was refused locally because its scope had expired.
     fn refused_expired(&self);
 
-    /// A watched call's request left well after its `grpc-timeout` was
-    /// written.
+    /// A call's request left well after its `grpc-timeout` was written.
     fn left_late(&self);
+
+    /// A call that asked to wait for ready was failed at once for want of
+    /// a connection: the channel below does not wait.
+    fn wait_for_ready_ignored(&self);
 
     /// The call is handed to the connection with `headers` (the observer
     /// may add its own: a trace context). What it returns follows the call

@@ -50,15 +50,27 @@ pub(crate) const UNSCOPED_REFUSED: &str = "outbound call made outside any scope:
      (tonic_deadline::spawn, tonic_deadline::JoinSet, Scope::enter) or leave the chain explicitly \
      with tonic_deadline::detach";
 
+/// The message of a call that asked to wait for ready and was failed at
+/// once by a channel that does not wait.
+pub(crate) const WAIT_FOR_READY_IGNORED: &str = "the call asked to wait for ready (waitForReady), \
+     but the channel below ClientDeadlineLayer failed it at once when it could not connect (a \
+     plain tonic Channel always fails fast): put the layer over \
+     tonic_deadline::client::ReadyChannel, which waits, bounded by the deadline";
+
 /// How often the unscoped-call warning may repeat, per client.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// One call in this many has the moment its request leaves watched.
-const WATCH_EVERY: u64 = 64;
-
-/// How much later than its header a watched request may leave before it is
+/// How much later than its header a request may leave before it is
 /// reported: scheduling on a busy machine stays under it.
 pub(crate) const LEFT_LATE: Duration = Duration::from_millis(10);
+
+/// Whether a request told `granted` that left `late` after its
+/// `grpc-timeout` was written told the server too much: more than
+/// [`LEFT_LATE`] and more than a twentieth of the budget — a scheduling
+/// delay on a loaded machine is neither.
+pub(crate) fn left_late(granted: Duration, late: Duration) -> bool {
+    late > LEFT_LATE && late > granted / 20
+}
 
 /// The configuration shared by a layer and every service it made.
 #[derive(Debug)]
@@ -70,9 +82,8 @@ pub(crate) struct Config {
     pub(crate) unscoped: Unscoped,
     pub(crate) observer: Option<Arc<dyn Observer>>,
     warnings: WarnLimit,
-    /// Calls made, for choosing which ones to watch leave.
-    calls: AtomicU64,
     late_warnings: WarnLimit,
+    wait_warnings: WarnLimit,
 }
 
 impl Config {
@@ -84,28 +95,17 @@ impl Config {
             unscoped: layer.unscoped,
             observer: layer.observer.clone(),
             warnings: WarnLimit::new(),
-            calls: AtomicU64::new(0),
             late_warnings: WarnLimit::new(),
+            wait_warnings: WarnLimit::new(),
         }
     }
 
-    /// Whether to watch when this call's request leaves: the first call of
-    /// every [`WATCH_EVERY`], so that the watch costs the others one atomic
-    /// increment.
-    pub(crate) fn watch_departure(&self) -> bool {
-        self.calls
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(WATCH_EVERY)
-    }
-
-    /// A watched call's request, told `granted`, left `late` after its
-    /// `grpc-timeout` was written. Reported when the server was told more
-    /// than [`LEFT_LATE`] and more than a twentieth of the budget too much:
-    /// a scheduling delay on a loaded machine is neither.
+    /// A call's request, told `granted`, left `late` after its
+    /// `grpc-timeout` was written, which [`left_late`] found too late:
+    /// counted and warned about (rate-limited).
+    #[cold]
+    #[inline(never)]
     pub(crate) fn departed(&self, method: &str, granted: Duration, late: Duration) {
-        if late <= LEFT_LATE || late <= granted / 20 {
-            return;
-        }
         if let Some(observer) = &self.observer {
             observer.left_late();
         }
@@ -113,12 +113,31 @@ impl Config {
             tracing::warn!(
                 method,
                 late_ms = late.as_secs_f64() * 1e3,
+                granted_ms = granted.as_secs_f64() * 1e3,
                 similar_since_last_warning = similar,
                 "an outbound call left {late:?} after its grpc-timeout was written: the server \
                  was told that much more time than the caller has. Something below \
                  ClientDeadlineLayer held the request (a plain tonic Channel connecting: use \
                  tonic_deadline::client::ReadyChannel; a queue or rate limit: put it above the \
                  layer), or the process waited that long for a CPU",
+            );
+        }
+    }
+
+    /// A call that asked to wait for ready failed to connect at once: the
+    /// service below the layer does not wait (a plain tonic `Channel`).
+    /// Counted and warned about (rate-limited).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn wait_for_ready_ignored(&self, method: &str) {
+        if let Some(observer) = &self.observer {
+            observer.wait_for_ready_ignored();
+        }
+        if let Some(similar) = self.wait_warnings.admit() {
+            tracing::warn!(
+                method,
+                similar_since_last_warning = similar,
+                "{WAIT_FOR_READY_IGNORED}"
             );
         }
     }

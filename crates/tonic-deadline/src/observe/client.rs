@@ -92,6 +92,13 @@ impl Observer for Reporting {
         }
     }
 
+    fn wait_for_ready_ignored(&self) {
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = &self.metrics {
+            metrics.wait_for_ready_ignored();
+        }
+    }
+
     fn sent(
         &self,
         call: &Sent<'_>,

@@ -195,6 +195,7 @@ struct Series {
     outlived_by: Hist,
     unscoped: Counter,
     left_late: Counter,
+    wait_ignored: Counter,
 }
 
 fn latency() -> Hist {
@@ -228,6 +229,7 @@ impl Series {
             outlived_by: Hist::latency(),
             unscoped: Counter::default(),
             left_late: Counter::default(),
+            wait_ignored: Counter::default(),
         };
         let s = series.clone();
         registry.register(
@@ -319,9 +321,15 @@ impl Series {
         );
         registry.register(
             "tonic_deadline_budget_left_late",
-            "Watched outbound calls whose request left more than 10 ms (and 5 % of the budget) after its grpc-timeout \
+            "Outbound calls whose request left more than 10 ms (and 5 % of the budget) after its grpc-timeout \
              was written: the server was told that much more than the caller had",
             s.left_late,
+        );
+        registry.register(
+            "tonic_deadline_wait_for_ready_ignored",
+            "Outbound calls that asked to wait for ready and were failed at once for want of a connection: \
+             the channel below the client layer does not wait",
+            s.wait_ignored,
         );
         series
     }
@@ -539,13 +547,24 @@ impl Metrics {
         self.inner.series.unscoped.get()
     }
 
-    /// Watched outbound calls (the first of every 64 of a client layer)
-    /// whose request left more than 10 ms (and more than 5 % of the
-    /// budget) after their `grpc-timeout` was written — a wait below the
-    /// layer (a plain tonic `Channel` connecting, a middleware queue) that
-    /// the budget on the wire does not show. See [`ClientDeadlineLayer`](crate::ClientDeadlineLayer).
+    /// Outbound calls whose request left more than 10 ms (and more than
+    /// 5 % of the budget) after their `grpc-timeout` was written — a wait
+    /// below the layer (a plain tonic `Channel` connecting or queueing for
+    /// a stream, a middleware queue) that the budget on the wire does not
+    /// show. Every call with a deadline is watched. See
+    /// [`ClientDeadlineLayer`](crate::ClientDeadlineLayer).
     pub fn budgets_left_late(&self) -> u64 {
         self.inner.series.left_late.get()
+    }
+
+    /// Outbound calls that asked to wait for ready
+    /// ([`WaitForReady`](crate::client::WaitForReady), a service config's
+    /// `"waitForReady": true`) and were failed at once with `UNAVAILABLE`
+    /// for want of a connection, because the channel below the client layer
+    /// does not wait (a plain tonic `Channel`; a
+    /// [`ReadyChannel`](crate::client::ReadyChannel) does).
+    pub fn waits_for_ready_ignored(&self) -> u64 {
+        self.inner.series.wait_ignored.get()
     }
 
     /// Request scopes of the server layer that ended in `ending`.
@@ -623,6 +642,10 @@ impl Metrics {
 
     pub(crate) fn budget_left_late(&self) {
         self.series().left_late.inc();
+    }
+
+    pub(crate) fn wait_for_ready_ignored(&self) {
+        self.series().wait_ignored.inc();
     }
 
     pub(crate) fn server_started(&self, m: &Method, requested: Option<Duration>) {

@@ -13,7 +13,9 @@ use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use tonic::transport::{Endpoint, Server, Uri};
 use tonic::{Code, Status};
-use tonic_deadline::client::{ReadyChannel, capture_scope};
+use tonic_deadline::client::{ReadyChannel, WaitForReady, capture_scope};
+use tonic_deadline::observe::Metrics;
+use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
 use crate::common::{Events, Node, PATIENCE, loopback, serve_on};
@@ -163,7 +165,9 @@ async fn a_unix_endpoint_without_its_path_fails_naming_the_fix_and_dials_nothing
     .expect_err("there is nothing to dial");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(
-        status.message().contains("ReadyChannelBuilder::unix_socket"),
+        status
+            .message()
+            .contains("ReadyChannelBuilder::unix_socket"),
         "the status must name the fix: {status:?}"
     );
 
@@ -215,4 +219,144 @@ async fn a_ready_channel_takes_tonics_one_shot_connector() {
         .await
         .expect("the call over the one-shot stream must succeed");
     assert_budget_arrived(&mut events, "B").await;
+}
+
+// ---------------------------------------------------------------------------
+// What the layer cannot keep is reported, on every call
+// ---------------------------------------------------------------------------
+
+/// A server that takes one stream at a time, whose calls work 300 ms.
+async fn one_stream_server(tx: &tokio::sync::mpsc::UnboundedSender<crate::common::Event>) -> Uri {
+    let (listener, addr) = loopback().await;
+    let node = Node::new("B", tx).working(Duration::from_millis(300));
+    tokio::spawn(
+        Server::builder()
+            .max_concurrent_streams(1)
+            .layer(ServerDeadlineLayer::new())
+            .add_service(ProbeServer::new(node))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    format!("http://{addr}").parse().expect("a loopback URI")
+}
+
+#[tokio::test]
+async fn a_one_off_call_queued_in_a_plain_channel_is_reported_whichever_call_it_is() {
+    let (_events, tx) = Events::new();
+    let uri = one_stream_server(&tx).await;
+    let channel = Endpoint::from(uri)
+        .connect()
+        .await
+        .expect("the server must accept a connection");
+    let metrics = Metrics::new();
+    // One client, one layer: the queued call is its second.
+    let client = ProbeClient::new(
+        tower::ServiceBuilder::new()
+            .layer(ClientDeadlineLayer::new().metrics(&metrics))
+            .service(channel),
+    );
+    let mut holder = client.clone();
+    let holding = Scope::background().with_timeout(BUDGET);
+    let held = holding.enter(holder.call(CallRequest::default()));
+    let mut queued = client;
+    let waiter = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Scope::background()
+            .with_timeout(Duration::from_secs(1))
+            .enter(queued.call(CallRequest::default()))
+            .await
+    };
+    let (held, waited) = tokio::join!(held, waiter);
+    held.expect("the first call is served");
+    waited.expect("the queued call is served once the stream is free");
+    assert_eq!(
+        metrics.budgets_left_late(),
+        1,
+        "the second call waited about 250 ms for the stream after its header was written: \
+         every call is watched, not one in 64"
+    );
+}
+
+/// A loopback address nothing listens on.
+async fn closed_port() -> Uri {
+    let (listener, addr) = loopback().await;
+    drop(listener);
+    format!("http://{addr}").parse().expect("a loopback URI")
+}
+
+#[tokio::test]
+async fn wait_for_ready_over_a_plain_channel_fails_naming_the_fix_and_is_counted() {
+    let uri = closed_port().await;
+    let metrics = Metrics::new();
+    let config =
+        r#"{"methodConfig": [{"name": [{"service": "probe.v1.Probe"}], "waitForReady": true}]}"#;
+    let stack = tower::ServiceBuilder::new()
+        .layer(ResilienceLayer::from_service_config(config).expect("a valid config"))
+        .layer(ClientDeadlineLayer::new().metrics(&metrics))
+        .service(Endpoint::from(uri).connect_lazy());
+    let mut client = ProbeClient::new(stack);
+    for _ in 0..2 {
+        let status = Scope::background()
+            .with_timeout(BUDGET)
+            .enter(client.call(CallRequest::default()))
+            .await
+            .expect_err("nothing listens");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().contains("wait for ready")
+                && status.message().contains("ReadyChannel"),
+            "the status must say the wait was not kept, and name the fix: {status:?}"
+        );
+    }
+    assert_eq!(
+        metrics.waits_for_ready_ignored(),
+        2,
+        "each such call counts"
+    );
+}
+
+#[tokio::test]
+async fn a_call_that_fails_fast_over_a_plain_channel_is_not_reported() {
+    let uri = closed_port().await;
+    let metrics = Metrics::new();
+    let mut client = ProbeClient::new(
+        tower::ServiceBuilder::new()
+            .layer(ClientDeadlineLayer::new().metrics(&metrics))
+            .service(Endpoint::from(uri).connect_lazy()),
+    );
+    let status = Scope::background()
+        .with_timeout(BUDGET)
+        .enter(client.call(CallRequest::default()))
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(
+        !status.message().contains("ReadyChannel"),
+        "failing fast is what the call asked for: {status:?}"
+    );
+    assert_eq!(metrics.waits_for_ready_ignored(), 0);
+}
+
+#[tokio::test]
+async fn wait_for_ready_over_a_ready_channel_is_kept_and_not_reported() {
+    let uri = closed_port().await;
+    let metrics = Metrics::new();
+    let endpoint = Endpoint::from(uri);
+    let mut client = ProbeClient::new(
+        tower::ServiceBuilder::new()
+            .layer(ClientDeadlineLayer::new().metrics(&metrics))
+            .service(ReadyChannel::lazy(&endpoint)),
+    );
+    let mut request = tonic::Request::new(CallRequest::default());
+    request.extensions_mut().insert(WaitForReady);
+    let status = Scope::background()
+        .with_timeout(Duration::from_millis(200))
+        .enter(client.call(request))
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(
+        status.code(),
+        Code::DeadlineExceeded,
+        "the call waits for a connection until its deadline: {status:?}"
+    );
+    assert_eq!(metrics.waits_for_ready_ignored(), 0);
 }

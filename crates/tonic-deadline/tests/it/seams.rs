@@ -1016,9 +1016,9 @@ async fn one_stream_server(tx: &tokio::sync::mpsc::UnboundedSender<Event>) -> So
 }
 
 /// Runs a call that holds the one stream, and 50 ms later a second call
-/// with a 1 s budget on its own layer (so that its first call — the
-/// queued one — is the one watched); returns the second call's scope and
-/// the metrics of both layers.
+/// with a 1 s budget on its own layer (so that each layer's metrics speak
+/// of one call); returns the second call's scope and the metrics of both
+/// layers.
 async fn queue_behind_one_stream<S, RB>(channel: S) -> (Scope, Metrics, Metrics)
 where
     S: tower::Service<Request<Body>, Response = Response<RB>> + Clone + Send + Sync + 'static,
