@@ -3,6 +3,12 @@
 //! (`FOR UPDATE SKIP LOCKED`), one killed with SIGKILL in the middle of a
 //! non-idempotent job.
 //!
+//! The first worker runs alone until it is caught in the middle of a
+//! non-idempotent job (frozen with SIGSTOP, so that the catch cannot go
+//! stale before the kill), whatever the scheduler does: with two workers
+//! racing, a busy machine could let the other one claim every job first.
+//! Then the survivor starts on another host.
+//!
 //! Counted from the database alone: every job records a `start` and an
 //! `end` row as its effect. After the kill the survivor drains the queue;
 //! the killed worker's job is recovered once its lease expires (by the
@@ -22,6 +28,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
@@ -169,6 +176,17 @@ impl JobsRun {
 /// A worker process, killed (SIGKILL) when dropped.
 #[derive(Debug)]
 struct Process(Child);
+
+impl Process {
+    fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        let pid = i32::try_from(self.0.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| anyhow::anyhow!("a worker without a valid pid"))?;
+        rustix::process::kill_process(pid, signal)
+            .map_err(|e| anyhow::anyhow!("cannot send {signal:?} to a worker: {e}"))
+    }
+}
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -341,6 +359,36 @@ fn spawn(mut command: Command) -> anyhow::Result<Process> {
     Ok(child)
 }
 
+/// Kills `worker` (running alone) with SIGKILL in the middle of a
+/// non-idempotent job; returns the job and its idempotence.
+///
+/// A job seen mid-way in the database may have ended by the time a signal
+/// lands; so the worker is frozen first (SIGSTOP), the job looked up again,
+/// and killed only if it is still mid-way — otherwise let go on (SIGCONT).
+async fn kill_mid_non_idempotent_job(
+    worker: &mut Process,
+    effects: &PgPool,
+    table: &str,
+) -> anyhow::Result<(i64, bool)> {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        anyhow::ensure!(
+            Instant::now() < give_up,
+            "{KILLED} ran no non-idempotent job in 30 s: is it taking jobs?"
+        );
+        if let Some((job, false)) = mid_job(effects, table, KILLED).await? {
+            worker.signal(Signal::STOP)?;
+            if mid_job(effects, table, KILLED).await? == Some((job, false)) {
+                worker.0.kill()?;
+                worker.0.wait()?;
+                return Ok((job, false));
+            }
+            worker.signal(Signal::CONT)?;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// The job `worker` is in the middle of (started, not ended), with its
 /// idempotence.
 async fn mid_job(pool: &PgPool, table: &str, worker: &str) -> anyhow::Result<Option<(i64, bool)>> {
@@ -389,34 +437,27 @@ pub async fn run() -> anyhow::Result<JobsRun> {
         accepted.insert(id, idempotent);
     }
 
-    let names = ["w1", "w2"];
+    let names = [KILLED, "w2"];
     let hosts = Placement::new(&setup.url, names.len()).await?;
     let mut placement = BTreeMap::new();
-    let mut processes = Vec::new();
-    for (index, name) in names.iter().enumerate() {
+    let mut start = |index: usize| -> anyhow::Result<Process> {
+        let name = names[index];
         let (command, place) = hosts.worker(index, &setup, name)?;
         let process = tokio::task::block_in_place(|| spawn(command))?;
-        placement.insert((*name).to_owned(), place);
-        processes.push(process);
-    }
-
-    // Kill the first worker in the middle of a non-idempotent job.
-    let give_up = Instant::now() + Duration::from_secs(30);
-    let (killed_id, killed_idempotent) = loop {
-        if let Some((job, idempotent)) = mid_job(&effects, &setup.table, KILLED).await?
-            && !idempotent
-        {
-            processes[0].0.kill()?;
-            processes[0].0.wait()?;
-            break (job, idempotent);
-        }
-        anyhow::ensure!(
-            Instant::now() < give_up,
-            "{KILLED} never ran a non-idempotent job"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        placement.insert(name.to_owned(), place);
+        Ok(process)
     };
+
+    // The first worker runs alone, so the jobs it takes do not depend on
+    // how the scheduler treats two: every other job it claims is
+    // non-idempotent. Kill it in the middle of one.
+    let mut doomed = start(0)?;
+    let (killed_id, killed_idempotent) =
+        kill_mid_non_idempotent_job(&mut doomed, &effects, &setup.table).await?;
     let killed_at = Instant::now();
+    // The survivor, on another host, takes the rest of the queue from the
+    // same table, and the killed job once its lease has expired.
+    let processes = [doomed, start(1)?];
 
     // The survivor drains the queue; follow the killed job's recovery.
     let mut recovered_after = None;
