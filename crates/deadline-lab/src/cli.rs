@@ -334,7 +334,7 @@ enum Bench {
         /// Streams a client may have reset before the server accepted them,
         /// at one time on one connection, before the server closes it
         /// (hyper's rapid-reset guard; hyper's default is 20). Without it,
-        /// what `tonic_deadline::server::reset_guards` sets.
+        /// what a `tonic_deadline::server::ResetGuard`'s builder sets.
         #[arg(long)]
         max_pending_accept_resets: Option<usize>,
         /// Streams each client connection remembers having reset, so that

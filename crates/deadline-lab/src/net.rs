@@ -8,7 +8,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic_deadline::client::{ClientDeadline, REMEMBERED_RESETS, ReadyChannel};
-use tonic_deadline::server::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS, reset_guards};
+use tonic_deadline::server::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS, ResetGuard};
 use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer};
 
 /// A channel whose calls carry and obey the current scope, and whose budget
@@ -19,9 +19,9 @@ pub type Layered = ClientDeadline<ReadyChannel>;
 /// background, behind `layer` when given (plain tonic otherwise).
 ///
 /// Both have HTTP/2's reset guards set for deadlines: ours with the
-/// library's one call (`tonic_deadline::server::reset_guards`), plain tonic
-/// with the same figures through tonic's own builder, by hand, as the guide
-/// tells a plain tonic user to. Otherwise every load that gives up on calls
+/// library's guard (`tonic_deadline::server::ResetGuard`: its builder and
+/// its incoming connections), plain tonic with hyper's bound raised by
+/// hand to the guard's backstop, as the guide tells a plain tonic user to. Otherwise every load that gives up on calls
 /// at a deadline would see the plain server close its connections
 /// (`GOAWAY ENHANCE_YOUR_CALM`), and the comparisons would measure h2's
 /// guard instead of what they are about.
@@ -39,10 +39,9 @@ pub async fn serve(
     });
     match layer.map(crate::metrics::server_layer) {
         Some(layer) => {
-            let server = reset_guards(Server::builder())
-                .layer(layer)
-                .add_routes(routes);
-            tonic_deadline::detach(server.serve_with_incoming(incoming));
+            let guard = ResetGuard::new();
+            let server = guard.builder().layer(layer).add_routes(routes);
+            tonic_deadline::detach(server.serve_with_incoming(guard.incoming(incoming)));
         }
         None => {
             let server = Server::builder()

@@ -1,11 +1,13 @@
 //! The `probe.v1.Probe` service definition, generated from `proto/` into
 //! `src/generated/` (checked by [`codegen`] in the `generated` test), and
-//! the HTTP/2 frame decoder ([`frames`]).
+//! the HTTP/2 frame decoder ([`frames`]), and a Rapid Reset flood from a
+//! raw client ([`flood`]).
 //!
 //! Shared by the library's integration tests and by `deadline-lab`.
 
 #[cfg(feature = "codegen")]
 pub mod codegen;
+pub mod flood;
 pub mod frames;
 
 #[allow(missing_docs, unreachable_pub, clippy::all)]

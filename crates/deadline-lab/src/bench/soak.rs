@@ -45,12 +45,12 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::service::Routes;
-use tonic::transport::{Endpoint, Server};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::admission::Admission;
 use tonic_deadline::client::{ReadyChannel, ReadyChannelBuilder};
 use tonic_deadline::db::sqlite::SqlitePool;
-use tonic_deadline::server::reset_guards;
+use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::net::{self, Layered};
@@ -89,7 +89,7 @@ pub struct Load {
     /// on one connection, before the server closes the connection
     /// (`GOAWAY ENHANCE_YOUR_CALM`). Every expired deadline is a reset, so
     /// short deadlines under load trip hyper's default of 20. `None`: what
-    /// `tonic_deadline::server::reset_guards` sets.
+    /// a `tonic_deadline::server::ResetGuard`'s builder sets.
     pub pending_accept_resets: Option<usize>,
     /// How many streams each client connection remembers having reset
     /// (for one second). h2 ignores the peer's late frames on a remembered
@@ -488,7 +488,7 @@ fn channel(addr: SocketAddr, remembered: usize) -> anyhow::Result<ReadyChannelBu
 }
 
 /// Serves `routes` behind our server layer on a free loopback port, with
-/// the library's reset guards and the rapid-reset guard set to
+/// the library's reset guard, hyper's bound on resets before accept set to
 /// `pending_accept_resets`.
 async fn serve(routes: Routes, pending_accept_resets: usize) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -498,11 +498,13 @@ async fn serve(routes: Routes, pending_accept_resets: usize) -> anyhow::Result<S
             let _ = stream.set_nodelay(true);
         })
     });
-    let server = reset_guards(Server::builder())
+    let guard = ResetGuard::new();
+    let server = guard
+        .builder()
         .http2_max_pending_accept_reset_streams(Some(pending_accept_resets))
         .layer(ServerDeadlineLayer::new())
         .add_routes(routes);
-    tonic_deadline::detach(server.serve_with_incoming(incoming));
+    tonic_deadline::detach(server.serve_with_incoming(guard.incoming(incoming)));
     Ok(addr)
 }
 

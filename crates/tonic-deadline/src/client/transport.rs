@@ -79,29 +79,39 @@ pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::S
     }
     // h2 says which of its guards closed the connection only in the
     // GOAWAY's debug data, which it shows in its `Debug` form alone.
-    let small_data = format!("{h2:?}").contains("too_many_data_frames");
-    Some(if h2.is_remote() {
-        tonic::Status::resource_exhausted(
-            "the server closed the connection for too many reset streams (HTTP/2 GOAWAY \
+    let said = format!("{h2:?}");
+    let small_data = said.contains("too_many_data_frames");
+    Some(
+        if h2.is_remote() && said.contains(crate::wire::FLOOD_GO_AWAY) {
+            tonic::Status::resource_exhausted(
+                "the server's reset guard closed the connection (HTTP/2 GOAWAY ENHANCE_YOUR_CALM): \
+             this client reset more streams soon after opening them, long before their \
+             deadlines, than the server allows — on the wire, a reset flood",
+            )
+        } else if h2.is_remote() {
+            tonic::Status::resource_exhausted(
+                "the server closed the connection for too many reset streams (HTTP/2 GOAWAY \
              ENHANCE_YOUR_CALM): calls that end before their answer reset their streams; \
-             give the server the guards of tonic_deadline::server::reset_guards",
-        )
-    } else if small_data {
-        tonic::Status::unavailable(
-            "this client closed its connection: h2's budget for small DATA frames ran out \
+             give the server a guard that tells deadlines from floods: \
+             tonic_deadline::server::ResetGuard",
+            )
+        } else if small_data {
+            tonic::Status::unavailable(
+                "this client closed its connection: h2's budget for small DATA frames ran out \
              (HTTP/2 ENHANCE_YOUR_CALM, too_many_data_frames); h2 charges it, for good, with \
              the small DATA frames it ignores on streams this client reset: remember none \
              (Endpoint::http2_max_concurrent_reset_streams(0)); ReadyChannel does, and has \
              such frames read after the reset and marked so that h2 does not charge them; \
              the channel connects again",
-        )
-    } else {
-        tonic::Status::unavailable(
-            "this client closed its connection for too many frames on streams it had reset \
+            )
+        } else {
+            tonic::Status::unavailable(
+                "this client closed its connection for too many frames on streams it had reset \
              and forgotten (HTTP/2 ENHANCE_YOUR_CALM): lift the bound \
              (Endpoint::http2_max_local_error_reset_streams(None)), as ReadyChannel does",
-        )
-    })
+            )
+        },
+    )
 }
 
 /// Whether `err` (or what caused it) is the connection going away: an I/O
@@ -252,7 +262,7 @@ mod tests {
         for (side, expect) in [
             (
                 Guard::Server,
-                (tonic::Code::ResourceExhausted, "reset_guards"),
+                (tonic::Code::ResourceExhausted, "ResetGuard"),
             ),
             (
                 Guard::Resets,

@@ -1,12 +1,10 @@
 //! Outbound calls that find no scope: allowed, reported, or refused.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::observer::Observer;
+use crate::warn_limit::WarnLimit;
 
 /// What the client layer does with an outbound call that finds no scope —
 /// neither a current scope on its task nor one carried in the request.
@@ -56,9 +54,6 @@ pub(crate) const WAIT_FOR_READY_IGNORED: &str = "the call asked to wait for read
      but the channel below ClientDeadlineLayer failed it at once when it could not connect (a \
      plain tonic Channel always fails fast): put the layer over \
      tonic_deadline::client::ReadyChannel, which waits, bounded by the deadline";
-
-/// How often the unscoped-call warning may repeat, per client.
-const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// How much later than its header a request may leave before it is
 /// reported: scheduling on a busy machine stays under it.
@@ -184,47 +179,6 @@ impl Config {
     }
 }
 
-/// At most one warning every [`WARN_EVERY`]; counts what it held back.
-#[derive(Debug)]
-struct WarnLimit {
-    since: Instant,
-    /// Milliseconds after `since` before which no warning is given.
-    next_ms: AtomicU64,
-    held_back: AtomicU64,
-}
-
-impl WarnLimit {
-    fn new() -> Self {
-        Self {
-            since: Instant::now(),
-            next_ms: AtomicU64::new(0),
-            held_back: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(held back since the last warning)` when a warning may be given now.
-    fn admit(&self) -> Option<u64> {
-        let now = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let next = self.next_ms.load(Ordering::Relaxed);
-        let every = u64::try_from(WARN_EVERY.as_millis()).unwrap_or(u64::MAX);
-        if now >= next
-            && self
-                .next_ms
-                .compare_exchange(
-                    next,
-                    now.saturating_add(every),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        {
-            return Some(self.held_back.swap(0, Ordering::Relaxed));
-        }
-        self.held_back.fetch_add(1, Ordering::Relaxed);
-        None
-    }
-}
-
 /// A tonic interceptor that puts the current scope into the request, so
 /// that a [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) further down
 /// finds it even when it runs on another task.
@@ -256,24 +210,4 @@ pub fn capture_scope(mut request: tonic::Request<()>) -> Result<tonic::Request<(
         request.extensions_mut().insert(scope);
     }
     Ok(request)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn warnings_are_limited_and_count_what_they_held_back() {
-        let limit = WarnLimit::new();
-        assert_eq!(limit.admit(), Some(0), "the first call is warned about");
-        assert_eq!(limit.admit(), None);
-        assert_eq!(limit.admit(), None);
-        tokio::time::advance(WARN_EVERY).await;
-        assert_eq!(
-            limit.admit(),
-            Some(2),
-            "the next warning must say how many calls it held back"
-        );
-        assert_eq!(limit.admit(), None);
-    }
 }

@@ -196,6 +196,8 @@ struct Series {
     unscoped: Counter,
     left_late: Counter,
     wait_ignored: Counter,
+    floods_cut: Counter,
+    unguarded: Counter,
 }
 
 fn latency() -> Hist {
@@ -230,6 +232,8 @@ impl Series {
             unscoped: Counter::default(),
             left_late: Counter::default(),
             wait_ignored: Counter::default(),
+            floods_cut: Counter::default(),
+            unguarded: Counter::default(),
         };
         let s = series.clone();
         registry.register(
@@ -330,6 +334,17 @@ impl Series {
             "Outbound calls that asked to wait for ready and were failed at once for want of a connection: \
              the channel below the client layer does not wait",
             s.wait_ignored,
+        );
+        registry.register(
+            "tonic_deadline_reset_floods_cut",
+            "Connections a reset guard closed: their client reset more streams soon after opening them, long \
+             before their deadlines, than the guard allows",
+            s.floods_cut,
+        );
+        registry.register(
+            "tonic_deadline_unguarded_servers",
+            "Servers built by a reset guard's builder that served a connection the guard never wrapped",
+            s.unguarded,
         );
         series
     }
@@ -567,6 +582,21 @@ impl Metrics {
         self.inner.series.wait_ignored.get()
     }
 
+    /// Connections a [`ResetGuard`](crate::server::ResetGuard) closed
+    /// because their client reset more streams soon after opening them,
+    /// long before their deadlines, than the guard allows: HTTP/2 reset
+    /// floods.
+    pub fn reset_floods_cut(&self) -> u64 {
+        self.inner.series.floods_cut.get()
+    }
+
+    /// Servers built by a [`ResetGuard`](crate::server::ResetGuard)'s
+    /// builder that served a request on a connection the guard never
+    /// wrapped (counted once per guard).
+    pub fn unguarded_servers(&self) -> u64 {
+        self.inner.series.unguarded.get()
+    }
+
     /// Request scopes of the server layer that ended in `ending`.
     pub fn scopes_ended(&self, ending: ScopeEnding) -> u64 {
         self.inner.series.scope_ended_by[ending as usize].get()
@@ -646,6 +676,14 @@ impl Metrics {
 
     pub(crate) fn wait_for_ready_ignored(&self) {
         self.series().wait_ignored.inc();
+    }
+
+    pub(crate) fn flood_cut(&self) {
+        self.series().floods_cut.inc();
+    }
+
+    pub(crate) fn unguarded_server(&self) {
+        self.series().unguarded.inc();
     }
 
     pub(crate) fn server_started(&self, m: &Method, requested: Option<Duration>) {

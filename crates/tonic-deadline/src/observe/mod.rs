@@ -47,6 +47,8 @@ mod client;
 mod histogram;
 #[cfg(feature = "metrics")]
 mod metrics;
+#[cfg(all(feature = "metrics", feature = "server"))]
+mod reset_guard;
 #[cfg(feature = "metrics")]
 mod resilience;
 mod server;

@@ -95,6 +95,8 @@ mod guards;
 mod layer;
 pub(crate) mod observer;
 mod protocol;
+#[cfg(feature = "server")]
+pub mod reset_guard;
 mod timer;
 
 use std::sync::{Arc, OnceLock};
@@ -111,11 +113,13 @@ use observer::{Arrival, Observer};
 pub use body::ServerBody;
 pub use future::ResponseFuture;
 #[cfg(feature = "server")]
-pub use guards::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS, reset_guards};
+pub use guards::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS};
 pub use layer::ServerDeadlineLayer;
 #[cfg(feature = "http")]
 pub use protocol::Http;
 pub use protocol::{Grpc, Protocol};
+#[cfg(feature = "server")]
+pub use reset_guard::{Guarded, ResetGuard};
 
 /// The limits, forwarding rules and protocol of a server layer.
 #[derive(Debug, Clone, Default)]

@@ -2,10 +2,16 @@
 //! the status headers and the names of gRPC's status codes. The bottom of
 //! the crate: it imports nothing of it.
 
+#[cfg(feature = "server")]
+pub(crate) mod frames;
 pub mod timeout_header;
 
 use http::{HeaderMap, HeaderName};
 use tonic::Code;
+
+/// The debug data of the GOAWAY a reset guard sends when it closes a
+/// connection for a reset flood: the client layer names the cause from it.
+pub(crate) const FLOOD_GO_AWAY: &str = "too many streams reset long before their deadlines";
 
 /// `grpc-status`, made once: a lookup by a `&str` parses the name first.
 pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");

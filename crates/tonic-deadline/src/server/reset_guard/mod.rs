@@ -1,0 +1,359 @@
+//! A guard against reset floods that knows deadlines.
+//!
+//! Every call that ends before its answer resets its stream: at its
+//! deadline, or when its caller cancels. With deadlines propagated, short
+//! ones under load make many resets, often before the server has accepted
+//! the stream (its connection task had no CPU for a moment). HTTP/2 Rapid
+//! Reset (CVE-2023-44487) is made of the same frames: a client opens
+//! streams and resets them at once, so that the server does work no stream
+//! limit bounds. hyper's guard counts resets of streams not yet accepted
+//! and closes a connection with more than 20 at once: it takes a deadline
+//! storm on a busy server for a flood, and misses a flood slower than the
+//! server's accept loop, whose streams are accepted before they are reset.
+//!
+//! [`ResetGuard`] tells the two apart by what an honest reset looks like.
+//! It follows each connection's frames (an I/O wrapper on the accepted
+//! stream, [`Guarded`]): the streams the client opens, the `grpc-timeout`
+//! each carries (the header block decoded, as the server's HPACK decoder
+//! does), and the streams it resets. A reset is *early* when the stream
+//! was reset less than 10 ms after its HEADERS arrived and its deadline
+//! was more than 10 ms further on (or it had none): a reset that its
+//! deadline explains is never early, however a busy machine's clocks
+//! squeeze its age. Early resets spend an allowance of 512 per connection;
+//! every stream that ends by itself or at its deadline, and time (100 a
+//! second), earn it back up to 512. A connection whose client spends more
+//! is sent `GOAWAY ENHANCE_YOUR_CALM` and closed; the guard logs the rule
+//! it broke (a `WARN`, at most one every 10 s) and counts it
+//! ([`Metrics::reset_floods_cut`](crate::observe::Metrics::reset_floods_cut)).
+//!
+//! What an honest client cannot do is reset streams, long before their
+//! deadlines, faster than its calls end: hedged calls whose losers are
+//! reset, or callers that cancel, stay within the allowance as long as
+//! their calls mostly end by themselves; a client that cancels most of its
+//! calls right after making them is, on the wire, a flood.
+//!
+//! hyper's own guard stays as a backstop, raised out of the way of honest
+//! storms ([`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS)) by the
+//! builder the guard gives ([`ResetGuard::builder`]); the connections must
+//! be wrapped ([`ResetGuard::incoming`]). A guard whose builder serves
+//! connections it never wrapped says so on the first request (a `WARN`,
+//! and [`Metrics::unguarded_servers`](crate::observe::Metrics::unguarded_servers)):
+//! hyper's raised bound would then stand alone.
+//!
+//! The guard reads HTTP/2 in the clear. A connection that is not (TLS set
+//! on tonic's `Server`, which encrypts after the incoming stream) is passed
+//! through unread, and said so; put the guard around the decrypted stream
+//! instead.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use tonic::transport::server::TcpIncoming;
+//! use tonic_deadline::ServerDeadlineLayer;
+//! use tonic_deadline::server::ResetGuard;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let (_, health) = tonic_health::server::health_reporter();
+//! let guard = ResetGuard::new();
+//! guard
+//!     .builder()
+//!     .layer(ServerDeadlineLayer::new())
+//!     .add_service(health)
+//!     .serve_with_incoming(guard.incoming(TcpIncoming::bind("127.0.0.1:50051".parse()?)?))
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod book;
+mod io;
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::Stream;
+use http::Request;
+use pin_project_lite::pin_project;
+use tonic::transport::Server;
+use tonic::transport::server::Connected;
+use tower_layer::{Identity, Layer, Stack};
+use tower_service::Service;
+
+use crate::warn_limit::WarnLimit;
+use book::Breach;
+pub use io::Guarded;
+
+/// The early resets a connection may spend, and hold back, by default.
+const ALLOWANCE: u32 = 512;
+
+/// How soon after its HEADERS, and how long before its deadline, a reset
+/// counts as early.
+const EARLY: Duration = Duration::from_millis(10);
+
+/// How many early resets a second time gives back.
+const REFILL_PER_SECOND: f64 = 100.0;
+
+/// The rules of a guard: fixed when it is built.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    pub(crate) allowance: u32,
+    pub(crate) early: Duration,
+    pub(crate) refill_per_second: f64,
+}
+
+/// Told when a guard closes a connection, or serves unguarded.
+pub(crate) trait Observer: Send + Sync + fmt::Debug {
+    /// A connection was closed for its early resets.
+    fn reset_flood_cut(&self);
+
+    /// A server built by a guard's builder served a request on a
+    /// connection the guard never wrapped.
+    fn unguarded(&self);
+}
+
+/// What a guard and its connections share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    rules: Rules,
+    observer: Option<Arc<dyn Observer>>,
+    warnings: WarnLimit,
+    /// Connections wrapped so far.
+    wrapped: AtomicU64,
+    /// A connection that was not HTTP/2 in the clear was seen.
+    saw_opaque: AtomicBool,
+    /// The builder's first request was checked.
+    checked: AtomicBool,
+}
+
+impl Shared {
+    fn wrapped(&self) {
+        self.wrapped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection that does not start with HTTP/2's preface: TLS (said,
+    /// once per guard: the guard cannot read it), or HTTP/1 (nothing to
+    /// guard).
+    fn not_http2(&self, start: &[u8]) {
+        // A TLS record of the handshake: content type 22, version 3.x.
+        let tls = matches!(start, [0x16, 0x03, ..]);
+        if tls && !self.saw_opaque.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "reset guard: a connection is TLS, which the guard cannot read; it is not \
+                 guarded (hyper's bound alone applies). Terminate TLS in the incoming stream \
+                 and wrap the decrypted stream, rather than setting TLS on tonic's Server"
+            );
+        }
+    }
+
+    #[cold]
+    fn breached(&self, breach: &Breach) {
+        if let Some(observer) = &self.observer {
+            observer.reset_flood_cut();
+        }
+        if let Some(similar) = self.warnings.admit() {
+            tracing::warn!(
+                early_resets = breach.early_resets,
+                opened = breach.opened,
+                ended_honestly = breach.honest_ends,
+                last_stream = breach.last_stream,
+                similar_since_last_warning = similar,
+                "reset guard: closed a connection (GOAWAY ENHANCE_YOUR_CALM) whose client reset \
+                 more streams soon after opening them, long before their deadlines, than the \
+                 allowance of {} earned back by streams that end by themselves: an HTTP/2 \
+                 reset flood (Rapid Reset, CVE-2023-44487)",
+                self.rules.allowance,
+            );
+        }
+    }
+
+    /// A request arrived at a server built by this guard's builder.
+    fn served(&self) {
+        if self.checked.load(Ordering::Relaxed) || self.checked.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if self.wrapped.load(Ordering::Relaxed) == 0 {
+            if let Some(observer) = &self.observer {
+                observer.unguarded();
+            }
+            tracing::warn!(
+                "reset guard: a server built by ResetGuard::builder serves connections the guard \
+                 never wrapped: hyper's guard against reset floods is raised for the guard, and \
+                 nothing else bounds them. Serve with \
+                 .serve_with_incoming(guard.incoming(...))"
+            );
+        }
+    }
+}
+
+/// A guard against HTTP/2 reset floods that lets honest deadline storms
+/// through. See the [module docs](self).
+///
+/// Configure it, then use it: its builder and every connection it wraps
+/// share one frozen configuration, its warnings and what it reports to.
+#[derive(Debug, Clone)]
+pub struct ResetGuard {
+    shared: Arc<Shared>,
+}
+
+impl Default for ResetGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ResetGuard {
+    /// A guard with the rules of the [module docs](self).
+    pub fn new() -> Self {
+        Self::with(
+            Rules {
+                allowance: ALLOWANCE,
+                early: EARLY,
+                refill_per_second: REFILL_PER_SECOND,
+            },
+            None,
+        )
+    }
+
+    fn with(rules: Rules, observer: Option<Arc<dyn Observer>>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                rules,
+                observer,
+                warnings: WarnLimit::new(),
+                wrapped: AtomicU64::new(0),
+                saw_opaque: AtomicBool::new(false),
+                checked: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// How many early resets a connection may spend before it is closed
+    /// (512 by default; it is also the most it can hold back).
+    ///
+    /// ```
+    /// let guard = tonic_deadline::server::ResetGuard::new().allowance(256);
+    /// # let _ = guard;
+    /// ```
+    pub fn allowance(self, resets: u32) -> Self {
+        let rules = Rules {
+            allowance: resets,
+            ..self.shared.rules
+        };
+        Self::with(rules, self.shared.observer.clone())
+    }
+
+    pub(crate) fn observed_by(self, observer: Arc<dyn Observer>) -> Self {
+        Self::with(self.shared.rules, Some(observer))
+    }
+
+    /// Guards one accepted connection.
+    pub fn wrap<IO>(&self, io: IO) -> Guarded<IO> {
+        Guarded::new(io, self.shared.clone())
+    }
+
+    /// Guards every connection of `incoming` (what tonic's
+    /// `serve_with_incoming` takes: a `TcpIncoming`, a
+    /// `TcpListenerStream`, a `UnixListenerStream`).
+    pub fn incoming<I, IO, E>(&self, incoming: I) -> Incoming<I>
+    where
+        I: Stream<Item = Result<IO, E>>,
+    {
+        Incoming {
+            inner: incoming,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// tonic's `Server::builder()` with hyper's guards set for this one:
+    /// its bound on streams reset before they are accepted raised to
+    /// [`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS) (a backstop
+    /// far beyond what this guard allows), and its bound on streams the
+    /// server resets for a client's protocol errors at
+    /// [`LOCAL_ERROR_RESETS`](super::LOCAL_ERROR_RESETS), which tonic's
+    /// builder leaves off. Serve with [`incoming`](Self::incoming).
+    pub fn builder(&self) -> Server<Stack<CheckLayer, Identity>> {
+        Server::builder()
+            .http2_max_pending_accept_reset_streams(Some(super::PENDING_ACCEPT_RESETS))
+            .http2_max_local_error_reset_streams(Some(super::LOCAL_ERROR_RESETS))
+            .layer(CheckLayer {
+                shared: self.shared.clone(),
+            })
+    }
+}
+
+pin_project! {
+    /// The connections of an incoming stream, each [`Guarded`]. See
+    /// [`ResetGuard::incoming`].
+    pub struct Incoming<I> {
+        #[pin]
+        inner: I,
+        shared: Arc<Shared>,
+    }
+}
+
+impl<I, IO, E> Stream for Incoming<I>
+where
+    I: Stream<Item = Result<IO, E>>,
+    IO: Connected,
+{
+    type Item = Result<Guarded<IO>, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.project();
+        let next = std::task::ready!(this.inner.poll_next(cx));
+        Poll::Ready(next.map(|accepted| accepted.map(|io| Guarded::new(io, this.shared.clone()))))
+    }
+}
+
+impl<I> fmt::Debug for Incoming<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming").finish_non_exhaustive()
+    }
+}
+
+/// The layer of [`ResetGuard::builder`]: tells, once, that the server it
+/// built serves connections the guard never wrapped.
+#[derive(Debug, Clone)]
+pub struct CheckLayer {
+    shared: Arc<Shared>,
+}
+
+impl<S> Layer<S> for CheckLayer {
+    type Service = Check<S>;
+
+    fn layer(&self, inner: S) -> Check<S> {
+        Check {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service of [`CheckLayer`]: passes every request on.
+#[derive(Debug, Clone)]
+pub struct Check<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S, B> Service<Request<B>> for Check<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> S::Future {
+        self.shared.served();
+        self.inner.call(request)
+    }
+}

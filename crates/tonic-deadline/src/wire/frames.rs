@@ -1,0 +1,196 @@
+//! HTTP/2's framing (RFC 9113, 4.1), followed through a byte stream that
+//! arrives in pieces of any size: each frame's 9-byte header once it is
+//! whole, then its payload in the pieces it came in.
+
+/// The length of a frame header.
+pub(crate) const FRAME_HEADER: usize = 9;
+
+/// Frame types.
+pub(crate) const DATA: u8 = 0x0;
+pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const RST_STREAM: u8 = 0x3;
+pub(crate) const GOAWAY: u8 = 0x7;
+pub(crate) const CONTINUATION: u8 = 0x9;
+
+/// Flags.
+pub(crate) const END_STREAM: u8 = 0x1;
+pub(crate) const END_HEADERS: u8 = 0x4;
+pub(crate) const PADDED: u8 = 0x8;
+pub(crate) const PRIORITY: u8 = 0x20;
+
+/// The client connection preface, which precedes a client's frames.
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A frame's header, read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) len: usize,
+    pub(crate) kind: u8,
+    pub(crate) flags: u8,
+    pub(crate) stream: u32,
+}
+
+impl Header {
+    fn parse(h: &[u8; FRAME_HEADER]) -> Self {
+        Self {
+            len: (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]),
+            kind: h[3],
+            flags: h[4],
+            stream: u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]),
+        }
+    }
+
+    pub(crate) fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+}
+
+/// What a [`Frames`] walk shows, in order.
+pub(crate) trait Sink {
+    /// A frame's header, once whole.
+    fn header(&mut self, header: Header);
+
+    /// Bytes of the current frame's payload, in the pieces they came in;
+    /// `last` on the piece that ends it.
+    fn payload(&mut self, _header: Header, _bytes: &[u8], _last: bool) {}
+}
+
+/// Where a byte stream is in HTTP/2's framing.
+#[derive(Debug, Default)]
+pub(crate) struct Frames {
+    /// Preface bytes still to come.
+    preface: usize,
+    header: [u8; FRAME_HEADER],
+    header_len: usize,
+    /// The frame whose payload is being read.
+    current: Option<Header>,
+    /// Its payload bytes still to come.
+    payload: usize,
+}
+
+impl Frames {
+    /// Follows a client's writes: the preface first.
+    pub(crate) fn from_client() -> Self {
+        Self {
+            preface: PREFACE.len(),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the stream is between two frames.
+    pub(crate) fn at_boundary(&self) -> bool {
+        self.preface == 0 && self.header_len == 0 && self.payload == 0
+    }
+
+    /// Follows `bytes` through the framing, telling `sink` what it sees.
+    pub(crate) fn walk(&mut self, mut bytes: &[u8], sink: &mut impl Sink) {
+        while !bytes.is_empty() {
+            if self.preface > 0 {
+                let n = self.preface.min(bytes.len());
+                self.preface -= n;
+                bytes = &bytes[n..];
+            } else if let Some(current) = self.current.filter(|_| self.payload > 0) {
+                let n = self.payload.min(bytes.len());
+                self.payload -= n;
+                sink.payload(current, &bytes[..n], self.payload == 0);
+                bytes = &bytes[n..];
+            } else {
+                let n = (FRAME_HEADER - self.header_len).min(bytes.len());
+                self.header[self.header_len..self.header_len + n].copy_from_slice(&bytes[..n]);
+                self.header_len += n;
+                bytes = &bytes[n..];
+                if self.header_len == FRAME_HEADER {
+                    self.header_len = 0;
+                    let header = Header::parse(&self.header);
+                    sink.header(header);
+                    self.current = Some(header);
+                    self.payload = header.len;
+                    if header.len == 0 {
+                        sink.payload(header, &[], true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The preface bytes of a client seen so far match HTTP/2's: `Some(true)`
+/// once all are seen, `Some(false)` as soon as one differs, `None` while
+/// they match but more are to come.
+pub(crate) fn is_preface(start: &[u8]) -> Option<bool> {
+    let n = start.len().min(PREFACE.len());
+    if start[..n] != PREFACE[..n] {
+        return Some(false);
+    }
+    (n == PREFACE.len()).then_some(true)
+}
+
+/// A frame, whole, for tests and for what a layer writes itself.
+pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len();
+    let mut out = Vec::with_capacity(FRAME_HEADER + len);
+    out.extend([(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
+    out.extend((stream & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Seen {
+        headers: Vec<Header>,
+        payloads: Vec<(u32, Vec<u8>)>,
+    }
+
+    impl Sink for Seen {
+        fn header(&mut self, header: Header) {
+            self.headers.push(header);
+            self.payloads.push((header.stream, Vec::new()));
+        }
+
+        fn payload(&mut self, header: Header, bytes: &[u8], _last: bool) {
+            let last = self.payloads.last_mut().expect("a header came first");
+            assert_eq!(last.0, header.stream);
+            last.1.extend_from_slice(bytes);
+        }
+    }
+
+    #[test]
+    fn frames_split_anywhere_are_read_whole() {
+        let mut stream = PREFACE.to_vec();
+        stream.extend(frame(HEADERS, END_HEADERS, 1, b"abc"));
+        stream.extend(frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()));
+        stream.extend(frame(DATA, END_STREAM, 3, b""));
+        for split in 1..stream.len() {
+            let mut frames = Frames::from_client();
+            let mut seen = Seen::default();
+            for piece in stream.chunks(split) {
+                frames.walk(piece, &mut seen);
+            }
+            assert!(frames.at_boundary());
+            let kinds: Vec<_> = seen.headers.iter().map(|h| (h.kind, h.stream)).collect();
+            assert_eq!(
+                kinds,
+                [(HEADERS, 1), (RST_STREAM, 1), (DATA, 3)],
+                "split {split}"
+            );
+            assert_eq!(seen.payloads[0].1, b"abc");
+            assert_eq!(seen.payloads[1].1, 8u32.to_be_bytes());
+        }
+    }
+
+    #[test]
+    fn a_stream_that_is_not_http2_is_told_apart_from_its_first_byte() {
+        assert_eq!(is_preface(b"PRI * HT"), None);
+        assert_eq!(is_preface(PREFACE), Some(true));
+        assert_eq!(
+            is_preface(b"\x16\x03\x01"),
+            Some(false),
+            "a TLS ClientHello"
+        );
+        assert_eq!(is_preface(b"POST / HTTP/1.1"), Some(false));
+    }
+}
