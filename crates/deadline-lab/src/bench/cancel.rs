@@ -114,18 +114,20 @@ async fn rig(ours: bool) -> anyhow::Result<Rig> {
         noticed: noticed_tx,
         spawned: spawned_tx,
     };
-    let mut addr = net::serve(
+    let mut addr = net::serve_with(
         "127.0.0.1:0",
         Routes::new(ProbeServer::new(watcher)),
         layer(),
+        net::Guard::LayerOnly,
     )
     .await?;
     for name in ["B", "A"] {
         let next = client(ours, addr).await?;
-        addr = net::serve(
+        addr = net::serve_with(
             "127.0.0.1:0",
             Hop::new(name, Plan::default(), Some(next)).routes(),
             layer(),
+            net::Guard::LayerOnly,
         )
         .await?;
     }

@@ -50,6 +50,7 @@
 
 use std::future::Future;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -92,11 +93,29 @@ pub enum Case {
     OneHop,
     /// Client → A → B → C in one process.
     Chain,
+    /// The same chain, against plain tonic whose handlers pass the
+    /// deadline on by hand.
+    ChainByHand,
+    /// One long server stream, per message.
+    Streaming,
+    /// The server process, with the reset guard as well as the layer.
+    ServerGuard,
 }
+
+/// Messages per call of the streaming case.
+pub const STREAMED: u64 = 10_000;
 
 impl Case {
     /// Every case, in the order of the table.
-    pub const ALL: [Case; 4] = [Case::Server, Case::ServerHeader, Case::OneHop, Case::Chain];
+    pub const ALL: [Case; 7] = [
+        Case::Server,
+        Case::ServerHeader,
+        Case::OneHop,
+        Case::Chain,
+        Case::ChainByHand,
+        Case::Streaming,
+        Case::ServerGuard,
+    ];
 
     /// The row name (the `case` key of the JSON contract).
     pub fn label(self) -> &'static str {
@@ -105,15 +124,38 @@ impl Case {
             Case::ServerHeader => "server layer, header",
             Case::OneHop => "one hop, both layers",
             Case::Chain => "3-hop chain",
+            Case::ChainByHand => "3-hop chain, hand-written",
+            Case::Streaming => "server streaming",
+            Case::ServerGuard => "server layer and reset guard",
+        }
+    }
+
+    /// What one unit of the per-unit figures is: a request, or a streamed
+    /// message.
+    fn unit(self) -> u64 {
+        match self {
+            Case::Streaming => STREAMED,
+            _ => 1,
+        }
+    }
+
+    /// The calls a child of `requests` requests makes: the streaming case
+    /// streams [`STREAMED`] messages a call, so it makes a thousandth (at
+    /// least one).
+    fn calls(self, requests: u64) -> u64 {
+        match self {
+            Case::Streaming => (requests / 1000).max(1),
+            _ => requests,
         }
     }
 
     /// What the count covers.
     fn counted(self) -> &'static str {
         match self {
-            Case::Server | Case::ServerHeader => "server tasks",
+            Case::Server | Case::ServerHeader | Case::ServerGuard => "server tasks",
             Case::OneHop => "client + server, one process",
-            Case::Chain => "client + A + B + C, one process",
+            Case::Chain | Case::ChainByHand => "client + A + B + C, one process",
+            Case::Streaming => "client + server, one process, per message",
         }
     }
 
@@ -124,6 +166,9 @@ impl Case {
             Case::ServerHeader => "server-header",
             Case::OneHop => "one-hop",
             Case::Chain => "chain",
+            Case::ChainByHand => "chain-by-hand",
+            Case::Streaming => "streaming",
+            Case::ServerGuard => "server-guard",
         }
     }
 }
@@ -313,7 +358,7 @@ pub fn measure(options: &Options) -> anyhow::Result<Instructions> {
     let mut runs = Vec::new();
     for &case in &options.cases {
         for variant in [Variant::Ours, Variant::Plain] {
-            for requests in [n, 5 * n] {
+            for requests in [case.calls(n), 5 * case.calls(n)] {
                 runs.push((case, variant, requests));
             }
         }
@@ -325,8 +370,8 @@ pub fn measure(options: &Options) -> anyhow::Result<Instructions> {
             .map(|i| results[i])
             .ok_or_else(|| anyhow::anyhow!("no run for {case:?} {variant:?} {requests}"))
     };
-    let per_request = |small: Counted, large: Counted| {
-        let span = (4 * n) as f64;
+    let per_unit = |case: Case, small: Counted, large: Counted| {
+        let span = (4 * case.calls(n) * case.unit()) as f64;
         (
             (large.instructions as f64 - small.instructions as f64) / span,
             (large.allocated.allocations as f64 - small.allocated.allocations as f64) / span,
@@ -335,13 +380,16 @@ pub fn measure(options: &Options) -> anyhow::Result<Instructions> {
     };
     let mut rows = Vec::new();
     for &case in &options.cases {
-        let (ours, ours_allocs, ours_bytes) = per_request(
-            counted(case, Variant::Ours, n)?,
-            counted(case, Variant::Ours, 5 * n)?,
+        let calls = case.calls(n);
+        let (ours, ours_allocs, ours_bytes) = per_unit(
+            case,
+            counted(case, Variant::Ours, calls)?,
+            counted(case, Variant::Ours, 5 * calls)?,
         );
-        let (plain, plain_allocs, plain_bytes) = per_request(
-            counted(case, Variant::Plain, n)?,
-            counted(case, Variant::Plain, 5 * n)?,
+        let (plain, plain_allocs, plain_bytes) = per_unit(
+            case,
+            counted(case, Variant::Plain, calls)?,
+            counted(case, Variant::Plain, 5 * calls)?,
         );
         // A per-request count of zero (or less) is not a cheap layer but a
         // measurement that did not happen: in the server cases, collection
@@ -352,7 +400,7 @@ pub fn measure(options: &Options) -> anyhow::Result<Instructions> {
              per request; {}",
             case.label(),
             match case {
-                Case::Server | Case::ServerHeader => format!(
+                Case::Server | Case::ServerHeader | Case::ServerGuard => format!(
                     "no function of this build matched the server tasks' names \
                      ({SERVER_TASKS:?}): a change of symbol mangling or of tonic/hyper \
                      renamed them"
@@ -552,7 +600,7 @@ fn run_one(
         .env_remove("FAKETIME_DONT_FAKE_MONOTONIC")
         .args(["--tool=callgrind", "-q"])
         .arg(format!("--callgrind-out-file={}", out.display()));
-    if matches!(case, Case::Server | Case::ServerHeader) {
+    if matches!(case, Case::Server | Case::ServerHeader | Case::ServerGuard) {
         // Only the server's tasks: collection is switched on while one of
         // them is polled or dropped and off again when it returns.
         cmd.arg("--collect-atstart=no");
@@ -713,6 +761,25 @@ enum Caller {
     ProbeTimeout(ProbeClient<Channel>),
     /// `Probe/Call` on A through our client layer, inside a `BUDGET` scope.
     ProbeScoped(ProbeClient<Layered>),
+    /// `Probe/Watch` of [`STREAMED`] messages with `set_timeout(BUDGET)`,
+    /// read to its end.
+    WatchTimeout(ProbeClient<Channel>),
+    /// The same through our client layer, inside a `BUDGET` scope.
+    WatchScoped(ProbeClient<Layered>),
+}
+
+/// Reads a stream to its end.
+async fn drain(stream: Result<Response<Streaming<CallReply>>, Status>) -> Result<(), Status> {
+    let mut stream = stream?.into_inner();
+    while stream.message().await?.is_some() {}
+    Ok(())
+}
+
+fn watch_request() -> CallRequest {
+    CallRequest {
+        count: u32::try_from(STREAMED).unwrap_or(u32::MAX),
+        ..CallRequest::default()
+    }
 }
 
 impl Caller {
@@ -750,6 +817,17 @@ impl Caller {
                     .enter(client.call(CallRequest::default()))
                     .await
                     .map(drop)
+            }
+            Caller::WatchTimeout(client) => {
+                let mut request = Request::new(watch_request());
+                request.set_timeout(BUDGET);
+                drain(client.watch(request).await).await
+            }
+            Caller::WatchScoped(client) => {
+                let scope = Scope::root(Some(Instant::now() + BUDGET));
+                scope
+                    .enter(async { drain(client.watch(watch_request()).await).await })
+                    .await
             }
         }
     }
@@ -797,8 +875,16 @@ impl Caller {
             Caller::HealthScoped(c) => Caller::HealthScoped(c.clone()),
             Caller::ProbeTimeout(c) => Caller::ProbeTimeout(c.clone()),
             Caller::ProbeScoped(c) => Caller::ProbeScoped(c.clone()),
+            Caller::WatchTimeout(c) => Caller::WatchTimeout(c.clone()),
+            Caller::WatchScoped(c) => Caller::WatchScoped(c.clone()),
         }
     }
+}
+
+/// Serves `routes` for a bench child: behind the layer alone for ours (the
+/// reset guard is measured on its own), plain tonic otherwise.
+async fn serve(routes: Routes, layer: Option<ServerDeadlineLayer>) -> anyhow::Result<SocketAddr> {
+    net::serve_with("127.0.0.1:0", routes, layer, net::Guard::LayerOnly).await
 }
 
 async fn in_process(args: &ChildArgs) -> anyhow::Result<()> {
@@ -807,7 +893,7 @@ async fn in_process(args: &ChildArgs) -> anyhow::Result<()> {
     match args.case {
         Case::OneHop => {
             let (_reporter, health) = tonic_health::server::health_reporter();
-            let addr = net::serve("127.0.0.1:0", Routes::new(health), layer()).await?;
+            let addr = serve(Routes::new(health), layer()).await?;
             drive(
                 args.connections,
                 args.streams,
@@ -822,15 +908,17 @@ async fn in_process(args: &ChildArgs) -> anyhow::Result<()> {
             )
             .await
         }
-        Case::Chain => {
-            let mut addr = net::serve("127.0.0.1:0", Relay::routes(None), layer()).await?;
+        Case::Chain | Case::ChainByHand => {
+            // Plain tonic passes the budget on by hand in the second case.
+            let by_hand = args.case == Case::ChainByHand && !ours;
+            let mut addr = serve(Relay::routes(None, by_hand), layer()).await?;
             for _hop in ["B", "A"] {
                 let next = if ours {
                     Next::Layered(ProbeClient::new(net::connect_layered(addr).await?))
                 } else {
                     Next::Plain(ProbeClient::new(net::connect(addr).await?))
                 };
-                addr = net::serve("127.0.0.1:0", Relay::routes(Some(next)), layer()).await?;
+                addr = serve(Relay::routes(Some(next), by_hand), layer()).await?;
             }
             drive(
                 args.connections,
@@ -846,9 +934,24 @@ async fn in_process(args: &ChildArgs) -> anyhow::Result<()> {
             )
             .await
         }
-        Case::Server | Case::ServerHeader => {
+        Case::Streaming => {
+            let addr = serve(Relay::routes(None, false), layer()).await?;
+            drive(1, 1, args.requests, || async move {
+                Ok(if ours {
+                    Caller::WatchScoped(ProbeClient::new(net::connect_layered(addr).await?))
+                } else {
+                    Caller::WatchTimeout(ProbeClient::new(net::connect(addr).await?))
+                })
+            })
+            .await
+        }
+        Case::Server | Case::ServerHeader | Case::ServerGuard => {
             let (_reporter, health) = tonic_health::server::health_reporter();
-            let addr = net::serve("127.0.0.1:0", Routes::new(health), layer()).await?;
+            let guard = match args.case {
+                Case::ServerGuard => net::Guard::Reset,
+                _ => net::Guard::LayerOnly,
+            };
+            let addr = net::serve_with("127.0.0.1:0", Routes::new(health), layer(), guard).await?;
             let header = (args.case == Case::ServerHeader).then_some(HEADER);
             drive(
                 args.connections,
@@ -867,38 +970,77 @@ async fn in_process(args: &ChildArgs) -> anyhow::Result<()> {
 }
 
 /// A hop of the measured chain: calls the next hop at once (no work, no
-/// timer of its own) and answers; the last hop answers at once.
+/// timer of its own) and answers; the last hop answers at once. Its `Watch`
+/// streams the replies asked for, as fast as they are read.
 #[derive(Debug, Clone)]
 struct Relay {
     next: Option<Next>,
+    /// Pass the deadline on by hand, as plain tonic code must: read the
+    /// incoming `grpc-timeout`, and set what is left of it on the call to
+    /// the next hop.
+    by_hand: bool,
 }
 
 impl Relay {
-    fn routes(next: Option<Next>) -> Routes {
-        Routes::new(ProbeServer::new(Relay { next }))
+    fn routes(next: Option<Next>, by_hand: bool) -> Routes {
+        Routes::new(ProbeServer::new(Relay { next, by_hand }))
     }
 }
 
-type Never = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CallReply, Status>> + Send>>;
+/// Reads a `grpc-timeout` value the way a tonic user would by hand: digits
+/// and a unit.
+fn grpc_timeout_by_hand(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+type Ticks = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CallReply, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Probe for Relay {
-    async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+    async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+        // By hand: the deadline from the moment the request is seen.
+        let deadline = self
+            .by_hand
+            .then(|| {
+                let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+                Some(Instant::now() + grpc_timeout_by_hand(value)?)
+            })
+            .flatten();
         match self.next.clone() {
+            Some(Next::Plain(mut next)) if self.by_hand => {
+                let mut outbound = Request::new(CallRequest::default());
+                if let Some(deadline) = deadline {
+                    outbound.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                }
+                let reply = next.call(outbound).await?;
+                Ok(Response::new(reply.into_inner()))
+            }
             Some(next) => next.call(CallRequest::default()).await.map(Response::new),
             None => Ok(Response::new(CallReply::default())),
         }
     }
 
-    type WatchStream = Never;
+    type WatchStream = Ticks;
 
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Never>, Status> {
-        Err(Status::unimplemented("not used by the bench"))
+    async fn watch(&self, request: Request<CallRequest>) -> Result<Response<Ticks>, Status> {
+        let count = request.into_inner().count;
+        let replies = (0..count).map(|_| Ok(CallReply::default()));
+        Ok(Response::new(Box::pin(tokio_stream::iter(replies))))
     }
 
-    type ChatStream = Never;
+    type ChatStream = Ticks;
 
-    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Result<Response<Never>, Status> {
+    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Result<Response<Ticks>, Status> {
         Err(Status::unimplemented("not used by the bench"))
     }
 }

@@ -117,16 +117,18 @@ pub struct Overhead {
 
 /// Runs the benchmark.
 pub async fn run(load: Load) -> anyhow::Result<Outcome> {
-    let plain_addr = net::serve(
+    let plain_addr = net::serve_with(
         "127.0.0.1:0",
         Hop::new("plain", Plan::default(), None).routes(),
         None,
+        net::Guard::LayerOnly,
     )
     .await?;
-    let ours_addr = net::serve(
+    let ours_addr = net::serve_with(
         "127.0.0.1:0",
         Hop::new("ours", Plan::default(), None).routes(),
         Some(ServerDeadlineLayer::new()),
+        net::Guard::LayerOnly,
     )
     .await?;
     let mut plain = Vec::new();

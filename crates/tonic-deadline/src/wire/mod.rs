@@ -4,6 +4,8 @@
 
 #[cfg(feature = "server")]
 pub(crate) mod frames;
+#[cfg(feature = "server")]
+pub(crate) mod hpack;
 pub mod timeout_header;
 
 use http::{HeaderMap, HeaderName};

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::wire::frames::{
     CONTINUATION, END_HEADERS, END_STREAM, HEADERS, Header, PADDED, PRIORITY, RST_STREAM, Sink,
 };
-use crate::wire::timeout_header;
+use crate::wire::hpack::Shadow;
 
 use super::Rules;
 
@@ -29,8 +29,15 @@ struct Open {
     id: u32,
     /// When its HEADERS were read.
     opened: Instant,
+    /// When the read before that one was: the stream arrived after it, so
+    /// it may be that much older than its read says (a server kept off the
+    /// CPU reads a while of its client's frames at once).
+    arrived_after: Instant,
     /// The `grpc-timeout` it carried (`None`: none, or none readable).
     timeout: Option<Duration>,
+    /// The server has answered it (its response HEADERS went out): the work
+    /// a flood is after was done, and the client saw it.
+    answered: bool,
 }
 
 /// Why the account closed a connection.
@@ -60,13 +67,17 @@ pub(crate) struct Book {
     block_stream: u32,
     /// The HEADERS frame's payload, when it must be unpadded first.
     frame: Vec<u8>,
-    hpack: Option<loona_hpack::Decoder<'static>>,
+    /// The client's header table, followed to read each deadline; `None`
+    /// once a block could not be followed.
+    hpack: Option<Shadow>,
     /// What may still be spent on early resets; refilled by honest ends
     /// and by time.
     tokens: f64,
     refilled: Instant,
-    /// The read this account is following, and when it was read.
+    /// When the read this account is following was read, and the one
+    /// before it.
     now: Instant,
+    previous: Instant,
     opened: u64,
     early_resets: u64,
     honest_ends: u64,
@@ -92,10 +103,11 @@ impl Book {
             block: Vec::new(),
             block_stream: 0,
             frame: Vec::new(),
-            hpack: Some(loona_hpack::Decoder::new()),
+            hpack: Some(Shadow::default()),
             tokens: f64::from(rules.allowance),
             refilled: now,
             now,
+            previous: now,
             opened: 0,
             early_resets: 0,
             honest_ends: 0,
@@ -105,6 +117,7 @@ impl Book {
 
     /// The client's bytes about to be read were read at `now`.
     pub(crate) fn reading_at(&mut self, now: Instant) {
+        self.previous = self.now;
         self.now = now;
     }
 
@@ -123,7 +136,9 @@ impl Book {
         self.open.push_back(Open {
             id,
             opened: self.now,
+            arrived_after: self.previous,
             timeout,
+            answered: false,
         });
     }
 
@@ -147,13 +162,17 @@ impl Book {
             return;
         };
         let age = self.now.saturating_duration_since(open.opened);
-        // Early: soon after it opened, and long before its deadline (or
-        // with none). A deadline within reach explains the reset, whatever
-        // the clocks of a busy machine made of its age.
-        let early = age < self.rules.early
+        // Early: before any answer, soon after it opened, and long before
+        // its deadline (or with none). A deadline the stream may have
+        // reached explains the reset: its age is taken at the most the reads
+        // allow, since a server kept off the CPU reads a while of frames at
+        // once, and an honest storm's HEADERS and resets then come together.
+        let oldest = self.now.saturating_duration_since(open.arrived_after);
+        let early = !open.answered
+            && age < self.rules.early
             && open
                 .timeout
-                .is_none_or(|timeout| timeout > age + self.rules.early);
+                .is_none_or(|timeout| timeout > oldest + self.rules.early);
         if !early {
             self.earn();
             return;
@@ -178,17 +197,12 @@ impl Book {
     fn header_block(&mut self, id: u32) {
         let mut timeout = None;
         if let Some(hpack) = &mut self.hpack {
-            // Every block is decoded, to keep the table in step; only the
-            // deadline is kept.
-            let decoded = hpack.decode_with_cb(&self.block, |name, value| {
-                if &*name == b"grpc-timeout" {
-                    timeout = timeout_header::decode(&value).ok();
-                }
-            });
-            if decoded.is_err() {
+            // Every block is followed, to keep the table in step.
+            match hpack.decode(&self.block) {
+                Ok(read) => timeout = read,
                 // h2 closes the connection for this itself; the account
                 // reads no further deadlines.
-                self.hpack = None;
+                Err(_) => self.hpack = None,
             }
         }
         self.block.clear();
@@ -209,6 +223,12 @@ impl Book {
     /// The server wrote a frame with `header`.
     pub(crate) fn server_frame(&mut self, header: Header) {
         let ended = match header.kind {
+            HEADERS if !header.has(END_STREAM) => {
+                if let Some(open) = self.open.iter_mut().find(|o| o.id == header.stream) {
+                    open.answered = true;
+                }
+                false
+            }
             HEADERS | crate::wire::frames::DATA => header.has(END_STREAM),
             RST_STREAM => {
                 // The server's own reset: neither honest nor early.
@@ -395,6 +415,54 @@ mod tests {
         }
         assert_eq!(client.book.breach(), None);
         assert_eq!(client.book.honest_ends, 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_starved_servers_read_of_an_honest_storm_is_no_flood() {
+        let mut client = Client::new();
+        // 50 ms off the CPU: then the HEADERS of streams with a 40 ms
+        // deadline and their resets at the deadline are read at once.
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            let mut wave = Vec::new();
+            let mut encoder = std::mem::replace(&mut client.encoder, loona_hpack::Encoder::new());
+            for _ in 0..50 {
+                let id = client.next;
+                client.next += 2;
+                wave.extend(frame(
+                    HEADERS,
+                    END_HEADERS,
+                    id,
+                    &block(&mut encoder, Some("40m")),
+                ));
+                wave.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+            }
+            client.encoder = encoder;
+            client.send(wave);
+        }
+        assert_eq!(
+            client.book.breach(),
+            None,
+            "1 000 resets a deadline explains"
+        );
+        assert_eq!(client.book.early_resets, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_dropped_once_answered_is_no_early_reset() {
+        let mut client = Client::new();
+        for _ in 0..100 {
+            let id = client.open(None);
+            client.book.server_frame(Header {
+                len: 0,
+                kind: HEADERS,
+                flags: END_HEADERS,
+                stream: id,
+            });
+            client.reset(id);
+        }
+        assert_eq!(client.book.breach(), None);
+        assert_eq!(client.book.early_resets, 0);
     }
 
     #[tokio::test(start_paused = true)]

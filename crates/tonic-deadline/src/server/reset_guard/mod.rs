@@ -16,12 +16,14 @@
 //! stream, [`Guarded`]): the streams the client opens, the `grpc-timeout`
 //! each carries (the header block decoded, as the server's HPACK decoder
 //! does), and the streams it resets. A reset is *early* when the stream
-//! was reset less than 10 ms after its HEADERS arrived and its deadline
-//! was more than 10 ms further on (or it had none): a reset that its
-//! deadline explains is never early, however a busy machine's clocks
-//! squeeze its age. Early resets spend an allowance of 512 per connection;
-//! every stream that ends by itself or at its deadline, and time (100 a
-//! second), earn it back up to 512. A connection whose client spends more
+//! was reset before the server answered it, less than 10 ms after its
+//! HEADERS arrived, and its deadline was more than 10 ms further on (or it
+//! had none). A reset that its deadline explains is never early: a server
+//! kept off the CPU reads a while of its client's frames at once, HEADERS
+//! and resets together, so a stream's age is taken at the most its reads
+//! allow (since the read before its HEADERS). Early resets spend an
+//! allowance of 128 per connection; every stream that ends by itself or at
+//! its deadline, and time (100 a second), earn it back up to 128. A connection whose client spends more
 //! is sent `GOAWAY ENHANCE_YOUR_CALM` and closed; the guard logs the rule
 //! it broke (a `WARN`, at most one every 10 s) and counts it
 //! ([`Metrics::reset_floods_cut`](crate::observe::Metrics::reset_floods_cut)).
@@ -88,7 +90,7 @@ use book::Breach;
 pub use io::Guarded;
 
 /// The early resets a connection may spend, and hold back, by default.
-const ALLOWANCE: u32 = 512;
+const ALLOWANCE: u32 = 128;
 
 /// How soon after its HEADERS, and how long before its deadline, a reset
 /// counts as early.
@@ -232,7 +234,7 @@ impl ResetGuard {
     }
 
     /// How many early resets a connection may spend before it is closed
-    /// (512 by default; it is also the most it can hold back).
+    /// (128 by default; it is also the most it can hold back).
     ///
     /// ```
     /// let guard = tonic_deadline::server::ResetGuard::new().allowance(256);

@@ -1,0 +1,572 @@
+//! A shadow of a server's HPACK decoder (RFC 7541) that keeps of each
+//! header block only its `grpc-timeout`.
+//!
+//! A header block refers to a dynamic table both ends keep in step, so
+//! reading one header means following every block of the connection. The
+//! shadow keeps the table's entries without their text — each entry's
+//! sizes, and whether it is a `grpc-timeout` with which deadline — and
+//! decodes a string only as far as it must: its length, and the text of a
+//! name that may be `grpc-timeout` and of that header's value. No
+//! allocation but the table's own growth.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::timeout_header;
+
+/// The header the shadow reads.
+const GRPC_TIMEOUT: &[u8] = b"grpc-timeout";
+
+/// The largest dynamic table the shadow follows. A server's decoder allows
+/// 4 096 bytes unless its SETTINGS say more; a block that asks for more
+/// than this is malformed to the shadow.
+const MAX_TABLE: usize = 64 * 1024;
+
+/// Why a header block could not be followed: the connection's decoder
+/// fails on it too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Malformed;
+
+/// An entry of the dynamic table, without its text.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    name_len: usize,
+    /// Its size as HPACK counts it: name, value and 32.
+    size: usize,
+    /// The name is `grpc-timeout`.
+    is_timeout: bool,
+    /// Its value read as a `grpc-timeout`, when it is one and valid.
+    timeout: Option<Duration>,
+}
+
+/// The dynamic table of one direction of one connection.
+#[derive(Debug)]
+pub(crate) struct Shadow {
+    /// Newest first: index 62 is the front.
+    entries: VecDeque<Entry>,
+    size: usize,
+    max_size: usize,
+}
+
+impl Default for Shadow {
+    fn default() -> Self {
+        Self {
+            entries: VecDeque::new(),
+            size: 0,
+            max_size: 4096,
+        }
+    }
+}
+
+impl Shadow {
+    /// Follows one whole header block; its `grpc-timeout` (the first, if
+    /// it has several, as the server reads it), `None` without one or with
+    /// one that is not valid.
+    pub(crate) fn decode(&mut self, block: &[u8]) -> Result<Option<Duration>, Malformed> {
+        let mut pos = 0;
+        // `Some` once a `grpc-timeout` was seen.
+        let mut timeout: Option<Option<Duration>> = None;
+        while let Some(&first) = block.get(pos) {
+            if first & 0x80 != 0 {
+                // Indexed header field.
+                let index = integer(block, &mut pos, 7)?;
+                if let Some(entry) = self.dynamic(index)?
+                    && entry.is_timeout
+                {
+                    timeout.get_or_insert(entry.timeout);
+                }
+            } else if first & 0xc0 == 0x40 {
+                // Literal with incremental indexing.
+                if let Some(read) = self.literal(block, &mut pos, 6, true)? {
+                    timeout.get_or_insert(read);
+                }
+            } else if first & 0xe0 == 0x20 {
+                // Dynamic table size update.
+                let size = integer(block, &mut pos, 5)?;
+                if size > MAX_TABLE {
+                    return Err(Malformed);
+                }
+                self.max_size = size;
+                self.evict(0);
+            } else {
+                // Literal without indexing, or never indexed.
+                if let Some(read) = self.literal(block, &mut pos, 4, false)? {
+                    timeout.get_or_insert(read);
+                }
+            }
+        }
+        Ok(timeout.flatten())
+    }
+
+    /// A literal field whose name index has a `prefix`-bit prefix: `Some`
+    /// if it is a `grpc-timeout`, with its deadline if valid.
+    fn literal(
+        &mut self,
+        block: &[u8],
+        pos: &mut usize,
+        prefix: u8,
+        indexed: bool,
+    ) -> Result<Option<Option<Duration>>, Malformed> {
+        let name_index = integer(block, pos, prefix)?;
+        let (name_len, is_timeout) = if name_index == 0 {
+            let mut name = Kept::default();
+            let len = string(block, pos, &mut name)?;
+            (len, name.is(GRPC_TIMEOUT))
+        } else if let Some(entry) = self.dynamic(name_index)? {
+            (entry.name_len, entry.is_timeout)
+        } else {
+            // A static name (the static table has no `grpc-timeout`).
+            (STATIC_NAMES[name_index - 1].len(), false)
+        };
+        let mut value = Kept::default();
+        let value_len = string(block, pos, &mut value)?;
+        let timeout = is_timeout
+            .then(|| value.text())
+            .flatten()
+            .and_then(|text| timeout_header::decode(text).ok());
+        if indexed {
+            self.insert(Entry {
+                name_len,
+                size: name_len + value_len + 32,
+                is_timeout,
+                timeout,
+            });
+        }
+        Ok(is_timeout.then_some(timeout))
+    }
+
+    /// The dynamic entry at `index`; `None` for a static one.
+    fn dynamic(&self, index: usize) -> Result<Option<Entry>, Malformed> {
+        match index {
+            0 => Err(Malformed),
+            1..=61 => Ok(None),
+            _ => self
+                .entries
+                .get(index - 62)
+                .copied()
+                .map(Some)
+                .ok_or(Malformed),
+        }
+    }
+
+    fn insert(&mut self, entry: Entry) {
+        if entry.size > self.max_size {
+            // An entry larger than the table empties it (RFC 7541, 4.4).
+            self.entries.clear();
+            self.size = 0;
+            return;
+        }
+        self.evict(entry.size);
+        self.size += entry.size;
+        self.entries.push_front(entry);
+    }
+
+    /// Evicts the oldest entries until `room` more bytes fit.
+    fn evict(&mut self, room: usize) {
+        while self.size + room > self.max_size {
+            match self.entries.pop_back() {
+                Some(oldest) => self.size -= oldest.size,
+                None => break,
+            }
+        }
+    }
+}
+
+/// The first bytes of a decoded string: enough for `grpc-timeout` and any
+/// valid value of it.
+#[derive(Debug, Default)]
+struct Kept {
+    bytes: [u8; 16],
+    len: usize,
+    /// More came than fit.
+    over: bool,
+}
+
+impl Kept {
+    fn push(&mut self, byte: u8) {
+        match self.bytes.get_mut(self.len) {
+            Some(slot) => {
+                *slot = byte;
+                self.len += 1;
+            }
+            None => self.over = true,
+        }
+    }
+
+    fn text(&self) -> Option<&[u8]> {
+        (!self.over).then_some(&self.bytes[..self.len])
+    }
+
+    fn is(&self, text: &[u8]) -> bool {
+        self.text() == Some(text)
+    }
+}
+
+/// An integer with an `prefix`-bit prefix (RFC 7541, 5.1).
+fn integer(block: &[u8], pos: &mut usize, prefix: u8) -> Result<usize, Malformed> {
+    let mask = (1u8 << prefix) - 1;
+    let first = block.get(*pos).ok_or(Malformed)? & mask;
+    *pos += 1;
+    if first < mask {
+        return Ok(usize::from(first));
+    }
+    let mut value = usize::from(mask);
+    let mut shift = 0;
+    loop {
+        let byte = *block.get(*pos).ok_or(Malformed)?;
+        *pos += 1;
+        value += usize::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+        shift += 7;
+        if shift > 21 {
+            // Beyond any size a header block can hold.
+            return Err(Malformed);
+        }
+    }
+}
+
+/// A string literal (RFC 7541, 5.2): its decoded length, its first bytes
+/// into `kept`.
+fn string(block: &[u8], pos: &mut usize, kept: &mut Kept) -> Result<usize, Malformed> {
+    let huffman = block.get(*pos).ok_or(Malformed)? & 0x80 != 0;
+    let len = integer(block, pos, 7)?;
+    let raw = block.get(*pos..*pos + len).ok_or(Malformed)?;
+    *pos += len;
+    if !huffman {
+        raw.iter().for_each(|&b| kept.push(b));
+        return Ok(len);
+    }
+    let mut decoded = 0;
+    huffman_decode(raw, |b| {
+        decoded += 1;
+        kept.push(b);
+    })?;
+    Ok(decoded)
+}
+
+/// The length in bits of the Huffman code of each symbol, 0 to 255 and
+/// EOS (256), from RFC 7541, Appendix B. The code is canonical (codes of
+/// one length are consecutive, in symbol order, after all shorter ones), so
+/// the lengths alone make it.
+const CODE_LENGTHS: [u8; 257] = [
+    13, 23, 28, 28, 28, 28, 28, 28, 28, 24, 30, 28, 28, 30, 28, 28, 28, 28, 28, 28, 28, 28, 30, 28,
+    28, 28, 28, 28, 28, 28, 28, 28, 6, 10, 10, 12, 13, 6, 8, 11, 10, 10, 8, 11, 8, 6, 6, 6, 5, 5,
+    5, 6, 6, 6, 6, 6, 6, 6, 7, 8, 15, 6, 12, 10, 13, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7,
+    7, 7, 7, 7, 7, 7, 7, 7, 8, 7, 8, 13, 19, 13, 14, 6, 15, 5, 6, 5, 6, 5, 6, 6, 6, 5, 7, 7, 6, 6,
+    6, 5, 6, 7, 6, 5, 5, 6, 7, 7, 7, 7, 7, 15, 11, 14, 13, 28, 20, 22, 20, 20, 22, 22, 22, 23, 22,
+    23, 23, 23, 23, 23, 24, 23, 24, 24, 22, 23, 24, 23, 23, 23, 23, 21, 22, 23, 22, 23, 23, 24, 22,
+    21, 20, 22, 22, 23, 23, 21, 23, 22, 22, 24, 21, 22, 23, 23, 21, 21, 22, 21, 23, 22, 23, 23, 20,
+    22, 22, 22, 23, 22, 22, 23, 26, 26, 20, 19, 22, 23, 22, 25, 26, 26, 26, 27, 27, 26, 24, 25, 19,
+    21, 26, 27, 27, 26, 27, 24, 21, 21, 26, 26, 28, 27, 27, 27, 20, 24, 20, 21, 22, 21, 21, 23, 22,
+    22, 25, 25, 24, 24, 26, 23, 26, 27, 26, 26, 27, 27, 27, 27, 27, 28, 27, 27, 27, 27, 27, 26, 30,
+];
+
+/// The canonical code, by length: the first code of each length, how many
+/// codes have it, and where its symbols start in `symbols`.
+struct Canonical {
+    first: [u32; 31],
+    count: [u32; 31],
+    start: [u16; 31],
+    /// Symbols ordered by code.
+    symbols: [u16; 257],
+}
+
+const CANONICAL: Canonical = canonical();
+
+const fn canonical() -> Canonical {
+    let mut count = [0u32; 31];
+    let mut i = 0;
+    while i < 257 {
+        count[CODE_LENGTHS[i] as usize] += 1;
+        i += 1;
+    }
+    let mut first = [0u32; 31];
+    let mut start = [0u16; 31];
+    let mut symbols = [0u16; 257];
+    let mut code = 0u32;
+    let mut next = 0usize;
+    let mut len = 1;
+    while len <= 30 {
+        first[len] = code;
+        start[len] = next as u16;
+        let mut symbol = 0;
+        while symbol < 257 {
+            if CODE_LENGTHS[symbol] as usize == len {
+                symbols[next] = symbol as u16;
+                next += 1;
+            }
+            symbol += 1;
+        }
+        code = (code + count[len]) << 1;
+        len += 1;
+    }
+    Canonical {
+        first,
+        count,
+        start,
+        symbols,
+    }
+}
+
+/// Decodes a Huffman-coded string, each byte to `out` (RFC 7541, 5.2):
+/// the string ends in at most 7 bits of padding, all ones; EOS inside it is
+/// an error.
+fn huffman_decode(raw: &[u8], mut out: impl FnMut(u8)) -> Result<(), Malformed> {
+    let mut bits: u64 = 0;
+    let mut held = 0u32;
+    let mut next = 0;
+    loop {
+        while held <= 48 && next < raw.len() {
+            bits = (bits << 8) | u64::from(raw[next]);
+            held += 8;
+            next += 1;
+        }
+        let mut len = 5;
+        let mut symbol = None;
+        while len <= 30 && len <= held {
+            let code = ((bits >> (held - len)) & ((1 << len) - 1)) as u32;
+            let offset = code.wrapping_sub(CANONICAL.first[len as usize]);
+            if offset < CANONICAL.count[len as usize] {
+                let at = CANONICAL.start[len as usize] as usize + offset as usize;
+                symbol = Some((CANONICAL.symbols[at], len));
+                break;
+            }
+            len += 1;
+        }
+        match symbol {
+            Some((256, _)) => return Err(Malformed),
+            Some((byte, len)) => {
+                held -= len;
+                bits &= (1 << held) - 1;
+                out(byte as u8);
+            }
+            // No code in what is left: it must be the padding.
+            None if next == raw.len() && held < 8 && bits == (1 << held) - 1 => return Ok(()),
+            None => return Err(Malformed),
+        }
+    }
+}
+
+/// The names of HPACK's static table (RFC 7541, Appendix A), from index 1.
+const STATIC_NAMES: [&str; 61] = [
+    ":authority",
+    ":method",
+    ":method",
+    ":path",
+    ":path",
+    ":scheme",
+    ":scheme",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "accept",
+    "access-control-allow-origin",
+    "age",
+    "allow",
+    "authorization",
+    "cache-control",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-range",
+    "content-type",
+    "cookie",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "last-modified",
+    "link",
+    "location",
+    "max-forwards",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "range",
+    "referer",
+    "refresh",
+    "retry-after",
+    "server",
+    "set-cookie",
+    "strict-transport-security",
+    "transfer-encoding",
+    "user-agent",
+    "vary",
+    "via",
+    "www-authenticate",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The code of `symbol`, rebuilt from the lengths.
+    fn code_of(symbol: usize) -> (u32, u8) {
+        let len = CODE_LENGTHS[symbol];
+        let c = &CANONICAL;
+        let at = c
+            .symbols
+            .iter()
+            .position(|&s| s as usize == symbol)
+            .expect("a symbol");
+        let offset = at as u32 - u32::from(c.start[len as usize]);
+        (c.first[len as usize] + offset, len)
+    }
+
+    #[test]
+    fn the_code_rebuilt_from_its_lengths_is_the_rfcs() {
+        // RFC 7541, Appendix B.
+        assert_eq!(code_of(usize::from(b'0')), (0x0, 5));
+        assert_eq!(code_of(usize::from(b'a')), (0x3, 5));
+        assert_eq!(code_of(usize::from(b' ')), (0x14, 6));
+        assert_eq!(code_of(usize::from(b'z')), (0x7b, 7));
+        assert_eq!(code_of(0), (0x1ff8, 13));
+        assert_eq!(code_of(255), (0x3ffffee, 26));
+        assert_eq!(code_of(256), (0x3fffffff, 30), "EOS");
+    }
+
+    #[test]
+    fn huffman_strings_of_the_rfc_decode() {
+        // RFC 7541, C.4.1 and C.4.3.
+        let www = [
+            0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90, 0xf4, 0xff,
+        ];
+        let mut out = Vec::new();
+        huffman_decode(&www, |b| out.push(b)).expect("valid");
+        assert_eq!(out, b"www.example.com");
+        let custom = [0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xb8, 0xe8, 0xb4, 0xbf];
+        out.clear();
+        huffman_decode(&custom, |b| out.push(b)).expect("valid");
+        assert_eq!(out, b"custom-value");
+        // Padding of more than 7 bits, or not all ones, is an error.
+        assert_eq!(huffman_decode(&[0xff, 0xff], |_| {}), Err(Malformed));
+        assert_eq!(huffman_decode(&[0x1e], |_| {}), Err(Malformed));
+    }
+
+    #[test]
+    fn the_rfcs_request_blocks_fill_the_table_as_the_rfc_says() {
+        // RFC 7541, C.4: three requests with Huffman coding; after the
+        // third, the table holds 3 entries of 164 bytes.
+        let blocks: [&[u8]; 3] = [
+            &[
+                0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab,
+                0x90, 0xf4, 0xff,
+            ],
+            &[
+                0x82, 0x86, 0x84, 0xbe, 0x58, 0x86, 0xa8, 0xeb, 0x10, 0x64, 0x9c, 0xbf,
+            ],
+            &[
+                0x82, 0x87, 0x85, 0xbf, 0x40, 0x88, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xa9, 0x7d, 0x7f,
+                0x89, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xb8, 0xe8, 0xb4, 0xbf,
+            ],
+        ];
+        let mut shadow = Shadow::default();
+        for block in blocks {
+            assert_eq!(shadow.decode(block), Ok(None));
+        }
+        assert_eq!(shadow.entries.len(), 3);
+        assert_eq!(shadow.size, 164);
+    }
+
+    #[test]
+    fn a_grpc_timeout_is_read_literal_indexed_and_from_the_table() {
+        let mut shadow = Shadow::default();
+        // Literal with incremental indexing, new name, plain text.
+        let mut block = vec![0x40, 12];
+        block.extend_from_slice(b"grpc-timeout");
+        block.push(5);
+        block.extend_from_slice(b"1000m");
+        assert_eq!(shadow.decode(&block), Ok(Some(Duration::from_secs(1))));
+        // The same header again, indexed from the table.
+        assert_eq!(shadow.decode(&[0xbe]), Ok(Some(Duration::from_secs(1))));
+        // A new value under the indexed name, without indexing.
+        let mut block = vec![0x0f, 62 - 15];
+        block.push(2);
+        block.extend_from_slice(b"5S");
+        assert_eq!(shadow.decode(&block), Ok(Some(Duration::from_secs(5))));
+        // A value that is not a valid grpc-timeout reads as none.
+        let mut block = vec![0x0f, 62 - 15];
+        block.push(2);
+        block.extend_from_slice(b"1a");
+        assert_eq!(shadow.decode(&block), Ok(None));
+    }
+
+    use proptest::prelude::*;
+
+    fn header() -> impl Strategy<Value = (String, String)> {
+        let name = prop_oneof![
+            Just("grpc-timeout".to_owned()),
+            Just("content-type".to_owned()),
+            Just(":path".to_owned()),
+            "[a-z-]{1,20}",
+        ];
+        let value = prop_oneof![
+            (1u32..99_999_999, "[HMSmun]").prop_map(|(n, u)| format!("{n}{u}")),
+            "[ -~]{0,40}",
+        ];
+        (name, value)
+    }
+
+    proptest! {
+        #[test]
+        fn the_shadow_reads_what_a_real_encoder_wrote(
+            blocks in proptest::collection::vec(proptest::collection::vec(header(), 0..8), 1..30)
+        ) {
+            // loona-hpack's encoder indexes every header it can, and
+            // Huffman-codes what is shorter so: the table fills, entries
+            // are evicted, and names are referred to by index.
+            let mut encoder = loona_hpack::Encoder::new();
+            let mut shadow = Shadow::default();
+            for headers in &blocks {
+                let block = encoder.encode(
+                    headers.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())),
+                );
+                let expected = headers
+                    .iter()
+                    .find(|(n, _)| n == "grpc-timeout")
+                    .and_then(|(_, v)| timeout_header::decode(v.as_bytes()).ok());
+                prop_assert_eq!(shadow.decode(&block), Ok(expected));
+            }
+        }
+
+        #[test]
+        fn any_bytes_are_followed_or_malformed_never_a_panic(
+            block in proptest::collection::vec(any::<u8>(), 0..64)
+        ) {
+            let _ = Shadow::default().decode(&block);
+            let _ = huffman_decode(&block, |_| {});
+        }
+    }
+
+    #[test]
+    fn truncated_or_impossible_blocks_are_malformed_and_never_panic() {
+        let mut shadow = Shadow::default();
+        for block in [
+            &[0x80][..],               // index 0
+            &[0xbe],                   // an empty dynamic table
+            &[0x40, 0x05, b'a'],       // a name cut short
+            &[0x3f, 0xff, 0xff, 0x7f], // a table larger than allowed
+            &[0x7f, 0xff, 0xff, 0xff, 0xff, 0x7f],
+        ] {
+            assert_eq!(shadow.decode(block), Err(Malformed), "{block:?}");
+        }
+    }
+}
