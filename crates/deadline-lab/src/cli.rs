@@ -91,6 +91,9 @@ enum Command {
     /// One side of one `bench instructions` variant (run by the bench itself).
     #[command(hide = true)]
     BenchChild(bench::instructions::ChildArgs),
+    /// One variant of `bench memory` (run by the bench itself).
+    #[command(hide = true)]
+    MemoryChild(bench::memory::ChildArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -306,6 +309,12 @@ enum Bench {
         #[arg(long)]
         metrics: bool,
     },
+    /// Memory per call in flight through one hop, ours vs plain tonic.
+    Memory {
+        /// Calls held open at once.
+        #[arg(long, default_value_t = 10_000)]
+        calls: usize,
+    },
     /// The overload setup at 2x capacity with a downstream failing 10 % of
     /// calls: no retries, naive retries, ours.
     RetryStorm {
@@ -436,6 +445,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
     let command = match cli.command {
         // A single-threaded runtime of its own, so its count is repeatable.
         Command::BenchChild(args) => return bench::instructions::child(args, allocated),
+        Command::MemoryChild(args) => return bench::memory::child(args, allocated),
         command => command,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -456,7 +466,9 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
     let traces = &telemetry;
     let out = runtime.block_on(crate::metrics::maybe_with(metrics, async move {
         match command {
-            Command::BenchChild(_) => anyhow::bail!("bench-child runs before the runtime starts"),
+            Command::BenchChild(_) | Command::MemoryChild(_) => {
+                anyhow::bail!("bench children run before the runtime starts")
+            }
             Command::Demo { report } => crate::demo::run(&report).await,
             Command::Capture {
                 listen,
@@ -627,6 +639,13 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                         // Runs valgrind child processes; no request is involved.
                         #[allow(clippy::disallowed_methods)]
                         tokio::task::spawn_blocking(move || bench::instructions::measure(&options))
+                            .await??
+                            .outcome()?
+                    }
+                    Bench::Memory { calls } => {
+                        // Runs child processes; no request is involved.
+                        #[allow(clippy::disallowed_methods)]
+                        tokio::task::spawn_blocking(move || bench::memory::measure(calls))
                             .await??
                             .outcome()?
                     }

@@ -16,6 +16,7 @@ fn allocated() -> bench::instructions::Allocated {
     bench::instructions::Allocated {
         allocations: stats.allocations as u64,
         bytes: stats.bytes_allocated as u64,
+        freed: stats.bytes_deallocated as u64,
     }
 }
 

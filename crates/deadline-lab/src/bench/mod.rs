@@ -2,6 +2,7 @@
 
 pub mod cancel;
 pub mod instructions;
+pub mod memory;
 pub mod overhead;
 pub mod overload;
 pub mod retry_storm;

@@ -167,6 +167,21 @@ impl MessageCursor {
     }
 
     fn feed_bytes(&mut self, mut bytes: &[u8]) {
+        // The usual chunk: whole messages from a boundary (a server writes
+        // each message in a DATA frame of its own). Skipped prefix by
+        // prefix, without the byte-wise state.
+        if self.prefix_seen == 0 && self.payload_left == 0 {
+            while let [_, a, b, c, d, rest @ ..] = bytes {
+                let len = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+                match rest.get(len..) {
+                    Some(after) => bytes = after,
+                    None => {
+                        self.payload_left = (len - rest.len()) as u64;
+                        return;
+                    }
+                }
+            }
+        }
         while !bytes.is_empty() {
             if self.payload_left > 0 {
                 let take = usize::try_from(self.payload_left)
