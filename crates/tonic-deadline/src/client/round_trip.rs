@@ -21,9 +21,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The client connection preface that opens every HTTP/2 connection.
-const PREFACE_LEN: usize = 24;
-const FRAME_HEADER: usize = 9;
+use crate::wire::frames::{FRAME_HEADER, Frames, Header};
+
 const PING: u8 = 0x6;
 const ACK: u8 = 0x1;
 /// The first four bytes of our PINGs' payload; the other four count.
@@ -104,70 +103,6 @@ impl fmt::Debug for RoundTrip {
     }
 }
 
-/// Where a byte stream is in HTTP/2's framing.
-#[derive(Debug, Default)]
-pub(super) struct Frames {
-    /// Preface bytes still to come (writes only).
-    preface: usize,
-    header: [u8; FRAME_HEADER],
-    header_len: usize,
-    /// Payload bytes of the current frame still to come.
-    payload: usize,
-    /// Whole frames seen.
-    frames: u64,
-}
-
-impl Frames {
-    fn at_boundary(&self) -> bool {
-        self.preface == 0 && self.header_len == 0 && self.payload == 0
-    }
-
-    /// Follows `bytes` through the framing.
-    fn advance(&mut self, bytes: &[u8]) {
-        self.advance_with(bytes, |_| {});
-    }
-
-    /// Follows `bytes` through the framing, showing `header` each frame's
-    /// header once it is whole.
-    pub(super) fn advance_with(
-        &mut self,
-        mut bytes: &[u8],
-        mut header: impl FnMut(&[u8; FRAME_HEADER]),
-    ) {
-        while !bytes.is_empty() {
-            if self.preface > 0 {
-                let n = self.preface.min(bytes.len());
-                self.preface -= n;
-                bytes = &bytes[n..];
-            } else if self.payload > 0 {
-                let n = self.payload.min(bytes.len());
-                self.payload -= n;
-                bytes = &bytes[n..];
-                if self.payload == 0 {
-                    self.frames += 1;
-                }
-            } else {
-                let n = (FRAME_HEADER - self.header_len).min(bytes.len());
-                self.header[self.header_len..self.header_len + n].copy_from_slice(&bytes[..n]);
-                self.header_len += n;
-                bytes = &bytes[n..];
-                if self.header_len == FRAME_HEADER {
-                    self.header_len = 0;
-                    header(&self.header);
-                    self.payload = payload_len(&self.header);
-                    if self.payload == 0 {
-                        self.frames += 1;
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn payload_len(header: &[u8; FRAME_HEADER]) -> usize {
-    (usize::from(header[0]) << 16) | (usize::from(header[1]) << 8) | usize::from(header[2])
-}
-
 /// One connection's PING state: what to write, what to take out of reads.
 #[derive(Debug)]
 pub(crate) struct Meter {
@@ -189,10 +124,7 @@ impl Meter {
         Self {
             round_trip,
             every,
-            written: Frames {
-                preface: PREFACE_LEN,
-                ..Frames::default()
-            },
+            written: Frames::from_client(),
             inject: Vec::new(),
             inject_at: 0,
             in_flight: None,
@@ -211,7 +143,7 @@ impl Meter {
                 && self
                     .last_sent
                     .is_none_or(|at| now.duration_since(at) >= self.every);
-            if due && self.written.at_boundary() && self.written.frames > 0 {
+            if due && self.written.at_boundary() && self.written.frames() > 0 {
                 self.sent = self.sent.wrapping_add(1);
                 self.inject.clear();
                 self.inject
@@ -233,7 +165,7 @@ impl Meter {
 
     /// hyper's `bytes` were written.
     pub(crate) fn wrote(&mut self, bytes: &[u8]) {
-        self.written.advance(bytes);
+        self.written.walk(bytes, &mut |_| {});
     }
 
     /// Scans `bytes` read from the peer; what hyper should read is appended
@@ -305,7 +237,7 @@ impl ReadScan {
             let header: [u8; FRAME_HEADER] = self.held[..FRAME_HEADER]
                 .try_into()
                 .unwrap_or([0; FRAME_HEADER]);
-            self.passing = payload_len(&header) - (self.held.len() - FRAME_HEADER);
+            self.passing = Header::parse(&header).len - (self.held.len() - FRAME_HEADER);
             out.extend(self.held.drain(..));
         }
     }

@@ -31,16 +31,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use super::round_trip::Frames;
+use crate::wire::frames::{DATA, END_STREAM, FRAME_HEADER, Frames, Header, PREFACE, RST_STREAM};
 
-const FRAME_HEADER: usize = 9;
-const DATA: u8 = 0x0;
-const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const ACK: u8 = 0x1;
-const END_STREAM: u8 = 0x1;
-/// The client connection preface.
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How many of the streams it reset a connection's scans keep in mind.
 const RESETS_KEPT: usize = 4096;
 const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
@@ -444,10 +438,9 @@ impl WriteScan {
             return None;
         }
         let mut reset = None;
-        self.frames.advance_with(bytes, |h| {
-            if h[3] == RST_STREAM {
-                let id = u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]);
-                reset.get_or_insert_with(Vec::new).push(id);
+        self.frames.walk(bytes, &mut |h: Header| {
+            if h.kind == RST_STREAM {
+                reset.get_or_insert_with(Vec::new).push(h.stream);
             }
         });
         reset

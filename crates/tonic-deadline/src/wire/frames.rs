@@ -1,6 +1,11 @@
 //! HTTP/2's framing (RFC 9113, 4.1), followed through a byte stream that
 //! arrives in pieces of any size: each frame's 9-byte header once it is
-//! whole, then its payload in the pieces it came in.
+//! whole, then its payload in the pieces it came in. The client's channel
+//! and the server's reset guard both follow a connection with it.
+
+// A client-only build uses the walker and the frame kinds it reads; the
+// rest is the reset guard's.
+#![cfg_attr(not(feature = "server"), allow(dead_code))]
 
 /// The length of a frame header.
 pub(crate) const FRAME_HEADER: usize = 9;
@@ -31,7 +36,7 @@ pub(crate) struct Header {
 }
 
 impl Header {
-    fn parse(h: &[u8; FRAME_HEADER]) -> Self {
+    pub(crate) fn parse(h: &[u8; FRAME_HEADER]) -> Self {
         Self {
             len: (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]),
             kind: h[3],
@@ -55,6 +60,13 @@ pub(crate) trait Sink {
     fn payload(&mut self, _header: Header, _bytes: &[u8], _last: bool) {}
 }
 
+/// Headers alone, to a closure.
+impl<F: FnMut(Header)> Sink for F {
+    fn header(&mut self, header: Header) {
+        self(header);
+    }
+}
+
 /// Where a byte stream is in HTTP/2's framing.
 #[derive(Debug, Default)]
 pub(crate) struct Frames {
@@ -66,6 +78,8 @@ pub(crate) struct Frames {
     current: Option<Header>,
     /// Its payload bytes still to come.
     payload: usize,
+    /// Whole frames seen.
+    frames: u64,
 }
 
 impl Frames {
@@ -82,6 +96,15 @@ impl Frames {
         self.preface == 0 && self.header_len == 0 && self.payload == 0
     }
 
+    /// Whole frames seen so far.
+    #[cfg_attr(
+        not(feature = "channel"),
+        allow(dead_code, reason = "the channel's PINGs read it")
+    )]
+    pub(crate) fn frames(&self) -> u64 {
+        self.frames
+    }
+
     /// Follows `bytes` through the framing, telling `sink` what it sees.
     pub(crate) fn walk(&mut self, mut bytes: &[u8], sink: &mut impl Sink) {
         while !bytes.is_empty() {
@@ -94,6 +117,9 @@ impl Frames {
                 self.payload -= n;
                 sink.payload(current, &bytes[..n], self.payload == 0);
                 bytes = &bytes[n..];
+                if self.payload == 0 {
+                    self.frames += 1;
+                }
             } else {
                 let n = (FRAME_HEADER - self.header_len).min(bytes.len());
                 self.header[self.header_len..self.header_len + n].copy_from_slice(&bytes[..n]);
@@ -107,6 +133,7 @@ impl Frames {
                     self.payload = header.len;
                     if header.len == 0 {
                         sink.payload(header, &[], true);
+                        self.frames += 1;
                     }
                 }
             }

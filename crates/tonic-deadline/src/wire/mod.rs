@@ -2,7 +2,7 @@
 //! the status headers and the names of gRPC's status codes. The bottom of
 //! the crate: it imports nothing of it.
 
-#[cfg(feature = "server")]
+#[cfg(any(feature = "server", feature = "channel"))]
 pub(crate) mod frames;
 #[cfg(feature = "server")]
 pub(crate) mod hpack;

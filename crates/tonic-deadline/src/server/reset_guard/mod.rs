@@ -248,6 +248,10 @@ impl ResetGuard {
         Self::with(rules, self.shared.observer.clone())
     }
 
+    #[cfg_attr(
+        not(feature = "metrics"),
+        allow(dead_code, reason = "observe's Metrics calls it")
+    )]
     pub(crate) fn observed_by(self, observer: Arc<dyn Observer>) -> Self {
         Self::with(self.shared.rules, Some(observer))
     }
