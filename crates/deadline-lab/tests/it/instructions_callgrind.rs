@@ -92,8 +92,9 @@ const CHAIN_BY_HAND_RATIO: f64 = 1.069;
 /// `server streaming`, per message: today 1.0348 (N = 1000 and 200 alike:
 /// one call of 10 000 messages against five); goal 1.01.
 const STREAMING_RATIO: f64 = 1.040;
-/// `server layer and reset guard`: today 1.1034 (N = 1000: 1.1009).
-const SERVER_GUARD_RATIO: f64 = 1.109;
+/// `server layer and reset guard`: today 1.1034 (N = 1000: 1.1009 and
+/// 1.1070 in two builds).
+const SERVER_GUARD_RATIO: f64 = 1.113;
 /// Extra allocations per request, server layer without a header: today 2.0; goal 1.
 const SERVER_ALLOCS: f64 = 2.5;
 /// Extra allocations per request, server layer with a header: today 2.04; goal 1.

@@ -211,7 +211,7 @@ where
         // (data, trailers, end) reads it once instead of three times.
         let check = *this.unchecked == 0;
         *this.unchecked = (*this.unchecked + 1) % CHECK_EVERY;
-        let expired = check && this.timer.as_ref().is_some_and(LazyTimer::passed);
+        let expired = check && this.timer.as_mut().is_some_and(LazyTimer::passed);
         let polled = if expired {
             Poll::Pending
         } else {

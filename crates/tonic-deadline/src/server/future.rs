@@ -80,13 +80,13 @@ impl<F, P> ResponseFuture<F, P> {
     pub(super) fn running(
         inner: TaskLocalFuture<Scope, F>,
         scope: Scope,
-        timer: Option<Instant>,
+        timer: Option<(Instant, Instant)>,
         observed: Option<Box<dyn Observation>>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
-                timer: timer.map(LazyTimer::new),
+                timer: timer.map(|(at, now)| LazyTimer::new(at, now)),
                 guard: Some(EndGuard::new(scope, observed)),
             },
             protocol: PhantomData,
@@ -115,7 +115,7 @@ where
                 timer,
                 guard,
             } => {
-                let expired = timer.as_ref().is_some_and(LazyTimer::passed);
+                let expired = timer.as_mut().is_some_and(LazyTimer::passed);
                 let polled = if expired {
                     Poll::Pending
                 } else {

@@ -322,7 +322,9 @@ where
         let deadline = budget.zip(now).and_then(|(b, now)| now.checked_add(b));
         let scope = Scope::root_attached(deadline, self.config.attachment(request.headers()));
         request.extensions_mut().insert(scope.clone());
-        let timer = deadline.map(|d| d.checked_sub(P::TIMER_LEAD).unwrap_or(d));
+        let timer = deadline
+            .zip(now)
+            .map(|(d, now)| (d.checked_sub(P::TIMER_LEAD).unwrap_or(d), now));
         let inner = {
             let _entered = observed.as_ref().map(|o| o.span().enter());
             CURRENT.sync_scope(scope.clone(), || self.inner.call(request))

@@ -8,25 +8,36 @@ use tokio::time::{Instant, Sleep};
 
 /// Fires at `at`. Most handlers answer on their first poll, long before any
 /// deadline; registering a timer for them would be pure overhead. So the
-/// clock is read on every poll, and the timer is only created and polled
-/// once the inner work is pending — the only case where a wake-up at the
-/// deadline is needed.
+/// clock is read on every poll but the first (the layer read it when it
+/// made the deadline, an instant before), and the timer is only created
+/// and polled once the inner work is pending — the only case where a
+/// wake-up at the deadline is needed.
 #[derive(Debug)]
 pub(crate) struct LazyTimer {
     at: Instant,
     sleep: Option<Pin<Box<Sleep>>>,
+    /// No poll has asked yet, and the deadline was ahead of the reading it
+    /// was made from.
+    fresh: bool,
 }
 
 impl LazyTimer {
-    pub(crate) fn new(at: Instant) -> Self {
-        Self { at, sleep: None }
+    /// A timer for `at`, made from the clock reading `now`.
+    pub(crate) fn new(at: Instant, now: Instant) -> Self {
+        Self {
+            at,
+            sleep: None,
+            fresh: at > now,
+        }
     }
 
     /// Whether the deadline has passed: asked of the registered timer when
-    /// there is one (no clock read), else of the clock.
-    pub(crate) fn passed(&self) -> bool {
+    /// there is one (no clock read), else of the clock — but not the first
+    /// time, which follows the reading the deadline was made from.
+    pub(crate) fn passed(&mut self) -> bool {
         match &self.sleep {
             Some(sleep) => sleep.is_elapsed(),
+            None if std::mem::take(&mut self.fresh) => false,
             None => self.at <= Instant::now(),
         }
     }
