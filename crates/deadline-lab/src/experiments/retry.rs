@@ -68,7 +68,7 @@ impl RetryCases {
 /// Case names, as the JSON and the tests know them.
 pub const THIRD_ATTEMPT: &str = "succeeds on the 3rd attempt";
 /// The backoff bound is larger than what is left.
-pub const DEADLINE_ENDS_BACKOFF: &str = "the deadline ends the backoff";
+pub const DEADLINE_ENDS_BACKOFF: &str = "a backoff the deadline cannot fit";
 /// `grpc-retry-pushback-ms: -1`.
 pub const PUSHBACK_STOPS: &str = "pushback -1 stops";
 /// `grpc-retry-pushback-ms: 150`.
@@ -313,7 +313,7 @@ pub async fn measure() -> anyhow::Result<RetryCases> {
             retry_deadline_exceeded: false,
             initial_backoff: "1s",
             warm_up: 0,
-            expected: "DEADLINE_EXCEEDED by 300 ms (at once when the backoff cannot end in time), no attempt after it",
+            expected: "UNAVAILABLE, the last attempt's answer, at once when a backoff and an attempt cannot fit before the deadline; no attempt after it",
         },
         Plan {
             case: PUSHBACK_STOPS,
