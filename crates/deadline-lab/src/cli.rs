@@ -230,6 +230,12 @@ enum Experiment {
     Proxy,
     #[command(about = about("faults"))]
     Faults,
+    #[command(about = about("rapid-reset"))]
+    RapidReset {
+        /// How long each server is flooded with each shape, in milliseconds.
+        #[arg(long, default_value_t = experiments::rapid_reset::FLOOD_MS)]
+        flood_ms: u64,
+    },
     #[command(about = about("retry"))]
     Retry,
     #[command(about = about("hedge"))]
@@ -257,6 +263,9 @@ impl Experiment {
         match self {
             Experiment::Chain { hop_ms } => params.hop = Duration::from_millis(*hop_ms),
             Experiment::Hosts { one_way_ms } => params.one_way_ms.clone_from(one_way_ms),
+            Experiment::RapidReset { flood_ms } => {
+                params.flood = Duration::from_millis((*flood_ms).clamp(100, 60_000));
+            }
             _ => {}
         }
         params

@@ -26,6 +26,7 @@ use crate::experiments::im::{self, Im};
 use crate::experiments::jobs::JobsRun;
 use crate::experiments::propagation::Propagation;
 use crate::experiments::proxy::Proxy;
+use crate::experiments::rapid_reset::RapidReset;
 use crate::experiments::shop::Shop;
 use crate::report::Outcome;
 
@@ -755,6 +756,49 @@ fn faults_section(faults: &Faults) -> String {
     )
 }
 
+/// The rapid-reset experiment as a table: for each flood, how each server
+/// cut it off and what the honest client saw.
+fn rapid_reset_section(r: &RapidReset) -> String {
+    let or_dash = |n: Option<u32>| n.map_or_else(|| "—".to_owned(), |n| n.to_string());
+    let rows: Vec<Vec<String>> = r
+        .rows
+        .iter()
+        .map(|row| {
+            vec![
+                row.shape.clone(),
+                row.server.clone(),
+                row.cut.clone(),
+                format!("{} of {}", row.connections_cut, row.connections_opened),
+                or_dash(row.streams_before_cut_max),
+                or_dash(row.streams_uncut_max),
+                format!("{:.3}", row.honest_p50_before_ms),
+                format!("{:.3}", row.honest_p50_during_ms),
+                row.honest_failures.to_string(),
+            ]
+        })
+        .collect();
+    let mut html = format!(
+        "<p class=\"muted\">Streams opened and reset at once, each flooding thread connecting again whenever it is cut off, {:.1} s per row; an honest client calls the health check on its own connection. Ours must cut every flooding connection within {} streams.</p>",
+        r.flooding_ms / 1000.0,
+        r.cut_within
+    );
+    html.push_str(&plain_table(
+        &[
+            "flood",
+            "server",
+            "cut",
+            "connections cut",
+            "streams before cut (max)",
+            "uncut",
+            "honest p50 before ms",
+            "during ms",
+            "honest failures",
+        ],
+        &rows,
+    ));
+    html
+}
+
 /// The proxy experiment's figures as a table.
 fn proxy_section(p: &Proxy) -> String {
     let rows = vec![
@@ -1006,6 +1050,12 @@ pub fn render_with_skipped(steps: &[Step], skipped: &[Skipped], wall_seconds: f6
             body.push_str("<h3>faults below a hop</h3>");
             body.push_str(&faults_section(faults));
         }
+        body.push_str("</section>");
+    }
+
+    if let Some(floods) = typed::<RapidReset>(steps, "rapid-reset") {
+        body.push_str("<h2>Reset floods (HTTP/2 Rapid Reset)</h2><section>");
+        body.push_str(&rapid_reset_section(&floods));
         body.push_str("</section>");
     }
 

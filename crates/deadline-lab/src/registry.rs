@@ -104,6 +104,8 @@ pub struct Params {
     pub one_way_ms: Vec<u64>,
     /// Where the waterfall's spans come from.
     pub spans: Spans,
+    /// `experiment rapid-reset --flood-ms`: how long each row floods.
+    pub flood: Duration,
 }
 
 impl Default for Params {
@@ -112,6 +114,7 @@ impl Default for Params {
             hop: Duration::from_millis(experiments::chain::DEFAULT_HOP_MS),
             one_way_ms: experiments::hosts::ONE_WAY_MS.to_vec(),
             spans: Spans::ChildProcess,
+            flood: experiments::rapid_reset::DEMO_FLOOD,
         }
     }
 }
@@ -279,6 +282,13 @@ pub static ENTRIES: &[Entry] = &[
         about: "A downstream process killed, a connection cut mid-message, a downstream hung: the upstream hop's answer and what it released",
         needs: &[],
         run: |_| Box::pin(experiments::faults::run()),
+    },
+    Entry {
+        name: "rapid-reset",
+        kind: Kind::Experiment,
+        about: "HTTP/2 Rapid Reset floods, fast and slow, on one connection and four: how plain tonic, the layer alone and ours cut them off, and an honest client's latency beside them",
+        needs: &[],
+        run: |p| Box::pin(experiments::rapid_reset::run(p.flood)),
     },
     Entry {
         name: "retry",

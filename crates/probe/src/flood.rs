@@ -28,6 +28,8 @@ pub struct Shape {
     /// The `grpc-timeout` each stream carries (`None`: none, as the
     /// published attack tools send).
     pub grpc_timeout: Option<&'static str>,
+    /// Streams per write at a set rate (`None`: 2 ms' worth at a time).
+    pub per_write: Option<u32>,
 }
 
 impl Shape {
@@ -35,6 +37,7 @@ impl Shape {
     pub const FAST: Shape = Shape {
         rate: None,
         grpc_timeout: None,
+        per_write: None,
     };
 
     /// `rate` streams per second.
@@ -42,6 +45,19 @@ impl Shape {
         Shape {
             rate: Some(rate),
             grpc_timeout: None,
+            per_write: None,
+        }
+    }
+
+    /// The same, each stream written on its own (its HEADERS and its
+    /// RST_STREAM, then the next stream's), as a client that writes each
+    /// request's frames as it makes them sends them: a Python HTTP/2
+    /// client, say. At a rate the server's accept loop keeps up with, the
+    /// server accepts every stream before its reset arrives.
+    pub const fn one_per_write(self) -> Shape {
+        Shape {
+            per_write: Some(1),
+            ..self
         }
     }
 }
@@ -155,11 +171,12 @@ pub fn flood(
         }
     });
     let block = request_block(&addr.to_string(), path, shape.grpc_timeout);
-    // A write a few milliseconds' worth at the set rate, or 512 streams.
+    // A write a few milliseconds' worth at the set rate (or as many as
+    // the shape says), or 512 streams.
     let (per_write, every) = match shape.rate {
         None => (512, Duration::ZERO),
         Some(rate) => {
-            let per_write = (rate / 500).max(1);
+            let per_write = shape.per_write.unwrap_or(rate / 500).max(1);
             (
                 per_write,
                 Duration::from_secs_f64(f64::from(per_write) / f64::from(rate)),

@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod orders;
 pub mod propagation;
 pub mod proxy;
+pub mod rapid_reset;
 pub mod retry;
 pub mod seams;
 pub mod shop;

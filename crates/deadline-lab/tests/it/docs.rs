@@ -24,6 +24,9 @@ use deadline_lab::experiments::edge;
 use deadline_lab::experiments::faults::{self, Faults, KILL_DETECTED_WITHIN_MS};
 use deadline_lab::experiments::hedge::{self, HedgeRows};
 use deadline_lab::experiments::hosts::{COMPENSATED_EXCESS_MAX_MS, ONE_WAY_MS};
+use deadline_lab::experiments::rapid_reset::{
+    self, CUT_WITHIN, HONEST_P50_VS_PLAIN, RapidReset, SERVERS, SHAPES,
+};
 use deadline_lab::experiments::retry::{self, RetryCases};
 use deadline_lab::experiments::waterfall::Waterfall;
 use deadline_lab::report::Outcome;
@@ -41,7 +44,7 @@ use crate::common::{debug_lab, timed};
 
 /// The commands whose tables (or printed output) `docs/` shows, each checked
 /// by a test below.
-const CHECKED: [&str; 10] = [
+const CHECKED: [&str; 11] = [
     "bench instructions",
     "bench retry-storm",
     "bench soak",
@@ -50,6 +53,7 @@ const CHECKED: [&str; 10] = [
     "experiment hedge",
     "experiment hosts",
     "experiment proxy",
+    "experiment rapid-reset",
     "experiment retry",
     "experiment waterfall",
 ];
@@ -650,6 +654,93 @@ fn docs_edge_table_holds_the_laws_experiment_edge_asserts() {
             "yes",
             "{layer} stops where it runs"
         );
+    }
+}
+
+#[test]
+fn docs_rapid_reset_table_holds_the_laws_experiment_rapid_reset_asserts() {
+    let table = measured_table("experiment rapid-reset");
+    let empty = RapidReset {
+        rows: Vec::new(),
+        flooding_ms: 0.0,
+        cut_within: CUT_WITHIN,
+        cpus_split: true,
+    };
+    table.has_the_labs_columns(&rapid_reset::outcome(&empty).columns);
+    let server = table.column("server");
+    let shown: Vec<(&str, &str)> = table
+        .rows
+        .iter()
+        .map(|row| (row[0].as_str(), row[server].as_str()))
+        .collect();
+    let measured: Vec<(&str, &str)> = SHAPES
+        .iter()
+        .flat_map(|(shape, ..)| SERVERS.iter().map(move |server| (*shape, *server)))
+        .collect();
+    assert_eq!(
+        shown, measured,
+        "{}: every flood against every server",
+        table.name
+    );
+    let cell = |shape: &str, of: &str, column: &str| -> &str {
+        let column = table.column(column);
+        let row = table
+            .rows
+            .iter()
+            .find(|row| row[0] == shape && row[server] == of)
+            .unwrap_or_else(|| panic!("{}: a row {shape}, {of}", table.name));
+        &row[column]
+    };
+    // `—`: none.
+    let count = |shape: &str, of: &str, column: &str| match cell(shape, of, column) {
+        "—" => 0.0,
+        shown => figure(shown),
+    };
+    for (shape, connections, rate) in SHAPES {
+        assert!(
+            cell(shape, "ours", "cut").starts_with("GOAWAY ENHANCE_YOUR_CALM"),
+            "{shape}: ours says why it cuts a flood off"
+        );
+        let (cut, opened) = cell(shape, "ours", "connections cut")
+            .split_once(" of ")
+            .expect("`N of M`");
+        assert!(
+            figure(cut) >= connections as f64 && figure(cut) <= figure(opened),
+            "{shape}: ours cuts every flooding connection off"
+        );
+        assert!(
+            count(shape, "ours", "streams before cut max") <= f64::from(CUT_WITHIN)
+                && count(shape, "ours", "uncut") <= f64::from(CUT_WITHIN),
+            "{shape}: ours cuts a connection off within {CUT_WITHIN} streams"
+        );
+        for of in SERVERS {
+            assert_eq!(
+                count(shape, of, "honest failures"),
+                0.0,
+                "{shape}, {of}: no honest call fails"
+            );
+        }
+        assert!(
+            figure(cell(shape, "ours", "during ms"))
+                <= HONEST_P50_VS_PLAIN * figure(cell(shape, "plain tonic", "during ms")),
+            "{shape}: ours answers the honest client within {HONEST_P50_VS_PLAIN} × plain tonic's median"
+        );
+        let most =
+            |of: &str| count(shape, of, "streams before cut max").max(count(shape, of, "uncut"));
+        assert!(
+            most("layer alone") <= 10.0 * most("plain tonic").max(1.0),
+            "{shape}: the layer alone is no weaker than plain tonic"
+        );
+        if rate.is_none() {
+            assert_eq!(
+                (
+                    cell(shape, "plain tonic", "uncut"),
+                    cell(shape, "layer alone", "uncut")
+                ),
+                ("—", "—"),
+                "{shape}: hyper's guard cuts off every connection of a flood faster than the accept loop"
+            );
+        }
     }
 }
 

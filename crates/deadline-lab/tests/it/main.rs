@@ -19,6 +19,7 @@ mod faults;
 mod generated;
 mod logs;
 mod peers;
+mod rapid_reset;
 mod registry;
 mod report_html;
 mod resilience;

@@ -399,3 +399,64 @@ fn waterfall_draws_a_bar_per_hop_with_deadlines_caps_reserves_and_ends() {
     assert!(html.contains("✕"), "where the budget ended is marked");
     assert!(html.contains("ran on 200 ms past its deadline"));
 }
+
+#[test]
+fn rapid_reset_gets_its_own_section_with_every_flood_and_server() {
+    use deadline_lab::experiments::rapid_reset::{RapidReset, Row};
+    let row = |server: &str, cut: Option<u32>| Row {
+        server: server.into(),
+        shape: "1 × fast".into(),
+        connections: 1,
+        rate: None,
+        cut: if cut.is_some() {
+            "GOAWAY ENHANCE_YOUR_CALM"
+        } else {
+            "not cut"
+        }
+        .into(),
+        cut_by: cut
+            .map(|_| ("GOAWAY ENHANCE_YOUR_CALM".to_owned(), 40))
+            .into_iter()
+            .collect(),
+        connections_opened: 40,
+        connections_cut: if cut.is_some() { 40 } else { 0 },
+        streams_before_cut_max: cut,
+        streams_before_cut_median: cut,
+        streams_uncut_max: if cut.is_some() { None } else { Some(25_000) },
+        streams_sent: 5_000,
+        guard_counted: None,
+        honest_p50_before_ms: 0.08,
+        honest_p50_during_ms: 0.2,
+        honest_calls: 9_000,
+        honest_failures: 0,
+        honest_first_failure: None,
+    };
+    let floods = RapidReset {
+        rows: vec![row("plain tonic", None), row("ours", Some(129))],
+        flooding_ms: 2000.0,
+        cut_within: 1000,
+        cpus_split: true,
+    };
+    let json = serde_json::to_value(&floods).expect("serialisable");
+    let step = Step {
+        name: "rapid-reset".into(),
+        outcome: Ok(Outcome {
+            title: "rapid-reset".into(),
+            json,
+            columns: Vec::new(),
+            rows: Vec::new(),
+            notes: Vec::new(),
+        }),
+        seconds: 0.0,
+    };
+    let html = render(&[step], 1.0);
+    assert!(html.contains("Reset floods (HTTP/2 Rapid Reset)"));
+    assert!(
+        html.contains("<td>1 × fast</td><td>plain tonic</td><td>not cut</td>"),
+        "each server's row must say how the flood was cut off, or that it was not"
+    );
+    assert!(
+        html.contains("<td>1 × fast</td><td>ours</td><td>GOAWAY ENHANCE_YOUR_CALM</td><td>40 of 40</td><td>129</td>"),
+        "and how many streams the server took before the cut"
+    );
+}

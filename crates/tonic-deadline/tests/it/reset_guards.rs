@@ -186,7 +186,8 @@ async fn flood_trial(
 /// must keep its latency through one of them at least (the other tests of
 /// this debug binary run beside it: a burst of theirs can triple a median
 /// by itself; a server the flood starves slows it through all three). The
-/// lab's `experiment rapid-reset` holds the release build to 2×.
+/// lab's `experiment rapid-reset` compares the release build's with plain
+/// tonic's beside the same flood.
 async fn floods_are_cut_off(shape: Shape, connections: usize) {
     let _machine = MACHINE.lock().await;
     let (_events, tx) = Events::new();

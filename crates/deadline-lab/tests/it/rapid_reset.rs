@@ -1,0 +1,153 @@
+//! HTTP/2 Rapid Reset floods (`experiment rapid-reset`, release build):
+//! whatever the flood's shape — faster or slower than the accept loop, on
+//! one connection or four, each reconnecting as soon as it is cut off —
+//! ours cuts every flooding connection off within 1 000 streams and no
+//! honest call fails; the layer alone is no weaker than plain tonic.
+
+use deadline_lab::experiments::rapid_reset::{
+    CUT_WITHIN, HONEST_P50_VS_PLAIN, RapidReset, Row, SERVERS, SHAPES,
+};
+
+use crate::common::timed;
+
+/// How many times the flood runs at most before the honest client's
+/// latency is judged: other test binaries share the machine's two cores,
+/// and a burst of theirs can double a median by itself.
+const TRIALS: usize = 3;
+
+fn run() -> RapidReset {
+    timed(&["experiment", "rapid-reset", "--json"])
+}
+
+fn row<'a>(floods: &'a RapidReset, shape: &str, server: &str) -> &'a Row {
+    floods
+        .row(shape, server)
+        .unwrap_or_else(|| panic!("{shape}, {server}: a row must be measured"))
+}
+
+/// The laws every run must hold, whatever shares the machine.
+fn every_flood_is_cut_off_without_an_honest_failure(floods: &RapidReset) {
+    let measured: Vec<(&str, &str)> = floods
+        .rows
+        .iter()
+        .map(|r| (r.shape.as_str(), r.server.as_str()))
+        .collect();
+    let expected: Vec<(&str, &str)> = SHAPES
+        .iter()
+        .flat_map(|(shape, ..)| SERVERS.iter().map(move |server| (*shape, *server)))
+        .collect();
+    assert_eq!(measured, expected, "every shape against every server");
+    for (shape, connections, _) in SHAPES {
+        let ours = row(floods, shape, "ours");
+        assert!(
+            ours.connections_cut >= connections as u64,
+            "{shape}: every flooding connection must be cut off: {ours:?}"
+        );
+        let most = ours
+            .streams_before_cut_max
+            .expect("ours cuts connections off");
+        assert!(
+            most <= CUT_WITHIN,
+            "{shape}: ours must cut a flooding connection off within {CUT_WITHIN} streams: {ours:?}"
+        );
+        assert!(
+            ours.streams_uncut_max.unwrap_or(0) <= CUT_WITHIN,
+            "{shape}: no connection may flood past {CUT_WITHIN} streams uncut: {ours:?}"
+        );
+        assert!(
+            ours.cut_by
+                .keys()
+                .all(|how| how == "GOAWAY ENHANCE_YOUR_CALM" || how == "closed"),
+            "{shape}: a GOAWAY must say why: {ours:?}"
+        );
+        assert!(
+            ours.guard_counted
+                .is_some_and(|n| n >= ours.connections_cut),
+            "{shape}: every connection cut off is counted by the guard: {ours:?}"
+        );
+        assert_eq!(
+            ours.honest_failures, 0,
+            "{shape}: no honest call may fail beside a flood: {ours:?}"
+        );
+        assert!(
+            ours.honest_calls > 100,
+            "{shape}: the honest client kept calling: {ours:?}"
+        );
+        layer_alone_is_no_weaker_than_plain_tonic(floods, shape);
+    }
+}
+
+/// The most streams one connection carried, cut off or not.
+fn most_per_connection(row: &Row) -> u32 {
+    row.streams_before_cut_max
+        .max(row.streams_uncut_max)
+        .unwrap_or(0)
+}
+
+fn layer_alone_is_no_weaker_than_plain_tonic(floods: &RapidReset, shape: &str) {
+    let plain = row(floods, shape, "plain tonic");
+    let layer = row(floods, shape, "layer alone");
+    // A flood faster than the accept loop trips hyper's guard at once, on
+    // every connection; one slower than it, only when the server falls
+    // behind for a moment, on either server: there the order of magnitude
+    // of what a connection carried is compared.
+    if plain.rate.is_none() {
+        assert!(
+            layer.connections_cut >= layer.connections as u64
+                && plain.connections_cut >= plain.connections as u64,
+            "{shape}: hyper's guard cuts a fast flood off, with the layer as without: {plain:?} {layer:?}"
+        );
+    }
+    assert!(
+        most_per_connection(layer) <= 10 * most_per_connection(plain).max(1),
+        "{shape}: the layer alone lets a connection carry no more than plain tonic's order of magnitude: {plain:?} {layer:?}"
+    );
+    assert_eq!(
+        (plain.honest_failures, layer.honest_failures),
+        (0, 0),
+        "{shape}: {plain:?} {layer:?}"
+    );
+}
+
+/// The shapes under which ours kept the honest client's median within
+/// [`HONEST_P50_VS_PLAIN`] × plain tonic's, measured beside it.
+fn honest_latency_kept(floods: &RapidReset) -> Vec<&'static str> {
+    SHAPES
+        .iter()
+        .map(|(shape, ..)| *shape)
+        .filter(|shape| {
+            let ours = row(floods, shape, "ours").honest_p50_during_ms;
+            let plain = row(floods, shape, "plain tonic").honest_p50_during_ms;
+            ours <= plain * HONEST_P50_VS_PLAIN
+        })
+        .collect()
+}
+
+#[test]
+fn rapid_reset_floods_are_cut_off_within_1000_streams_and_honest_calls_go_on() {
+    let mut kept = std::collections::BTreeSet::new();
+    let mut trials = Vec::new();
+    for _ in 0..TRIALS {
+        let floods = run();
+        every_flood_is_cut_off_without_an_honest_failure(&floods);
+        kept.extend(honest_latency_kept(&floods));
+        let medians: Vec<String> = floods
+            .rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}, {}: {:.3} ms before, {:.3} ms during",
+                    r.shape, r.server, r.honest_p50_before_ms, r.honest_p50_during_ms
+                )
+            })
+            .collect();
+        trials.push(medians.join("; "));
+        if kept.len() == SHAPES.len() {
+            return;
+        }
+    }
+    panic!(
+        "under every flood, ours must keep the honest client's median within {HONEST_P50_VS_PLAIN} × plain tonic's beside the same flood, in one trial of {TRIALS} at least: {}",
+        trials.join(" | ")
+    );
+}
