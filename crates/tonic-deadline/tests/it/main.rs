@@ -9,6 +9,7 @@ mod common;
 
 mod admission_layer;
 mod cancellation;
+mod compat;
 mod edges;
 mod failures;
 mod layering;
