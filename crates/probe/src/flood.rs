@@ -148,6 +148,10 @@ pub fn flood(
     frame(&mut start, SETTINGS, 0, 0, &[]);
     tcp.write_all(&start).expect("the preface is taken");
     let mut reader = tcp.try_clone().expect("a second handle");
+    // Bounds the wait for the server's last bytes once the flood stops.
+    reader
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("a read timeout");
     // Set once the server has said GOAWAY or closed: the flood stops there.
     let cut = std::sync::Arc::new(AtomicBool::new(false));
     let read_side = std::thread::spawn({
@@ -213,7 +217,10 @@ pub fn flood(
         }
     }
     let lasted = started.elapsed();
-    let _ = tcp.shutdown(Shutdown::Both);
+    // The write side only: a write that failed because the server closed
+    // must not stop the reading thread before it has read the GOAWAY that
+    // came first.
+    let _ = tcp.shutdown(Shutdown::Write);
     Flood {
         sent,
         go_away: read_side.join().expect("the reading thread"),

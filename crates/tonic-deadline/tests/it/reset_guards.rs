@@ -238,6 +238,59 @@ async fn four_flooding_connections_at_once_are_each_cut_off() {
     floods_are_cut_off(Shape::at(2_000), 4).await;
 }
 
+/// A flood written all at once, far past the point the guard cuts it:
+/// the server stops reading with most of it unread. A socket closed so
+/// is reset, and a reset drops what was still queued to be sent, the
+/// GOAWAY included (on a busy machine it often is). The guard shuts its
+/// write side after the GOAWAY and reads what is left before closing: the
+/// client reads the GOAWAY, then a clean end of stream, never a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_ends_with_its_goaway_and_a_clean_close_not_a_reset() {
+    let (_events, tx) = Events::new();
+    let (listener, addr) = loopback().await;
+    let metrics = Metrics::new();
+    tokio::spawn(serve_guarded(listener, Node::new("S", &tx), &metrics));
+    let ended = tokio::task::spawn_blocking(move || {
+        let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
+        tcp.set_read_timeout(Some(PATIENCE))
+            .expect("a read timeout");
+        let block = flood::request_block(&addr.to_string(), "/probe.v1.Probe/Call", None);
+        let mut wire = probe::frames::PREFACE.to_vec();
+        frame(&mut wire, SETTINGS, 0, 0, &[]);
+        for id in (1..4000u32).step_by(2) {
+            frame(&mut wire, HEADERS, END_HEADERS, id, &block);
+            frame(&mut wire, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
+        }
+        tcp.write_all(&wire)
+            .expect("the flood fits the socket's buffers");
+        let mut parser = FrameParser::server_to_client();
+        let mut go_away = None;
+        let mut buf = vec![0; 64 * 1024];
+        let end = loop {
+            match tcp.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    for parsed in parser.feed(&buf[..n]) {
+                        if parsed.frame.kind == GOAWAY {
+                            go_away = parsed.error_code();
+                        }
+                    }
+                }
+                Err(e) => break Err(e.kind()),
+            }
+        };
+        (go_away, end)
+    })
+    .await
+    .expect("the flooding client");
+    assert_eq!(
+        ended,
+        (Some(ENHANCE_YOUR_CALM), Ok(())),
+        "the client must read GOAWAY ENHANCE_YOUR_CALM, then the end of the stream"
+    );
+    assert_eq!(metrics.reset_floods_cut(), 1);
+}
+
 /// How a server is built for the storm: hyper's own guard (what a server
 /// with the layer alone has), or the reset guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,13 +2,15 @@
 //! account of its client's streams.
 
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
 use super::Shared;
@@ -17,6 +19,13 @@ use crate::wire::frames::{self, Frames, GOAWAY, Header, Sink};
 
 /// HTTP/2's `ENHANCE_YOUR_CALM`, the code of the GOAWAY a breach sends.
 const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// How long a closing connection reads and drops what its client still
+/// sends, at most: a socket closed with unread bytes is reset, and a reset
+/// throws away what was still queued to be sent — the GOAWAY that says why.
+const LINGER: Duration = Duration::from_secs(1);
+/// How many bytes a closing connection drops, at most.
+const LINGER_BYTES: usize = 256 * 1024;
 
 /// An accepted connection under a [`ResetGuard`](super::ResetGuard): what
 /// its client writes is followed frame by frame (the streams it opens, the
@@ -58,6 +67,15 @@ struct State {
     /// The GOAWAY still to write, once the guard closed the connection.
     go_away: Option<Vec<u8>>,
     closed: bool,
+    /// Once the GOAWAY is written: the write side shut, what the client
+    /// still sends read and dropped until it closes too, or for [`LINGER`].
+    linger: Option<Linger>,
+}
+
+struct Linger {
+    shut: bool,
+    dropped: usize,
+    until: Pin<Box<Sleep>>,
 }
 
 /// The server's frames, told to the account.
@@ -82,6 +100,7 @@ impl<IO> Guarded<IO> {
                 book,
                 go_away: None,
                 closed: false,
+                linger: None,
             }),
         }
     }
@@ -174,6 +193,38 @@ impl<IO: AsyncWrite + Unpin> Guarded<IO> {
     }
 }
 
+impl<IO: AsyncRead + AsyncWrite + Unpin> Guarded<IO> {
+    /// Closes a breached connection: the GOAWAY, the write side shut after
+    /// it, then what the client still sends read and dropped (at most
+    /// [`LINGER_BYTES`], for at most [`LINGER`]) so that the socket ends
+    /// without a reset that could lose the GOAWAY. Ready with the error
+    /// that ends the connection.
+    fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        std::task::ready!(self.poll_go_away(cx));
+        let linger = self.state.linger.get_or_insert_with(|| Linger {
+            shut: false,
+            dropped: 0,
+            until: Box::pin(tokio::time::sleep(LINGER)),
+        });
+        if !linger.shut {
+            std::task::ready!(Pin::new(&mut self.io).poll_shutdown(cx)).ok();
+            linger.shut = true;
+        }
+        let mut scratch = [0u8; 4096];
+        loop {
+            if linger.dropped >= LINGER_BYTES || linger.until.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(closed_error());
+            }
+            let mut buf = ReadBuf::new(&mut scratch);
+            match std::task::ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf)) {
+                Ok(()) if !buf.filled().is_empty() => linger.dropped += buf.filled().len(),
+                // The client closed too, or the socket failed: done.
+                _ => return Poll::Ready(closed_error()),
+            }
+        }
+    }
+}
+
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -182,8 +233,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.state.closed {
-            std::task::ready!(this.poll_go_away(cx));
-            return Poll::Ready(Err(closed_error()));
+            return this.poll_closed(cx).map(Err);
         }
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
@@ -196,14 +246,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
         if this.state.closed {
             // What this read brought is not handed on: the connection ends.
             buf.set_filled(before);
-            std::task::ready!(this.poll_go_away(cx));
-            return Poll::Ready(Err(closed_error()));
+            return this.poll_closed(cx).map(Err);
         }
         Poll::Ready(Ok(()))
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -211,8 +260,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.state.closed {
-            std::task::ready!(this.poll_go_away(cx));
-            return Poll::Ready(Err(closed_error()));
+            return this.poll_closed(cx).map(Err);
         }
         let n = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
         this.wrote(&buf[..n]);
@@ -226,8 +274,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.state.closed {
-            std::task::ready!(this.poll_go_away(cx));
-            return Poll::Ready(Err(closed_error()));
+            return this.poll_closed(cx).map(Err);
         }
         let mut n = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs))?;
         let written = n;
