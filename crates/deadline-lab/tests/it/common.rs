@@ -34,9 +34,11 @@ pub(crate) async fn alone_async() -> tokio::sync::MutexGuard<'static, ()> {
 /// beside the timed runs rather than after them, at the lowest CPU
 /// priority ([`lowest_priority`]): they take only what the timed runs
 /// leave.
+#[cfg(feature = "callgrind-tests")]
 static COUNTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The lock of the runs that count instructions.
+#[cfg(feature = "callgrind-tests")]
 pub(crate) fn counting() -> std::sync::MutexGuard<'static, ()> {
     COUNTED
         .lock()
@@ -46,6 +48,7 @@ pub(crate) fn counting() -> std::sync::MutexGuard<'static, ()> {
 /// `program`, to be run at the lowest CPU priority (`nice -n 19`): on a
 /// busy machine it waits for a free core instead of taking one from a run
 /// that measures time.
+#[cfg(feature = "callgrind-tests")]
 pub(crate) fn lowest_priority(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut nice = Command::new("nice");
     nice.args(["-n", "19"]).arg(program);
