@@ -111,6 +111,8 @@ pin_project! {
         timer: Option<LazyTimer>,
         // Ready polls since the clock was last read.
         unchecked: u8,
+        // How the answer carries its trailers.
+        web: Web,
         #[pin]
         inner: Inner<B>,
         protocol: PhantomData<fn() -> P>,
@@ -139,14 +141,45 @@ impl<B, P> ServerBody<B, P> {
             inner: Inner::Answer { text },
             timer: None,
             unchecked: 0,
+            web: Web::No,
             guard: None,
             protocol: PhantomData,
         }
     }
 }
 
+/// Whether an answer is gRPC-Web, whose trailers travel in the body: a
+/// server layer in front of `tonic_web::GrpcWebLayer` sees the translated
+/// answer, and HTTP trailers it adds would never reach the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Web {
+    /// gRPC, or HTTP: trailers are trailers.
+    No,
+    /// `application/grpc-web`: a trailer frame (flag `0x80`) in the body.
+    Binary,
+    /// `application/grpc-web-text`: that frame, in base64.
+    Text,
+}
+
+impl Web {
+    /// What an answer with these headers is.
+    pub(super) fn of(headers: &HeaderMap) -> Self {
+        let Some(kind) = headers.get(http::header::CONTENT_TYPE) else {
+            return Self::No;
+        };
+        let kind = kind.as_bytes();
+        if !kind.starts_with(b"application/grpc-web") {
+            Self::No
+        } else if kind.starts_with(b"application/grpc-web-text") {
+            Self::Text
+        } else {
+            Self::Binary
+        }
+    }
+}
+
 impl<B: Body, P> ServerBody<B, P> {
-    pub(super) fn new(body: B, guard: EndGuard, timer: Option<LazyTimer>) -> Self {
+    pub(super) fn new(body: B, guard: EndGuard, timer: Option<LazyTimer>, web: Web) -> Self {
         if body.is_end_stream() {
             // Nothing left to send (a gRPC trailers-only answer, an empty
             // HTTP body): the answer is complete.
@@ -155,6 +188,7 @@ impl<B: Body, P> ServerBody<B, P> {
                 inner: Inner::Handler { body },
                 timer: None,
                 unchecked: 0,
+                web,
                 guard: None,
                 protocol: PhantomData,
             };
@@ -163,6 +197,7 @@ impl<B: Body, P> ServerBody<B, P> {
             inner: Inner::Handler { body },
             timer,
             unchecked: 0,
+            web,
             guard: Some(guard),
             protocol: PhantomData,
         }
@@ -278,7 +313,8 @@ where
 }
 
 /// gRPC: the handler's errors pass unchanged; the deadline arrives as
-/// `DEADLINE_EXCEEDED` in the trailers.
+/// `DEADLINE_EXCEEDED` in the trailers (for gRPC-Web, in the trailer frame
+/// that ends the body).
 impl<B> Body for ServerBody<B, Grpc>
 where
     B: Body<Data = Bytes>,
@@ -290,9 +326,16 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let web = self.web;
         match self.poll_inner(cx) {
             Polled::Frame(polled) => polled,
-            Polled::Deadline => Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers())))),
+            Polled::Deadline if web == Web::No => {
+                Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))
+            }
+            Polled::Deadline => Poll::Ready(Some(Ok(Frame::data(web_trailers(
+                &deadline_trailers(),
+                web,
+            ))))),
         }
     }
 
@@ -345,6 +388,31 @@ fn finish(guard: &mut Option<EndGuard>, timer: &mut Option<LazyTimer>) {
     *timer = None;
     if let Some(guard) = guard.take() {
         guard.finish(Cause::Completed);
+    }
+}
+
+/// `trailers` as gRPC-Web carries them: a frame flagged `0x80` whose
+/// payload is the trailers as HTTP/1 header lines, in base64 for
+/// `grpc-web-text`.
+fn web_trailers(trailers: &HeaderMap, web: Web) -> Bytes {
+    let mut lines = Vec::new();
+    for (name, value) in trailers {
+        lines.extend_from_slice(name.as_str().as_bytes());
+        lines.push(b':');
+        lines.extend_from_slice(value.as_bytes());
+        lines.extend_from_slice(b"\r\n");
+    }
+    let mut frame = Vec::with_capacity(5 + lines.len());
+    frame.push(0x80);
+    // A few fixed trailers: far below u32::MAX.
+    frame.extend_from_slice(&u32::try_from(lines.len()).unwrap_or(u32::MAX).to_be_bytes());
+    frame.extend_from_slice(&lines);
+    match web {
+        Web::Text => {
+            use base64::Engine as _;
+            Bytes::from(base64::engine::general_purpose::STANDARD.encode(frame))
+        }
+        _ => Bytes::from(frame),
     }
 }
 

@@ -8,7 +8,7 @@ use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
-use super::body::{EndGuard, ServerBody};
+use super::body::{EndGuard, ServerBody, Web};
 use super::observer::Observation;
 use super::protocol::{Answer, Grpc, Protocol};
 use super::timer::LazyTimer;
@@ -147,12 +147,20 @@ where
                     .expect("ResponseFuture polled after completion");
                 Poll::Ready(match result {
                     Ok(response) => {
-                        if P::HTTP_STATUS {
+                        let web = if P::HTTP_STATUS {
                             guard.saw_http_status(response.status());
+                            Web::No
                         } else {
                             guard.saw_status(response.headers());
-                        }
-                        Ok(response.map(|body| ServerBody::new(body, guard, timer.take())))
+                            // Only an answer the timer can cut needs to
+                            // know how its trailers travel.
+                            if timer.is_some() {
+                                Web::of(response.headers())
+                            } else {
+                                Web::No
+                            }
+                        };
+                        Ok(response.map(|body| ServerBody::new(body, guard, timer.take(), web)))
                     }
                     Err(err) => {
                         guard.failed();

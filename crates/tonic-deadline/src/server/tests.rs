@@ -710,3 +710,62 @@ async fn forward_metadata_copies_only_the_allow_list() {
 /// The same layer speaking plain HTTP.
 #[cfg(feature = "http")]
 mod plain_http;
+
+/// A gRPC-Web answer (the server layer in front of `GrpcWebLayer` sees the
+/// translated one) carries its trailers in the body: a stream cut at its
+/// deadline ends with the trailer frame, binary or in base64, never with
+/// HTTP trailers that HTTP/1.1 would drop.
+#[tokio::test(start_paused = true)]
+async fn a_grpc_web_stream_cut_at_its_deadline_ends_with_a_trailer_frame() {
+    use base64::Engine as _;
+    for (content_type, text) in [
+        ("application/grpc-web+proto", false),
+        ("application/grpc-web-text+proto", true),
+    ] {
+        let (_frames, frames_rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+        let frames_rx = Arc::new(std::sync::Mutex::new(Some(frames_rx)));
+        let handler = service_fn(move |_request: Request<Empty<Bytes>>| {
+            let stream = frames_rx
+                .lock()
+                .expect("not poisoned")
+                .take()
+                .expect("one call");
+            async move {
+                let mut response = Response::new(StreamBody::new(ReceiverStream::new(stream)));
+                response
+                    .headers_mut()
+                    .insert("content-type", HeaderValue::from_static(content_type));
+                Ok::<_, Infallible>(response)
+            }
+        });
+        let response = ServerDeadlineLayer::new()
+            .layer(handler)
+            .oneshot(request(Some("100m")))
+            .await
+            .expect("an answer");
+        let mut body = response.into_body();
+        let last = body
+            .frame()
+            .await
+            .expect("a final frame")
+            .expect("no error")
+            .into_data()
+            .unwrap_or_else(|_| panic!("{content_type}: the trailers must travel as data"));
+        assert!(body.is_end_stream(), "{content_type}: the body ends there");
+        let frame = if text {
+            base64::engine::general_purpose::STANDARD
+                .decode(&last)
+                .expect("grpc-web-text is base64")
+        } else {
+            last.to_vec()
+        };
+        assert_eq!(frame[0], 0x80, "{content_type}: a trailer frame");
+        let length = u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]]) as usize;
+        assert_eq!(length, frame.len() - 5, "{content_type}: its length");
+        let lines = std::str::from_utf8(&frame[5..]).expect("header lines");
+        assert!(
+            lines.starts_with("grpc-status:4\r\n") && lines.contains("grpc-message:"),
+            "{content_type}: DEADLINE_EXCEEDED: {lines:?}"
+        );
+    }
+}
