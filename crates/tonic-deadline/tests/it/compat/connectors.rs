@@ -23,6 +23,35 @@ use super::{
 /// An address no one dials: the connector decides where calls go.
 const NOWHERE: &str = "http://[::]:50051";
 
+/// A probe client, the client layer over `$transport` connected now
+/// through `$connector`: tonic's `Endpoint::connect_with_connector` or
+/// `ReadyChannel::connect_with_connector`. (A macro: the two arms build
+/// stacks of different types.)
+macro_rules! connected_through {
+    ($transport:expr, $connector:expr) => {{
+        let endpoint = Endpoint::from_static(NOWHERE);
+        let layer = ClientDeadlineLayer::new();
+        let stack = match $transport {
+            Transport::Channel => boxed(
+                ServiceBuilder::new().layer(layer).service(
+                    endpoint
+                        .connect_with_connector($connector)
+                        .await
+                        .expect("the connector serves the channel"),
+                ),
+            ),
+            Transport::ReadyChannel => boxed(
+                ServiceBuilder::new().layer(layer).service(
+                    ReadyChannel::connect_with_connector(&endpoint, $connector)
+                        .await
+                        .expect("the connector serves the channel"),
+                ),
+            ),
+        };
+        ProbeClient::new(stack)
+    }};
+}
+
 #[tokio::test]
 async fn a_custom_connector_dials_for_both_transports_under_the_layer() {
     let (seer, mut sightings) = Seer::new(Answer::Echo);
@@ -35,26 +64,7 @@ async fn a_custom_connector_dials_for_both_transports_under_the_layer() {
             counted.fetch_add(1, Ordering::SeqCst);
             async move { TcpStream::connect(addr).await.map(TokioIo::new) }
         });
-        let endpoint = Endpoint::from_static(NOWHERE);
-        let layer = ClientDeadlineLayer::new();
-        let stack = match transport {
-            Transport::Channel => boxed(
-                ServiceBuilder::new().layer(layer).service(
-                    endpoint
-                        .connect_with_connector(connector)
-                        .await
-                        .expect("the connector reaches the server"),
-                ),
-            ),
-            Transport::ReadyChannel => boxed(
-                ServiceBuilder::new().layer(layer).service(
-                    ReadyChannel::connect_with_connector(&endpoint, connector)
-                        .await
-                        .expect("the connector reaches the server"),
-                ),
-            ),
-        };
-        let mut client: Client = ProbeClient::new(stack);
+        let mut client: Client = connected_through!(transport, connector);
         assert_call_keeps_the_budget(&mut client, &mut sightings, &what).await;
         assert_expired_call_answers_deadline_exceeded(&mut client, &what).await;
         assert_eq!(
@@ -87,26 +97,7 @@ async fn tonics_one_shot_connector_serves_both_transports_under_the_layer() {
                     .ok_or_else(|| std::io::Error::other("the one stream was taken"))
             }
         });
-        let endpoint = Endpoint::from_static(NOWHERE);
-        let layer = ClientDeadlineLayer::new();
-        let stack = match transport {
-            Transport::Channel => boxed(
-                ServiceBuilder::new().layer(layer).service(
-                    endpoint
-                        .connect_with_connector(connector)
-                        .await
-                        .expect("the channel takes the one stream"),
-                ),
-            ),
-            Transport::ReadyChannel => boxed(
-                ServiceBuilder::new().layer(layer).service(
-                    ReadyChannel::connect_with_connector(&endpoint, connector)
-                        .await
-                        .expect("the channel takes the one stream"),
-                ),
-            ),
-        };
-        let mut client: Client = ProbeClient::new(stack);
+        let mut client: Client = connected_through!(transport, connector);
         assert_call_keeps_the_budget(&mut client, &mut sightings, &what).await;
         assert_expired_call_answers_deadline_exceeded(&mut client, &what).await;
         // The stream reset at the deadline leaves the one connection usable.
