@@ -25,7 +25,7 @@ use deadline_lab::experiments::faults::{self, Faults, KILL_DETECTED_WITHIN_MS};
 use deadline_lab::experiments::hedge::{self, HedgeRows};
 use deadline_lab::experiments::hosts::{COMPENSATED_EXCESS_MAX_MS, ONE_WAY_MS};
 use deadline_lab::experiments::rapid_reset::{
-    self, CUT_WITHIN, HONEST_P50_VS_PLAIN, RapidReset, SERVERS, SHAPES,
+    self, CUT_WITHIN, HONEST_P50_VS_BEFORE, HONEST_P50_VS_PLAIN, RapidReset, SERVERS, SHAPES,
 };
 use deadline_lab::experiments::retry::{self, RetryCases};
 use deadline_lab::experiments::waterfall::Waterfall;
@@ -724,6 +724,11 @@ fn docs_rapid_reset_table_holds_the_laws_experiment_rapid_reset_asserts() {
             figure(cell(shape, "ours", "during ms"))
                 <= HONEST_P50_VS_PLAIN * figure(cell(shape, "plain tonic", "during ms")),
             "{shape}: ours answers the honest client within {HONEST_P50_VS_PLAIN} × plain tonic's median"
+        );
+        assert!(
+            figure(cell(shape, "ours", "during ms"))
+                <= HONEST_P50_VS_BEFORE * figure(cell(shape, "ours", "honest p50 before ms")),
+            "{shape}: ours answers the honest client within {HONEST_P50_VS_BEFORE} × its median before the flood"
         );
         let most =
             |of: &str| count(shape, of, "streams before cut max").max(count(shape, of, "uncut"));

@@ -197,6 +197,7 @@ struct Series {
     left_late: Counter,
     wait_ignored: Counter,
     floods_cut: Counter,
+    held: Counter,
     unguarded: Counter,
 }
 
@@ -233,6 +234,7 @@ impl Series {
             left_late: Counter::default(),
             wait_ignored: Counter::default(),
             floods_cut: Counter::default(),
+            held: Counter::default(),
             unguarded: Counter::default(),
         };
         let s = series.clone();
@@ -340,6 +342,12 @@ impl Series {
             "Connections a reset guard closed: their client reset more streams soon after opening them, long \
              before their deadlines, than the guard allows",
             s.floods_cut,
+        );
+        registry.register(
+            "tonic_deadline_connections_held",
+            "New connections a reset guard held unread until their turn: their address was cut off for a \
+             reset flood lately, and its new connections are read one at a time",
+            s.held,
         );
         registry.register(
             "tonic_deadline_unguarded_servers",
@@ -590,6 +598,13 @@ impl Metrics {
         self.inner.series.floods_cut.get()
     }
 
+    /// New connections a [`ResetGuard`](crate::server::ResetGuard) held
+    /// unread until their turn, because their address was cut off for a
+    /// reset flood lately ([`ResetGuard::pace_after_cut`](crate::server::ResetGuard::pace_after_cut)).
+    pub fn connections_held(&self) -> u64 {
+        self.inner.series.held.get()
+    }
+
     /// Servers built by a [`ResetGuard`](crate::server::ResetGuard)'s
     /// builder that served a request on a connection the guard never
     /// wrapped (counted once per guard).
@@ -680,6 +695,10 @@ impl Metrics {
 
     pub(crate) fn flood_cut(&self) {
         self.series().floods_cut.inc();
+    }
+
+    pub(crate) fn held_connection(&self) {
+        self.series().held.inc();
     }
 
     pub(crate) fn unguarded_server(&self) {

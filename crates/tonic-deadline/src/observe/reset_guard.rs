@@ -9,7 +9,7 @@ use crate::server::reset_guard::Observer;
 
 impl ResetGuard {
     /// Reports into `metrics` the connections the guard closes for reset
-    /// floods, and a server of its builder serving connections it never
+    /// floods, the new connections it holds for their turn, and a server of its builder serving connections it never
     /// wrapped.
     ///
     /// ```
@@ -32,5 +32,9 @@ impl Observer for Metrics {
 
     fn unguarded(&self) {
         self.unguarded_server();
+    }
+
+    fn connection_held(&self) {
+        self.held_connection();
     }
 }

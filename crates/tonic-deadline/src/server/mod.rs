@@ -119,7 +119,7 @@ pub use layer::ServerDeadlineLayer;
 pub use protocol::Http;
 pub use protocol::{Grpc, Protocol};
 #[cfg(feature = "server")]
-pub use reset_guard::{Guarded, ResetGuard};
+pub use reset_guard::{Guarded, PeerAddress, ResetGuard};
 
 /// The limits, forwarding rules and protocol of a server layer.
 #[derive(Debug, Clone, Default)]

@@ -51,7 +51,15 @@ fn serve_guarded(
     node: Node,
     metrics: &Metrics,
 ) -> impl Future<Output = Result<(), tonic::transport::Error>> + use<> {
-    let guard = ResetGuard::new().metrics(metrics);
+    serve_with(ResetGuard::new().metrics(metrics), listener, node)
+}
+
+/// A server on `listener` with `guard` and the layer.
+fn serve_with(
+    guard: ResetGuard,
+    listener: tokio::net::TcpListener,
+    node: Node,
+) -> impl Future<Output = Result<(), tonic::transport::Error>> + use<> {
     guard
         .builder()
         .layer(ServerDeadlineLayer::new())
@@ -289,6 +297,130 @@ async fn a_cut_connection_ends_with_its_goaway_and_a_clean_close_not_a_reset() {
         "the client must read GOAWAY ENHANCE_YOUR_CALM, then the end of the stream"
     );
     assert_eq!(metrics.reset_floods_cut(), 1);
+}
+
+/// How far apart the guard reads the new connections of an address it
+/// cut off lately, by default.
+const PACE: Duration = Duration::from_millis(50);
+
+/// Floods `addr` from one thread for `window`, connecting again whenever
+/// the server cuts the connection off; the connections it cut off.
+async fn reconnecting_flood(addr: SocketAddr, window: Duration) -> Vec<flood::Flood> {
+    tokio::task::spawn_blocking(move || {
+        let stop = AtomicBool::new(false);
+        let started = Instant::now();
+        let mut floods = Vec::new();
+        while started.elapsed() < window {
+            let left = window.saturating_sub(started.elapsed());
+            floods.push(flood::flood(
+                addr,
+                "/probe.v1.Probe/Call",
+                Shape::FAST,
+                &stop,
+                left,
+            ));
+        }
+        floods.into_iter().filter(|f| f.was_cut()).collect()
+    })
+    .await
+    .expect("the flooding thread")
+}
+
+/// A call on a new connection from `from`.
+async fn call_from(addr: SocketAddr, from: [u8; 4]) -> Result<(), tonic::Status> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .local_address(Some(std::net::IpAddr::from(from)))
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("cannot connect from {from:?}: {e}")))?;
+    ProbeClient::new(channel)
+        .call(CallRequest::default())
+        .await
+        .map(drop)
+}
+
+/// A flood that connects again as soon as it is cut off costs a
+/// connection each time; the guard reads the new connections of an
+/// address it cut off one at a time, 50 ms apart, and holds the rest
+/// unread. Beside the same flood against a guard that does not pace, in
+/// the same run: the paced flood gets no more connections read than its
+/// turns allow, the unpaced one many more. Other addresses are never
+/// held, and a held connection is served when its turn comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_that_reconnects_is_paced_and_other_addresses_are_not() {
+    let _machine = MACHINE.lock().await;
+    const WINDOW: Duration = Duration::from_millis(1000);
+    let (_events, tx) = Events::new();
+
+    let (listener, unpaced_addr) = loopback().await;
+    let unpaced_metrics = Metrics::new();
+    let unpaced_guard = ResetGuard::new()
+        .pace_after_cut(None)
+        .metrics(&unpaced_metrics);
+    tokio::spawn(serve_with(unpaced_guard, listener, Node::new("U", &tx)));
+    let unpaced = reconnecting_flood(unpaced_addr, WINDOW).await.len();
+
+    let (listener, addr) = loopback().await;
+    let metrics = Metrics::new();
+    tokio::spawn(serve_guarded(listener, Node::new("S", &tx), &metrics));
+    let paced = reconnecting_flood(addr, WINDOW).await;
+    // The first connection is read at once, every later one a turn after
+    // the one before: no more than this fit in the window (the last may
+    // have been read as the window closed).
+    let turns = 2 + (WINDOW.as_millis() / PACE.as_millis()) as usize;
+    eprintln!(
+        "connections cut in {WINDOW:?}: {unpaced} unpaced, {} paced (turns: {turns}); held: {}",
+        paced.len(),
+        metrics.connections_held()
+    );
+    assert!(
+        paced.iter().all(|f| f.before_cut() <= CUT_WITHIN),
+        "every paced connection is cut off too: {paced:?}"
+    );
+    assert!(
+        !paced.is_empty() && paced.len() <= turns,
+        "a paced flood has at most {turns} connections read in {WINDOW:?}: {}",
+        paced.len()
+    );
+    assert!(
+        unpaced >= 3 * paced.len(),
+        "unpaced, the same flood has its connections read far more often: {unpaced} vs {}",
+        paced.len()
+    );
+    // The first two are read at once: the first was not cut yet when it
+    // came, the second's turn came at the cut.
+    assert!(
+        metrics.connections_held() + 2 >= paced.len() as u64,
+        "every connection read after the first two waited its turn, and was counted: {} held",
+        metrics.connections_held()
+    );
+    assert_eq!(unpaced_metrics.connections_held(), 0);
+
+    // Another address, twice at once: neither held.
+    let held = metrics.connections_held();
+    let (a, b) = tokio::join!(
+        call_from(addr, [127, 0, 0, 2]),
+        call_from(addr, [127, 0, 0, 2])
+    );
+    a.and(b).expect("another address is served");
+    assert_eq!(
+        metrics.connections_held(),
+        held,
+        "another address is never held"
+    );
+    // The flooder's address, twice at once: one waits its turn, and is served.
+    let (a, b) = tokio::join!(
+        call_from(addr, [127, 0, 0, 1]),
+        call_from(addr, [127, 0, 0, 1])
+    );
+    a.and(b)
+        .expect("a held connection is served when its turn comes");
+    // (The first may wait too, if the flood's last turn was just before.)
+    assert!(
+        metrics.connections_held() > held,
+        "the second of two new connections from the flooder's address waits its turn"
+    );
 }
 
 /// How a server is built for the storm: hyper's own guard (what a server

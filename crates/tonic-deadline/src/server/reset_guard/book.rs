@@ -115,6 +115,15 @@ impl Book {
         }
     }
 
+    /// Nothing was read before `now`: a connection held unread until its
+    /// turn starts its account then, so that what its client sent while
+    /// it waited is not taken for streams that lived that long.
+    pub(crate) fn restart(&mut self, now: Instant) {
+        self.now = now;
+        self.previous = now;
+        self.refilled = now;
+    }
+
     /// The client's bytes about to be read were read at `now`.
     pub(crate) fn reading_at(&mut self, now: Instant) {
         self.previous = self.now;
@@ -302,6 +311,7 @@ mod tests {
         allowance: 10,
         early: Duration::from_millis(10),
         refill_per_second: 0.0,
+        pace: None,
     };
 
     /// A request's header block, with `grpc-timeout` when given.
@@ -371,6 +381,43 @@ mod tests {
         let breach = client.book.breach().expect("a breach");
         assert_eq!((breach.early_resets, breach.opened), (11, 11));
         assert_eq!(breach.last_stream, 21);
+    }
+
+    /// A flood written into a connection the guard held unread for its
+    /// turn is read all at once when the turn comes: the account, started
+    /// then, takes its streams for as young as that read says; started at
+    /// the accept, it would take them for as old as the wait, and a flood
+    /// whose streams carry a deadline shorter than the wait would pass for
+    /// an honest storm.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_held_for_its_turn_starts_its_account_when_it_is_read() {
+        let flood = |restarted: bool| {
+            let mut client = Client::new();
+            let mut bytes = Vec::new();
+            for _ in 0..11 {
+                let id = client.next;
+                client.next += 2;
+                let block = block(&mut client.encoder, Some("30m"));
+                bytes.extend(frame(HEADERS, END_HEADERS, id, &block));
+                bytes.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+            }
+            (client, bytes, restarted)
+        };
+        let mut outcomes = Vec::new();
+        for restarted in [false, true] {
+            let (mut client, bytes, restarted) = flood(restarted);
+            tokio::time::advance(Duration::from_millis(50)).await;
+            if restarted {
+                client.book.restart(Instant::now());
+            }
+            client.send(bytes);
+            outcomes.push(client.book.breach().is_some());
+        }
+        assert_eq!(
+            outcomes,
+            [false, true],
+            "only the restarted account sees the flood"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -34,6 +35,9 @@ const LINGER_BYTES: usize = 256 * 1024;
 /// client has reset more streams soon after opening them, long before their
 /// deadlines, than the guard allows.
 ///
+/// A new connection from an address the guard cut off lately is held
+/// unread until its turn ([`ResetGuard::pace_after_cut`](super::ResetGuard::pace_after_cut)).
+///
 /// Made by [`ResetGuard::incoming`](super::ResetGuard::incoming) or
 /// [`ResetGuard::wrap`](super::ResetGuard::wrap); tonic reads its
 /// connection info as the wrapped stream's.
@@ -61,6 +65,10 @@ enum Scan {
 }
 
 struct State {
+    /// The peer's address, remembered if the connection is cut off.
+    peer: Option<IpAddr>,
+    /// Until its turn, a paced connection is not read.
+    held: Option<Pin<Box<Sleep>>>,
     read: Scan,
     written: Frames,
     book: Book,
@@ -88,13 +96,19 @@ impl Sink for ServerFrames<'_> {
 }
 
 impl<IO> Guarded<IO> {
-    pub(super) fn new(io: IO, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(io: IO, shared: Arc<Shared>, peer: Option<IpAddr>) -> Self {
         shared.wrapped();
-        let book = Book::new(shared.rules, Instant::now());
+        let now = Instant::now();
+        let book = Book::new(shared.rules, now);
+        let held = shared
+            .turn(peer, now)
+            .map(|turn| Box::pin(tokio::time::sleep_until(turn)));
         Self {
             io,
             shared,
             state: Box::new(State {
+                peer,
+                held,
                 read: Scan::Start(Vec::new()),
                 written: Frames::default(),
                 book,
@@ -145,7 +159,7 @@ impl State {
             && let Some(breach) = self.book.breach()
         {
             self.closed = true;
-            shared.breached(&breach);
+            shared.breached(&breach, self.peer, now);
             self.go_away = Some(go_away(&breach));
         }
     }
@@ -234,6 +248,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
         let this = self.get_mut();
         if this.state.closed {
             return this.poll_closed(cx).map(Err);
+        }
+        if let Some(held) = this.state.held.as_mut() {
+            std::task::ready!(held.as_mut().poll(cx));
+            this.state.held = None;
+            // What waited in the socket arrived no earlier than this, as
+            // far as the account can tell the streams' ages.
+            this.state.book.restart(Instant::now());
         }
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;

@@ -34,6 +34,17 @@
 //! their calls mostly end by themselves; a client that cancels most of its
 //! calls right after making them is, on the wire, a flood.
 //!
+//! A flood that connects again as soon as it is cut off costs the server
+//! a connection each time (its accept, its handshake, its allowance). So
+//! the guard remembers the addresses it cut off: for 10 s after its last
+//! cut, an address's new connections are read one at a time, 50 ms apart
+//! ([`ResetGuard::pace_after_cut`]), and held unread until their turn.
+//! Connections already open are never held, nor other addresses'. Behind
+//! a proxy that hides its clients' addresses, every client shares the
+//! proxy's: a flood through it would hold everyone's new connections for
+//! a while, and the guard says so when it holds one (a `WARN`, at most one
+//! every 10 s, and [`Metrics::connections_held`](crate::observe::Metrics::connections_held)).
+//!
 //! hyper's own guard stays as a backstop, raised out of the way of honest
 //! storms ([`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS)) by the
 //! builder the guard gives ([`ResetGuard::builder`]); the connections must
@@ -69,8 +80,10 @@
 
 mod book;
 mod io;
+mod peers;
 
 use std::fmt;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,6 +93,7 @@ use std::time::Duration;
 use futures_util::Stream;
 use http::Request;
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
 use tower_layer::{Identity, Layer, Stack};
@@ -88,6 +102,8 @@ use tower_service::Service;
 use crate::warn_limit::WarnLimit;
 use book::Breach;
 pub use io::Guarded;
+pub use peers::PeerAddress;
+use peers::Peers;
 
 /// The early resets a connection may spend, and hold back, by default:
 /// what each connection of a flood that reconnects costs the server
@@ -102,12 +118,20 @@ const EARLY: Duration = Duration::from_millis(10);
 /// How many early resets a second time gives back.
 const REFILL_PER_SECOND: f64 = 100.0;
 
+/// How far apart the new connections of an address cut off lately are
+/// read: 20 a second (`experiment rapid-reset`: a flood that reconnects at
+/// once opened 2 500 connections a second without it).
+const PACE: Duration = Duration::from_millis(50);
+
 /// The rules of a guard: fixed when it is built.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rules {
     pub(crate) allowance: u32,
     pub(crate) early: Duration,
     pub(crate) refill_per_second: f64,
+    /// How far apart an address cut off lately has its new connections
+    /// read (`None`: not paced).
+    pub(crate) pace: Option<Duration>,
 }
 
 /// Told when a guard closes a connection, or serves unguarded.
@@ -118,6 +142,10 @@ pub(crate) trait Observer: Send + Sync + fmt::Debug {
     /// A server built by a guard's builder served a request on a
     /// connection the guard never wrapped.
     fn unguarded(&self);
+
+    /// A new connection was held unread for its turn: its address was cut
+    /// off lately.
+    fn connection_held(&self);
 }
 
 /// What a guard and its connections share.
@@ -126,6 +154,9 @@ pub(crate) struct Shared {
     rules: Rules,
     observer: Option<Arc<dyn Observer>>,
     warnings: WarnLimit,
+    held_warnings: WarnLimit,
+    /// The addresses cut off lately.
+    peers: Peers,
     /// Connections wrapped so far.
     wrapped: AtomicU64,
     /// A connection that was not HTTP/2 in the clear was seen.
@@ -155,9 +186,12 @@ impl Shared {
     }
 
     #[cold]
-    fn breached(&self, breach: &Breach) {
+    fn breached(&self, breach: &Breach, peer: Option<IpAddr>, now: Instant) {
         if let Some(observer) = &self.observer {
             observer.reset_flood_cut();
+        }
+        if let (Some(ip), Some(_)) = (peer, self.rules.pace) {
+            self.peers.cut(ip, now);
         }
         if let Some(similar) = self.warnings.admit() {
             tracing::warn!(
@@ -171,6 +205,35 @@ impl Shared {
                  allowance of {} earned back by streams that end by themselves: an HTTP/2 \
                  reset flood (Rapid Reset, CVE-2023-44487)",
                 self.rules.allowance,
+            );
+        }
+    }
+
+    /// When a connection from `peer`, accepted at `now`, may be read:
+    /// `None` at once.
+    fn turn(&self, peer: Option<IpAddr>, now: Instant) -> Option<Instant> {
+        let (ip, pace) = (peer?, self.rules.pace?);
+        let turn = self.peers.admit(ip, now, pace)?;
+        self.held(ip, turn - now);
+        Some(turn)
+    }
+
+    #[cold]
+    fn held(&self, ip: IpAddr, wait: Duration) {
+        if let Some(observer) = &self.observer {
+            observer.connection_held();
+        }
+        if let Some(similar) = self.held_warnings.admit() {
+            tracing::warn!(
+                peer = %ip,
+                wait_ms = wait.as_millis() as u64,
+                similar_since_last_warning = similar,
+                "reset guard: holding a new connection unread until its turn: its address was cut \
+                 off for a reset flood within the last {} s, and its new connections are read one \
+                 every {:?}. Behind a proxy that hides its clients' addresses every client shares \
+                 this one: turn pacing off with ResetGuard::pace_after_cut(None)",
+                peers::FORGET.as_secs(),
+                self.rules.pace.unwrap_or_default(),
             );
         }
     }
@@ -218,6 +281,7 @@ impl ResetGuard {
                 allowance: ALLOWANCE,
                 early: EARLY,
                 refill_per_second: REFILL_PER_SECOND,
+                pace: Some(PACE),
             },
             None,
         )
@@ -229,6 +293,8 @@ impl ResetGuard {
                 rules,
                 observer,
                 warnings: WarnLimit::new(),
+                held_warnings: WarnLimit::new(),
+                peers: Peers::default(),
                 wrapped: AtomicU64::new(0),
                 saw_opaque: AtomicBool::new(false),
                 checked: AtomicBool::new(false),
@@ -254,6 +320,29 @@ impl ResetGuard {
         Self::with(rules, self.shared.observer.clone())
     }
 
+    /// How far apart the new connections of an address cut off lately
+    /// are read, for 10 s after its last cut (50 ms by default: 20 a
+    /// second; each is held unread until its turn). `None` turns pacing
+    /// off: for a server behind a proxy that hides its clients' addresses,
+    /// where a flood through the proxy would hold every client's new
+    /// connections. Only connections from [`incoming`](Self::incoming) are
+    /// paced, by their [`PeerAddress`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let behind_a_proxy = tonic_deadline::server::ResetGuard::new().pace_after_cut(None);
+    /// let stricter = tonic_deadline::server::ResetGuard::new()
+    ///     .pace_after_cut(Some(Duration::from_millis(200)));
+    /// # let _ = (behind_a_proxy, stricter);
+    /// ```
+    pub fn pace_after_cut(self, pace: Option<Duration>) -> Self {
+        let rules = Rules {
+            pace,
+            ..self.shared.rules
+        };
+        Self::with(rules, self.shared.observer.clone())
+    }
+
     #[cfg_attr(
         not(feature = "metrics"),
         allow(dead_code, reason = "observe's Metrics calls it")
@@ -262,14 +351,33 @@ impl ResetGuard {
         Self::with(self.shared.rules, Some(observer))
     }
 
-    /// Guards one accepted connection.
+    /// Guards one accepted connection (not paced: the guard does not know
+    /// its address; see [`wrap_from`](Self::wrap_from)).
     pub fn wrap<IO>(&self, io: IO) -> Guarded<IO> {
-        Guarded::new(io, self.shared.clone())
+        Guarded::new(io, self.shared.clone(), None)
+    }
+
+    /// Guards one accepted connection from `peer`: if that address was
+    /// cut off lately, the connection is read when its turn comes
+    /// ([`pace_after_cut`](Self::pace_after_cut)).
+    ///
+    /// ```
+    /// use tonic_deadline::server::ResetGuard;
+    /// # async fn run(tcp: tokio::net::TcpStream) -> std::io::Result<()> {
+    /// let peer = tcp.peer_addr()?.ip();
+    /// let guarded = ResetGuard::new().wrap_from(tcp, Some(peer));
+    /// # let _ = guarded;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wrap_from<IO>(&self, io: IO, peer: Option<IpAddr>) -> Guarded<IO> {
+        Guarded::new(io, self.shared.clone(), peer)
     }
 
     /// Guards every connection of `incoming` (what tonic's
     /// `serve_with_incoming` takes: a `TcpIncoming`, a
-    /// `TcpListenerStream`, a `UnixListenerStream`).
+    /// `TcpListenerStream`, a `UnixListenerStream`), each paced by its
+    /// [`PeerAddress`] after a cut.
     pub fn incoming<I, IO, E>(&self, incoming: I) -> Incoming<I>
     where
         I: Stream<Item = Result<IO, E>>,
@@ -311,13 +419,19 @@ impl<I, IO, E> Stream for Incoming<I>
 where
     I: Stream<Item = Result<IO, E>>,
     IO: Connected,
+    IO::ConnectInfo: PeerAddress,
 {
     type Item = Result<Guarded<IO>, E>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.project();
         let next = std::task::ready!(this.inner.poll_next(cx));
-        Poll::Ready(next.map(|accepted| accepted.map(|io| Guarded::new(io, this.shared.clone()))))
+        Poll::Ready(next.map(|accepted| {
+            accepted.map(|io| {
+                let peer = io.connect_info().peer_address();
+                Guarded::new(io, this.shared.clone(), peer)
+            })
+        }))
     }
 }
 
