@@ -198,6 +198,7 @@ struct Series {
     wait_ignored: Counter,
     floods_cut: Counter,
     held: Counter,
+    refused: Counter,
     unguarded: Counter,
 }
 
@@ -235,6 +236,7 @@ impl Series {
             wait_ignored: Counter::default(),
             floods_cut: Counter::default(),
             held: Counter::default(),
+            refused: Counter::default(),
             unguarded: Counter::default(),
         };
         let s = series.clone();
@@ -348,6 +350,12 @@ impl Series {
             "New connections a reset guard held unread until their turn: their address was cut off for a \
              reset flood lately, and its new connections are read one at a time",
             s.held,
+        );
+        registry.register(
+            "tonic_deadline_connections_refused",
+            "New connections a reset guard closed unread: their address was cut off for a reset flood \
+             lately, and as many of its connections as may wait for their turns were waiting",
+            s.refused,
         );
         registry.register(
             "tonic_deadline_unguarded_servers",
@@ -605,6 +613,13 @@ impl Metrics {
         self.inner.series.held.get()
     }
 
+    /// New connections a [`ResetGuard`](crate::server::ResetGuard) closed
+    /// unread, because their address was cut off for a reset flood lately
+    /// and 20 of its connections waited for their turns already.
+    pub fn connections_refused(&self) -> u64 {
+        self.inner.series.refused.get()
+    }
+
     /// Servers built by a [`ResetGuard`](crate::server::ResetGuard)'s
     /// builder that served a request on a connection the guard never
     /// wrapped (counted once per guard).
@@ -699,6 +714,10 @@ impl Metrics {
 
     pub(crate) fn held_connection(&self) {
         self.series().held.inc();
+    }
+
+    pub(crate) fn refused_connection(&self) {
+        self.series().refused.inc();
     }
 
     pub(crate) fn unguarded_server(&self) {

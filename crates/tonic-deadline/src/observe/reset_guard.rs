@@ -9,7 +9,7 @@ use crate::server::reset_guard::Observer;
 
 impl ResetGuard {
     /// Reports into `metrics` the connections the guard closes for reset
-    /// floods, the new connections it holds for their turn, and a server of its builder serving connections it never
+    /// floods, the new connections it holds for their turn or closes unread, and a server of its builder serving connections it never
     /// wrapped.
     ///
     /// ```
@@ -36,5 +36,9 @@ impl Observer for Metrics {
 
     fn connection_held(&self) {
         self.held_connection();
+    }
+
+    fn connection_refused(&self) {
+        self.refused_connection();
     }
 }

@@ -423,6 +423,83 @@ async fn a_flood_that_reconnects_is_paced_and_other_addresses_are_not() {
     );
 }
 
+/// A flood that opens connections from its address without waiting for
+/// them: each would be held for its turn, and piling up held connections
+/// is an attack of its own. At most 20 wait at once (more only as turns
+/// pass); the rest are closed unread, counted, and the client sees the
+/// close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_turns_that_may_wait_are_closed_unread() {
+    let _machine = MACHINE.lock().await;
+    const OPENED: usize = 60;
+    let (_events, tx) = Events::new();
+    let (listener, addr) = loopback().await;
+    let metrics = Metrics::new();
+    tokio::spawn(serve_guarded(listener, Node::new("S", &tx), &metrics));
+    let cut = reconnecting_flood(addr, Duration::from_millis(1)).await;
+    assert_eq!(cut.len(), 1, "one flooding connection, cut off: {cut:?}");
+
+    let started = Instant::now();
+    let opened = tokio::task::spawn_blocking(move || {
+        let mut hello = probe::frames::PREFACE.to_vec();
+        frame(&mut hello, SETTINGS, 0, 0, &[]);
+        (0..OPENED)
+            .map(|_| {
+                let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
+                tcp.write_all(&hello).expect("the preface is taken");
+                tcp
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("the connecting thread");
+    // Every connection accepted is let in at once, held or refused.
+    let deadline = Instant::now() + PATIENCE;
+    while metrics.connections_held() + metrics.connections_refused() < (OPENED - 1) as u64
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed();
+    let (held, refused) = (metrics.connections_held(), metrics.connections_refused());
+    // Turns that passed while the connections came let more wait.
+    let may_wait = 20 + 1 + (took.as_millis() / PACE.as_millis()) as u64;
+    eprintln!(
+        "{OPENED} connections in {took:?}: {held} held, {refused} closed unread (at most {may_wait} may wait)"
+    );
+    assert!(
+        held <= may_wait,
+        "at most {may_wait} wait for their turns: {held}"
+    );
+    assert!(
+        refused > 0 && held + refused <= OPENED as u64,
+        "held {held}, refused {refused}"
+    );
+
+    // The client sees each refused connection closed; the others stay
+    // open (read a moment later, without waiting).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let closed = opened
+        .iter()
+        .filter(|tcp| {
+            let mut tcp = tcp.try_clone().expect("a second handle");
+            tcp.set_nonblocking(true).expect("non-blocking");
+            let mut buf = [0u8; 1024];
+            loop {
+                match tcp.read(&mut buf) {
+                    Ok(0) => return true,
+                    Ok(_) => continue,
+                    Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
+                }
+            }
+        })
+        .count();
+    assert_eq!(
+        closed as u64, refused,
+        "every connection refused is closed, and only those"
+    );
+}
+
 /// How a server is built for the storm: hyper's own guard (what a server
 /// with the layer alone has), or the reset guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

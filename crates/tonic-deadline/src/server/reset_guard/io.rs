@@ -14,8 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
-use super::Shared;
 use super::book::{Book, Breach};
+use super::{Shared, Turn};
 use crate::wire::frames::{self, Frames, GOAWAY, Header, Sink};
 
 /// HTTP/2's `ENHANCE_YOUR_CALM`, the code of the GOAWAY a breach sends.
@@ -69,6 +69,8 @@ struct State {
     peer: Option<IpAddr>,
     /// Until its turn, a paced connection is not read.
     held: Option<Pin<Box<Sleep>>>,
+    /// A paced connection that had no turn: closed unread.
+    refused: bool,
     read: Scan,
     written: Frames,
     book: Book,
@@ -100,15 +102,18 @@ impl<IO> Guarded<IO> {
         shared.wrapped();
         let now = Instant::now();
         let book = Book::new(shared.rules, now);
-        let held = shared
-            .turn(peer, now)
-            .map(|turn| Box::pin(tokio::time::sleep_until(turn)));
+        let (held, refused) = match shared.turn(peer, now) {
+            Turn::Now => (None, false),
+            Turn::At(turn) => (Some(Box::pin(tokio::time::sleep_until(turn))), false),
+            Turn::Refused => (None, true),
+        };
         Self {
             io,
             shared,
             state: Box::new(State {
                 peer,
                 held,
+                refused,
                 read: Scan::Start(Vec::new()),
                 written: Frames::default(),
                 book,
@@ -248,6 +253,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
         let this = self.get_mut();
         if this.state.closed {
             return this.poll_closed(cx).map(Err);
+        }
+        if this.state.refused {
+            // The end of the stream: hyper closes the connection.
+            return Poll::Ready(Ok(()));
         }
         if let Some(held) = this.state.held.as_mut() {
             std::task::ready!(held.as_mut().poll(cx));

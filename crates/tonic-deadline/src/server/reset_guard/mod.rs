@@ -38,12 +38,15 @@
 //! a connection each time (its accept, its handshake, its allowance). So
 //! the guard remembers the addresses it cut off: for 10 s after its last
 //! cut, an address's new connections are read one at a time, 50 ms apart
-//! ([`ResetGuard::pace_after_cut`]), and held unread until their turn.
-//! Connections already open are never held, nor other addresses'. Behind
+//! ([`ResetGuard::pace_after_cut`]), and held unread until their turn; a
+//! connection that would wait behind 20 others of its address is closed
+//! unread. Connections already open are never held, nor other addresses'. Behind
 //! a proxy that hides its clients' addresses, every client shares the
 //! proxy's: a flood through it would hold everyone's new connections for
-//! a while, and the guard says so when it holds one (a `WARN`, at most one
-//! every 10 s, and [`Metrics::connections_held`](crate::observe::Metrics::connections_held)).
+//! a while, and the guard says so when it holds or closes one (a `WARN`,
+//! at most one every 10 s, and
+//! [`Metrics::connections_held`](crate::observe::Metrics::connections_held),
+//! [`Metrics::connections_refused`](crate::observe::Metrics::connections_refused)).
 //!
 //! hyper's own guard stays as a backstop, raised out of the way of honest
 //! storms ([`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS)) by the
@@ -103,7 +106,7 @@ use crate::warn_limit::WarnLimit;
 use book::Breach;
 pub use io::Guarded;
 pub use peers::PeerAddress;
-use peers::Peers;
+use peers::{Peers, Turn};
 
 /// The early resets a connection may spend, and hold back, by default:
 /// what each connection of a flood that reconnects costs the server
@@ -146,6 +149,10 @@ pub(crate) trait Observer: Send + Sync + fmt::Debug {
     /// A new connection was held unread for its turn: its address was cut
     /// off lately.
     fn connection_held(&self);
+
+    /// A new connection was closed unread: its address was cut off lately,
+    /// and as many of its connections as may wait were waiting.
+    fn connection_refused(&self);
 }
 
 /// What a guard and its connections share.
@@ -209,33 +216,51 @@ impl Shared {
         }
     }
 
-    /// When a connection from `peer`, accepted at `now`, may be read:
-    /// `None` at once.
-    fn turn(&self, peer: Option<IpAddr>, now: Instant) -> Option<Instant> {
-        let (ip, pace) = (peer?, self.rules.pace?);
-        let turn = self.peers.admit(ip, now, pace)?;
-        self.held(ip, turn - now);
-        Some(turn)
+    /// When a connection from `peer`, accepted at `now`, may be read.
+    fn turn(&self, peer: Option<IpAddr>, now: Instant) -> Turn {
+        let (Some(ip), Some(pace)) = (peer, self.rules.pace) else {
+            return Turn::Now;
+        };
+        let turn = self.peers.admit(ip, now, pace);
+        match turn {
+            Turn::Now => {}
+            Turn::At(at) => self.paced(ip, Some(at - now)),
+            Turn::Refused => self.paced(ip, None),
+        }
+        turn
     }
 
+    /// A connection from `ip` waits `wait` for its turn, or (`None`) is
+    /// refused.
     #[cold]
-    fn held(&self, ip: IpAddr, wait: Duration) {
+    fn paced(&self, ip: IpAddr, wait: Option<Duration>) {
         if let Some(observer) = &self.observer {
-            observer.connection_held();
+            match wait {
+                Some(_) => observer.connection_held(),
+                None => observer.connection_refused(),
+            }
         }
-        if let Some(similar) = self.held_warnings.admit() {
-            tracing::warn!(
-                peer = %ip,
-                wait_ms = wait.as_millis() as u64,
-                similar_since_last_warning = similar,
-                "reset guard: holding a new connection unread until its turn: its address was cut \
-                 off for a reset flood within the last {} s, and its new connections are read one \
-                 every {:?}. Behind a proxy that hides its clients' addresses every client shares \
-                 this one: turn pacing off with ResetGuard::pace_after_cut(None)",
-                peers::FORGET.as_secs(),
-                self.rules.pace.unwrap_or_default(),
-            );
-        }
+        let Some(similar) = self.held_warnings.admit() else {
+            return;
+        };
+        let pace = self.rules.pace.unwrap_or_default();
+        let what = match wait {
+            Some(wait) => format!("holding a new connection unread for {wait:?}, until its turn"),
+            None => format!(
+                "closing a new connection unread: {} of its address's connections wait for their \
+                 turns already",
+                peers::WAITING
+            ),
+        };
+        tracing::warn!(
+            peer = %ip,
+            similar_since_last_warning = similar,
+            "reset guard: {what}: its address was cut off for a reset flood within the last {} s, \
+             and its new connections are read one every {pace:?}. Behind a proxy that hides its \
+             clients' addresses every client shares this one: turn pacing off with \
+             ResetGuard::pace_after_cut(None)",
+            peers::FORGET.as_secs(),
+        );
     }
 
     /// A request arrived at a server built by this guard's builder.

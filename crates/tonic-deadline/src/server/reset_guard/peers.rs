@@ -21,6 +21,11 @@ use tonic::transport::server::UdsConnectInfo;
 /// How long after its last cut an address is paced.
 pub(super) const FORGET: Duration = Duration::from_secs(10);
 
+/// The most turns an address's new connections may wait for at once; one
+/// that would wait for more is closed unread. A flood that opens
+/// connections without waiting for them holds no more than these.
+pub(super) const WAITING: u32 = 20;
+
 /// The most addresses remembered at once; beyond it, a new one is not
 /// (what an attacker with that many addresses gets is what every
 /// connection gets: the guard on each).
@@ -76,6 +81,18 @@ fn key(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// When a new connection may be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// At once: its address was not cut off lately, or its turn is now.
+    Now,
+    /// Held unread until then.
+    At(Instant),
+    /// Never: [`WAITING`] turns of its address wait already. It is closed
+    /// unread.
+    Refused,
+}
+
 /// An address cut off lately.
 #[derive(Debug, Clone, Copy)]
 struct Peer {
@@ -110,19 +127,29 @@ impl Peers {
     }
 
     /// When a new connection from `ip`, accepted at `now`, may be read:
-    /// `None` at once (its address was not cut off within [`FORGET`]),
-    /// else its turn, `pace` after the one before.
-    pub(super) fn admit(&self, ip: IpAddr, now: Instant, pace: Duration) -> Option<Instant> {
+    /// at once if its address was not cut off within [`FORGET`], else at
+    /// its turn, `pace` after the one before, unless [`WAITING`] turns
+    /// wait already.
+    pub(super) fn admit(&self, ip: IpAddr, now: Instant, pace: Duration) -> Turn {
         let ip = key(ip);
         let mut cut = self.cut.lock().unwrap_or_else(|e| e.into_inner());
-        let peer = cut.get_mut(&ip)?;
+        let Some(peer) = cut.get_mut(&ip) else {
+            return Turn::Now;
+        };
         if now.duration_since(peer.last_cut) >= FORGET {
             cut.remove(&ip);
-            return None;
+            return Turn::Now;
         }
         let turn = peer.next.max(now);
+        if turn.duration_since(now) >= pace * WAITING {
+            return Turn::Refused;
+        }
         peer.next = turn + pace;
-        (turn > now).then_some(turn)
+        if turn > now {
+            Turn::At(turn)
+        } else {
+            Turn::Now
+        }
     }
 }
 
@@ -138,25 +165,52 @@ mod tests {
         let flooder = IpAddr::from([10, 0, 0, 1]);
         let other = IpAddr::from([10, 0, 0, 2]);
         let t0 = Instant::now();
-        assert_eq!(peers.admit(flooder, t0, PACE), None, "nothing cut yet");
+        assert_eq!(peers.admit(flooder, t0, PACE), Turn::Now, "nothing cut yet");
         peers.cut(flooder, t0);
         // The first one after the cut goes at once; the next wait their turns.
-        assert_eq!(peers.admit(flooder, t0, PACE), None);
-        assert_eq!(peers.admit(flooder, t0, PACE), Some(t0 + PACE));
-        assert_eq!(peers.admit(flooder, t0, PACE), Some(t0 + PACE * 2));
+        assert_eq!(peers.admit(flooder, t0, PACE), Turn::Now);
+        assert_eq!(peers.admit(flooder, t0, PACE), Turn::At(t0 + PACE));
+        assert_eq!(peers.admit(flooder, t0, PACE), Turn::At(t0 + PACE * 2));
         assert_eq!(
             peers.admit(other, t0, PACE),
-            None,
+            Turn::Now,
             "another address is not paced"
         );
         // Turns that have passed are not owed.
         let later = t0 + Duration::from_secs(1);
-        assert_eq!(peers.admit(flooder, later, PACE), None);
-        assert_eq!(peers.admit(flooder, later, PACE), Some(later + PACE));
+        assert_eq!(peers.admit(flooder, later, PACE), Turn::Now);
+        assert_eq!(peers.admit(flooder, later, PACE), Turn::At(later + PACE));
         // Forgotten once it has gone FORGET without a cut.
         let quiet = t0 + FORGET;
-        assert_eq!(peers.admit(flooder, quiet, PACE), None);
-        assert_eq!(peers.admit(flooder, quiet, PACE), None);
+        assert_eq!(peers.admit(flooder, quiet, PACE), Turn::Now);
+        assert_eq!(peers.admit(flooder, quiet, PACE), Turn::Now);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_beyond_the_turns_that_may_wait_are_refused() {
+        let peers = Peers::default();
+        let flooder = IpAddr::from([10, 0, 0, 1]);
+        let t0 = Instant::now();
+        peers.cut(flooder, t0);
+        let turns: Vec<Turn> = (0..WAITING + 5)
+            .map(|_| peers.admit(flooder, t0, PACE))
+            .collect();
+        assert_eq!(turns[0], Turn::Now);
+        assert_eq!(
+            turns[WAITING as usize - 1],
+            Turn::At(t0 + PACE * (WAITING - 1))
+        );
+        assert!(
+            turns[WAITING as usize..]
+                .iter()
+                .all(|t| *t == Turn::Refused),
+            "{turns:?}"
+        );
+        // As turns pass, room is made again.
+        assert_eq!(
+            peers.admit(flooder, t0 + PACE, PACE),
+            Turn::At(t0 + PACE * WAITING)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -168,12 +222,12 @@ mod tests {
         peers.admit(ip("2001:db8:1:2::1"), t0, PACE);
         assert_eq!(
             peers.admit(ip("2001:db8:1:2:ffff::9"), t0, PACE),
-            Some(t0 + PACE),
+            Turn::At(t0 + PACE),
             "another address of the same /64"
         );
         assert_eq!(
             peers.admit(ip("2001:db8:1:3::1"), t0, PACE),
-            None,
+            Turn::Now,
             "another /64"
         );
         // An IPv4 address, whether it comes as itself or mapped.
@@ -181,7 +235,7 @@ mod tests {
         peers.admit(ip("192.0.2.7"), t0, PACE);
         assert_eq!(
             peers.admit(ip("::ffff:192.0.2.7"), t0, PACE),
-            Some(t0 + PACE)
+            Turn::At(t0 + PACE)
         );
     }
 
