@@ -305,6 +305,11 @@ mod tests {
             "beyond 99999999M the unit must be hours"
         );
         assert_eq!(
+            encode(Duration::from_secs(1000 * 365 * 24 * 3600)),
+            "8760000H",
+            "a budget past 64 bits of nanoseconds (584 years) is encoded too"
+        );
+        assert_eq!(
             encode(Duration::MAX),
             "99999999H",
             "budgets beyond the format must clamp"
