@@ -361,10 +361,26 @@ async fn a_flood_that_reconnects_is_paced_and_other_addresses_are_not() {
     tokio::spawn(serve_with(unpaced_guard, listener, Node::new("U", &tx)));
     let unpaced = reconnecting_flood(unpaced_addr, WINDOW).await.len();
 
+    crate::seams::capture_logs();
+    let said = || crate::seams::warnings_about("holding a new connection unread").len();
+    let said_before = said();
     let (listener, addr) = loopback().await;
     let metrics = Metrics::new();
     tokio::spawn(serve_guarded(listener, Node::new("S", &tx), &metrics));
     let paced = reconnecting_flood(addr, WINDOW).await;
+    // Said once (and at most once every 10 s), naming the way out for a
+    // server behind a proxy.
+    assert_eq!(
+        said(),
+        said_before + 1,
+        "the guard says it holds connections"
+    );
+    assert!(
+        crate::seams::warnings_about("holding a new connection unread")
+            .iter()
+            .all(|w| w.contains("pace_after_cut(None)") && w.contains("127.0.0.1")),
+        "the warning names the address and the fix"
+    );
     // The first connection is read at once, every later one a turn after
     // the one before: no more than this fit in the window (the last may
     // have been read as the window closed).

@@ -77,12 +77,12 @@ impl std::io::Write for LogWriter {
 }
 
 /// Starts capturing what the library logs (before the test's calls).
-fn capture_logs() {
+pub(crate) fn capture_logs() {
     let _ = log_lines();
 }
 
 /// The warnings logged so far that mention `needle`.
-fn warnings_about(needle: &str) -> Vec<String> {
+pub(crate) fn warnings_about(needle: &str) -> Vec<String> {
     let log = log_lines().lock().expect("not poisoned");
     String::from_utf8_lossy(&log)
         .lines()
