@@ -68,6 +68,9 @@ struct State {
     /// The peer's address, remembered if the connection is cut off.
     peer: Option<IpAddr>,
     /// Until its turn, a paced connection is not read.
+    held_until: Option<Instant>,
+    /// The wait for it, made on the first read (in the runtime that
+    /// serves the connection, wherever the connection was wrapped).
     held: Option<Pin<Box<Sleep>>>,
     /// A paced connection that had no turn: closed unread.
     refused: bool,
@@ -102,9 +105,9 @@ impl<IO> Guarded<IO> {
         shared.wrapped();
         let now = Instant::now();
         let book = Book::new(shared.rules, now);
-        let (held, refused) = match shared.turn(peer, now) {
+        let (held_until, refused) = match shared.turn(peer, now) {
             Turn::Now => (None, false),
-            Turn::At(turn) => (Some(Box::pin(tokio::time::sleep_until(turn))), false),
+            Turn::At(turn) => (Some(turn), false),
             Turn::Refused => (None, true),
         };
         Self {
@@ -112,7 +115,8 @@ impl<IO> Guarded<IO> {
             shared,
             state: Box::new(State {
                 peer,
-                held,
+                held_until,
+                held: None,
                 refused,
                 read: Scan::Start(Vec::new()),
                 written: Frames::default(),
@@ -258,8 +262,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
             // The end of the stream: hyper closes the connection.
             return Poll::Ready(Ok(()));
         }
-        if let Some(held) = this.state.held.as_mut() {
+        if let Some(until) = this.state.held_until {
+            let held = this
+                .state
+                .held
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
             std::task::ready!(held.as_mut().poll(cx));
+            this.state.held_until = None;
             this.state.held = None;
             // What waited in the socket arrived no earlier than this, as
             // far as the account can tell the streams' ages.

@@ -123,7 +123,7 @@ const REFILL_PER_SECOND: f64 = 100.0;
 
 /// How far apart the new connections of an address cut off lately are
 /// read: 20 a second (`experiment rapid-reset`: a flood that reconnects at
-/// once opened 2 500 connections a second without it).
+/// once had about 4 000 connections a second read without it).
 const PACE: Duration = Duration::from_millis(50);
 
 /// The rules of a guard: fixed when it is built.
