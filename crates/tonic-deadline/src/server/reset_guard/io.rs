@@ -67,13 +67,8 @@ enum Scan {
 struct State {
     /// The peer's address, remembered if the connection is cut off.
     peer: Option<IpAddr>,
-    /// Until its turn, a paced connection is not read.
-    held_until: Option<Instant>,
-    /// The wait for it, made on the first read (in the runtime that
-    /// serves the connection, wherever the connection was wrapped).
-    held: Option<Pin<Box<Sleep>>>,
-    /// A paced connection that had no turn: closed unread.
-    refused: bool,
+    /// Whether the connection may be read yet.
+    gate: Gate,
     read: Scan,
     written: Frames,
     book: Book,
@@ -83,6 +78,19 @@ struct State {
     /// Once the GOAWAY is written: the write side shut, what the client
     /// still sends read and dropped until it closes too, or for [`LINGER`].
     linger: Option<Linger>,
+}
+
+/// A paced connection's turn ([`Turn`], as the guard gave it).
+enum Gate {
+    /// Read as it comes.
+    Open,
+    /// Not read until then.
+    Until(Instant),
+    /// The wait for it, made on the first read (in the runtime that serves
+    /// the connection, wherever the connection was wrapped).
+    Waiting(Pin<Box<Sleep>>),
+    /// It had no turn: closed unread.
+    Shut,
 }
 
 struct Linger {
@@ -105,19 +113,17 @@ impl<IO> Guarded<IO> {
         shared.wrapped();
         let now = Instant::now();
         let book = Book::new(shared.rules, now);
-        let (held_until, refused) = match shared.turn(peer, now) {
-            Turn::Now => (None, false),
-            Turn::At(turn) => (Some(turn), false),
-            Turn::Refused => (None, true),
+        let gate = match shared.turn(peer, now) {
+            Turn::Now => Gate::Open,
+            Turn::At(turn) => Gate::Until(turn),
+            Turn::Refused => Gate::Shut,
         };
         Self {
             io,
             shared,
             state: Box::new(State {
                 peer,
-                held_until,
-                held: None,
-                refused,
+                gate,
                 read: Scan::Start(Vec::new()),
                 written: Frames::default(),
                 book,
@@ -140,6 +146,25 @@ impl<IO> Guarded<IO> {
 }
 
 impl State {
+    /// Ready once the connection may be read: a held one at its turn.
+    fn poll_gate(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match &mut self.gate {
+                Gate::Open | Gate::Shut => return Poll::Ready(()),
+                Gate::Until(turn) => {
+                    self.gate = Gate::Waiting(Box::pin(tokio::time::sleep_until(*turn)));
+                }
+                Gate::Waiting(sleep) => {
+                    std::task::ready!(sleep.as_mut().poll(cx));
+                    self.gate = Gate::Open;
+                    // What waited in the socket arrived no earlier than
+                    // this, as far as the account can tell the streams' ages.
+                    self.book.restart(Instant::now());
+                }
+            }
+        }
+    }
+
     /// Follows `bytes` the client sent, read at `now`.
     fn read(&mut self, bytes: &[u8], now: Instant, shared: &Shared) {
         if let Scan::Start(start) = &mut self.read {
@@ -258,21 +283,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
         if this.state.closed {
             return this.poll_closed(cx).map(Err);
         }
-        if this.state.refused {
+        match this.state.gate {
+            Gate::Open => {}
             // The end of the stream: hyper closes the connection.
-            return Poll::Ready(Ok(()));
-        }
-        if let Some(until) = this.state.held_until {
-            let held = this
-                .state
-                .held
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
-            std::task::ready!(held.as_mut().poll(cx));
-            this.state.held_until = None;
-            this.state.held = None;
-            // What waited in the socket arrived no earlier than this, as
-            // far as the account can tell the streams' ages.
-            this.state.book.restart(Instant::now());
+            Gate::Shut => return Poll::Ready(Ok(())),
+            _ => std::task::ready!(this.state.poll_gate(cx)),
         }
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
