@@ -7,11 +7,19 @@
 //! learning of it: the one thing plain tonic has no counterpart for, which
 //! costs one more wake-up of a task and is reported on its own row.
 //!
+//! The client's call is also stamped when it is let go, and every hop's
+//! handler when it is dropped unfinished, so the time splits into steps:
+//! the client, then each hop (→ A, A → B, B → C), the same events for ours
+//! and plain tonic.
+//!
 //! The client gives up in two ways. Plain tonic can only drop the call (the
 //! task making it is aborted); ours is timed that way too, and with
 //! `Scope::cancel`, where the call is woken and returns `CANCELLED` to its
 //! caller before its stream is reset.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
@@ -20,9 +28,11 @@ use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
+use tower::Service;
 
 use crate::net;
 use crate::report::{Outcome, quantile};
@@ -56,6 +66,97 @@ impl Drop for DropClock {
         let at = Instant::now();
         let scope_ended = self.scope.as_ref().is_none_or(Scope::is_ended);
         let _ = self.noticed.send(Noticed { at, scope_ended });
+    }
+}
+
+/// A hop (0: A, 1: B, 2: C) and when its handler was dropped unfinished;
+/// or the client ([`CLIENT`]) and when its call was let go: dropped, or
+/// answered to its caller.
+type Stamp = (usize, Instant);
+
+/// The client's place in a [`Stamp`].
+const CLIENT: usize = 3;
+
+/// The steps a cancel is timed in: the client, then each hop.
+const STEPS: usize = 4;
+
+/// A hop's service, stamping the moment its handler is dropped before it
+/// answered.
+#[derive(Debug, Clone)]
+struct StampDrop<S> {
+    inner: S,
+    hop: usize,
+    stamps: mpsc::UnboundedSender<Stamp>,
+}
+
+impl<S> StampDrop<S> {
+    fn new(inner: S, hop: usize, stamps: &mpsc::UnboundedSender<Stamp>) -> Self {
+        Self {
+            inner,
+            hop,
+            stamps: stamps.clone(),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for StampDrop<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, R> Service<R> for StampDrop<S>
+where
+    S: Service<R>,
+    S::Future: Unpin,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Stamped<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        Stamped {
+            inner: Some(self.inner.call(request)),
+            stamp: Some((self.hop, self.stamps.clone())),
+            when_ready: false,
+        }
+    }
+}
+
+/// The future of [`StampDrop`]: dropped before it is ready, it drops the
+/// handler and then stamps; `when_ready`, it stamps when ready too.
+struct Stamped<F> {
+    inner: Option<F>,
+    stamp: Option<(usize, mpsc::UnboundedSender<Stamp>)>,
+    when_ready: bool,
+}
+
+impl<F: Future + Unpin> Future for Stamped<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(inner) = self.inner.as_mut() else {
+            panic!("Stamped polled after completion");
+        };
+        let polled = Pin::new(inner).poll(cx);
+        if polled.is_ready() {
+            self.inner = None;
+            if !self.when_ready {
+                self.stamp = None;
+            }
+        }
+        polled
+    }
+}
+
+impl<F> Drop for Stamped<F> {
+    fn drop(&mut self) {
+        drop(self.inner.take());
+        if let Some((hop, stamps)) = self.stamp.take() {
+            let _ = stamps.send((hop, Instant::now()));
+        }
     }
 }
 
@@ -101,12 +202,15 @@ struct Rig {
     entered: mpsc::UnboundedReceiver<()>,
     noticed: mpsc::UnboundedReceiver<Noticed>,
     spawned: mpsc::UnboundedReceiver<Instant>,
+    stamps: mpsc::UnboundedReceiver<Stamp>,
+    stamps_tx: mpsc::UnboundedSender<Stamp>,
 }
 
 async fn rig(ours: bool) -> anyhow::Result<Rig> {
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let (noticed_tx, noticed) = mpsc::unbounded_channel();
     let (spawned_tx, spawned) = mpsc::unbounded_channel();
+    let (stamps_tx, stamps) = mpsc::unbounded_channel();
     let layer = || ours.then(ServerDeadlineLayer::new);
     let watcher = Watcher {
         ours,
@@ -116,16 +220,18 @@ async fn rig(ours: bool) -> anyhow::Result<Rig> {
     };
     let mut addr = net::serve_with(
         "127.0.0.1:0",
-        Routes::new(ProbeServer::new(watcher)),
+        Routes::new(StampDrop::new(ProbeServer::new(watcher), 2, &stamps_tx)),
         layer(),
         net::Guard::LayerOnly,
     )
     .await?;
-    for name in ["B", "A"] {
+    for (name, hop) in [("B", 1), ("A", 0)] {
         let next = client(ours, addr).await?;
+        let server = ProbeServer::new(Hop::new(name, Plan::default(), Some(next)));
+        let hop = StampDrop::new(server, hop, &stamps_tx);
         addr = net::serve_with(
             "127.0.0.1:0",
-            Hop::new(name, Plan::default(), Some(next)).routes(),
+            Routes::new(hop),
             layer(),
             net::Guard::LayerOnly,
         )
@@ -137,6 +243,8 @@ async fn rig(ours: bool) -> anyhow::Result<Rig> {
         entered,
         noticed,
         spawned,
+        stamps,
+        stamps_tx,
     })
 }
 
@@ -154,6 +262,10 @@ struct Timed {
     dropped: Duration,
     /// Ours: until a task spawned under C's scope learned of its end.
     spawned: Option<Duration>,
+    /// Step by step: the give-up until the client's call was let go
+    /// (dropped, or its status handed to its caller), then until A's
+    /// handler was dropped, then B's, then C's.
+    steps: [Duration; STEPS],
 }
 
 /// How the client gives up.
@@ -170,14 +282,18 @@ async fn once(rig: &mut Rig, give_up: GiveUp) -> anyhow::Result<Timed> {
     let entry = rig.entry.clone();
     let scope = Scope::background();
     let in_scope = scope.clone();
-    let call =
-        tonic_deadline::detach(
-            async move { in_scope.enter(entry.call(CallRequest::default())).await },
-        );
+    let call = tonic_deadline::detach(Stamped {
+        inner: Some(Box::pin(async move {
+            in_scope.enter(entry.call(CallRequest::default())).await
+        })),
+        stamp: Some((CLIENT, rig.stamps_tx.clone())),
+        when_ready: true,
+    });
     rig.entered
         .recv()
         .await
         .ok_or_else(|| anyhow::anyhow!("C never ran"))?;
+    while rig.stamps.try_recv().is_ok() {}
     let cancelled = Instant::now();
     match give_up {
         GiveUp::Cancel => scope.cancel(),
@@ -198,9 +314,25 @@ async fn once(rig: &mut Rig, give_up: GiveUp) -> anyhow::Result<Timed> {
     } else {
         None
     };
+    let mut at = [None; 4];
+    while at.iter().any(Option::is_none) {
+        let (hop, when) = tokio::time::timeout(Duration::from_secs(5), rig.stamps.recv())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("a hop's handler was never dropped"))?;
+        at[hop] = Some(when);
+    }
+    let [Some(a), Some(b), Some(c), Some(client)] = at else {
+        anyhow::bail!("the loop ends only once every hop is stamped");
+    };
     Ok(Timed {
         dropped: noticed.at.saturating_duration_since(cancelled),
         spawned,
+        steps: [
+            client.saturating_duration_since(cancelled),
+            a.saturating_duration_since(client),
+            b.saturating_duration_since(a),
+            c.saturating_duration_since(b),
+        ],
     })
 }
 
@@ -226,6 +358,15 @@ pub struct Cancel {
     pub plain_p50_us: f64,
     /// Plain tonic, 99th percentile.
     pub plain_p99_us: f64,
+    /// Ours with `Scope::cancel`, each step's median, microseconds: the
+    /// cancel until the client's call was let go (its status handed to its
+    /// caller), then until A's handler was dropped, then B's, then C's.
+    pub steps_p50_us: [f64; STEPS],
+    /// The same, ours with the call's task aborted (the call let go: its
+    /// future dropped).
+    pub aborted_steps_p50_us: [f64; STEPS],
+    /// The same, plain tonic.
+    pub plain_steps_p50_us: [f64; STEPS],
     /// The runtime's worker threads.
     pub threads: usize,
 }
@@ -242,6 +383,7 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
     }
     let (mut ours, mut aborted, mut spawned, mut plain) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut steps: [[Vec<f64>; STEPS]; 3] = Default::default();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     // The variants take turns at going first: a cancel right after one
     // through the other chain finds that chain's code and data out of the
@@ -255,15 +397,40 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
                     let timed = once(&mut ours_rig, GiveUp::Cancel).await?;
                     ours.push(us(timed.dropped));
                     spawned.extend(timed.spawned.map(us));
+                    for (step, took) in steps[0].iter_mut().zip(timed.steps) {
+                        step.push(us(took));
+                    }
                 }
-                1 => aborted.push(us(once(&mut ours_rig, GiveUp::Abort).await?.dropped)),
-                _ => plain.push(us(once(&mut plain_rig, GiveUp::Abort).await?.dropped)),
+                1 => {
+                    let timed = once(&mut ours_rig, GiveUp::Abort).await?;
+                    aborted.push(us(timed.dropped));
+                    for (step, took) in steps[1].iter_mut().zip(timed.steps) {
+                        step.push(us(took));
+                    }
+                }
+                _ => {
+                    let timed = once(&mut plain_rig, GiveUp::Abort).await?;
+                    plain.push(us(timed.dropped));
+                    for (step, took) in steps[2].iter_mut().zip(timed.steps) {
+                        step.push(us(took));
+                    }
+                }
             }
         }
     }
-    for figures in [&mut ours, &mut aborted, &mut spawned, &mut plain] {
+    for figures in [&mut ours, &mut aborted, &mut spawned, &mut plain]
+        .into_iter()
+        .chain(steps.iter_mut().flatten())
+    {
         figures.sort_by(f64::total_cmp);
     }
+    // Medians to a tenth of a microsecond: a hop takes a few tens.
+    let step_p50 = |variant: &[Vec<f64>; STEPS]| {
+        variant
+            .each_ref()
+            .map(|step| (quantile(step, 0.5) * 10.0).round() / 10.0)
+    };
+    let [sc, sa, sp] = steps.each_ref().map(step_p50);
     let (p50, p99) = (quantile(&ours, 0.5), quantile(&ours, 0.99));
     let (ap50, ap99) = (quantile(&aborted, 0.5), quantile(&aborted, 0.99));
     let (sp50, sp99) = (quantile(&spawned, 0.5), quantile(&spawned, 0.99));
@@ -290,6 +457,9 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
             spawned_p99_us: sp99.round(),
             plain_p50_us: pp50.round(),
             plain_p99_us: pp99.round(),
+            steps_p50_us: sc,
+            aborted_steps_p50_us: sa,
+            plain_steps_p50_us: sp,
             threads,
         }),
         columns: vec!["variant", "p50 us", "p99 us", "grpc-go 1.33 (SPEC K)"],
@@ -320,6 +490,12 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
             ),
         ],
         notes: vec![
+            format!(
+                "each step's median, us (give-up -> client's call let go -> A's handler dropped -> B's -> C's): ours Scope::cancel {}, ours aborted {}, plain tonic aborted {}",
+                steps_line(sc),
+                steps_line(sa),
+                steps_line(sp)
+            ),
             format!(
                 "ratio ours/plain, both aborted, at the same event (C's handler dropped): p50 {:.2}, p99 {:.2} (goal <= 1.10)",
                 ap50 / pp50,
@@ -358,4 +534,9 @@ pub async fn run_on_own_runtime(runs: usize, threads: usize) -> anyhow::Result<O
         let _ = tx.send(result);
     });
     rx.await?
+}
+
+/// The steps' medians as `client / a / b / c`.
+fn steps_line(steps: [f64; STEPS]) -> String {
+    steps.map(|us| format!("{us:.1}")).join(" / ")
 }

@@ -152,6 +152,16 @@ fn benchmarks_report_both_variants() {
     ] {
         assert!(figure > 0.0, "{name} must be measured: {cancel:?}");
     }
+    for (name, steps) in [
+        ("steps_p50_us", cancel.steps_p50_us),
+        ("aborted_steps_p50_us", cancel.aborted_steps_p50_us),
+        ("plain_steps_p50_us", cancel.plain_steps_p50_us),
+    ] {
+        assert!(
+            steps.iter().all(|&us| us > 0.0),
+            "{name}: every step must be measured: {cancel:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
