@@ -314,15 +314,15 @@ async fn once(rig: &mut Rig, give_up: GiveUp) -> anyhow::Result<Timed> {
     } else {
         None
     };
-    let mut at = [None; 4];
+    let mut at = [None; STEPS];
     while at.iter().any(Option::is_none) {
         let (hop, when) = tokio::time::timeout(Duration::from_secs(5), rig.stamps.recv())
             .await?
-            .ok_or_else(|| anyhow::anyhow!("a hop's handler was never dropped"))?;
+            .ok_or_else(|| anyhow::anyhow!("a step was never stamped"))?;
         at[hop] = Some(when);
     }
     let [Some(a), Some(b), Some(c), Some(client)] = at else {
-        anyhow::bail!("the loop ends only once every hop is stamped");
+        anyhow::bail!("the loop ends only once every step is stamped");
     };
     Ok(Timed {
         dropped: noticed.at.saturating_duration_since(cancelled),
@@ -381,9 +381,10 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
         once(&mut ours_rig, GiveUp::Abort).await?;
         once(&mut plain_rig, GiveUp::Abort).await?;
     }
-    let (mut ours, mut aborted, mut spawned, mut plain) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // By variant: ours with `Scope::cancel`, ours aborted, plain aborted.
+    let mut dropped: [Vec<f64>; 3] = Default::default();
     let mut steps: [[Vec<f64>; STEPS]; 3] = Default::default();
+    let mut spawned = Vec::new();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     // The variants take turns at going first: a cancel right after one
     // through the other chain finds that chain's code and data out of the
@@ -392,35 +393,24 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
     // 1.09 × plain tonic, which always came after ours; in turns, 1.1).
     for run in 0..runs {
         for variant in (0..3).map(|k| (run + k) % 3) {
-            match variant {
-                0 => {
-                    let timed = once(&mut ours_rig, GiveUp::Cancel).await?;
-                    ours.push(us(timed.dropped));
-                    spawned.extend(timed.spawned.map(us));
-                    for (step, took) in steps[0].iter_mut().zip(timed.steps) {
-                        step.push(us(took));
-                    }
-                }
-                1 => {
-                    let timed = once(&mut ours_rig, GiveUp::Abort).await?;
-                    aborted.push(us(timed.dropped));
-                    for (step, took) in steps[1].iter_mut().zip(timed.steps) {
-                        step.push(us(took));
-                    }
-                }
-                _ => {
-                    let timed = once(&mut plain_rig, GiveUp::Abort).await?;
-                    plain.push(us(timed.dropped));
-                    for (step, took) in steps[2].iter_mut().zip(timed.steps) {
-                        step.push(us(took));
-                    }
-                }
+            let timed = match variant {
+                0 => once(&mut ours_rig, GiveUp::Cancel).await?,
+                1 => once(&mut ours_rig, GiveUp::Abort).await?,
+                _ => once(&mut plain_rig, GiveUp::Abort).await?,
+            };
+            dropped[variant].push(us(timed.dropped));
+            if variant == 0 {
+                spawned.extend(timed.spawned.map(us));
+            }
+            for (step, took) in steps[variant].iter_mut().zip(timed.steps) {
+                step.push(us(took));
             }
         }
     }
-    for figures in [&mut ours, &mut aborted, &mut spawned, &mut plain]
-        .into_iter()
+    for figures in dropped
+        .iter_mut()
         .chain(steps.iter_mut().flatten())
+        .chain([&mut spawned])
     {
         figures.sort_by(f64::total_cmp);
     }
@@ -431,10 +421,11 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
             .map(|step| (quantile(step, 0.5) * 10.0).round() / 10.0)
     };
     let [sc, sa, sp] = steps.each_ref().map(step_p50);
-    let (p50, p99) = (quantile(&ours, 0.5), quantile(&ours, 0.99));
-    let (ap50, ap99) = (quantile(&aborted, 0.5), quantile(&aborted, 0.99));
+    let [ours, aborted, plain] = &dropped;
+    let (p50, p99) = (quantile(ours, 0.5), quantile(ours, 0.99));
+    let (ap50, ap99) = (quantile(aborted, 0.5), quantile(aborted, 0.99));
     let (sp50, sp99) = (quantile(&spawned, 0.5), quantile(&spawned, 0.99));
-    let (pp50, pp99) = (quantile(&plain, 0.5), quantile(&plain, 0.99));
+    let (pp50, pp99) = (quantile(plain, 0.5), quantile(plain, 0.99));
     let row = |variant: &str, p50: f64, p99: f64, go: &str| {
         vec![
             variant.to_owned(),
