@@ -4,7 +4,8 @@
 //! until the server cuts the connection off or the flood is told to stop.
 //!
 //! Blocking, on threads of its own: a flood must not wait for the runtime
-//! of the server it floods.
+//! of the server it floods. In the clear ([`flood`]) or over TLS
+//! ([`flood_tls`]).
 
 // The flood paces itself on the wall clock of its own threads; no runtime
 // (and no paused clock) is involved.
@@ -225,6 +226,168 @@ pub fn flood(
         sent,
         go_away: read_side.join().expect("the reading thread"),
         closed,
+        lasted,
+    }
+}
+
+/// What a TLS flood has read of the server so far.
+struct Incoming {
+    parser: FrameParser,
+    plain: Vec<u8>,
+    go_away: Option<(u32, u32)>,
+    /// The server closed the connection (or it failed).
+    closed: bool,
+}
+
+impl Incoming {
+    /// Reads what has come, without waiting; whether the server has cut
+    /// the connection off (a GOAWAY, or the close).
+    fn read(&mut self, conn: &mut rustls::ClientConnection, tcp: &mut TcpStream) -> bool {
+        loop {
+            match conn.read_tls(tcp) {
+                Ok(0) => self.closed = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => self.closed = true,
+            }
+            if self.closed || conn.process_new_packets().is_err() {
+                self.closed = true;
+                break;
+            }
+            loop {
+                match conn.reader().read(&mut self.plain) {
+                    Ok(0) => {
+                        self.closed = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        for parsed in self.parser.feed(&self.plain[..n]) {
+                            if parsed.frame.kind == GOAWAY && parsed.payload.len() >= 8 {
+                                let p = &parsed.payload;
+                                let last =
+                                    u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
+                                self.go_away =
+                                    Some((parsed.error_code().unwrap_or_default(), last));
+                            }
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        self.closed || self.go_away.is_some()
+    }
+}
+
+/// [`flood`] over TLS (`tls` trusts the server's certificate; the name asked
+/// for is [`crate::tls::SERVER_NAME`]): the same streams, written through a
+/// TLS session as the socket takes them. A connection the server holds
+/// unread is given up on at `give_up`, or when `stop` is set.
+///
+/// # Panics
+///
+/// When the server does not accept the connection.
+pub fn flood_tls(
+    addr: SocketAddr,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+    path: &str,
+    shape: Shape,
+    stop: &AtomicBool,
+    give_up: Duration,
+) -> Flood {
+    let started = Instant::now();
+    let mut tcp = TcpStream::connect(addr).expect("the server accepts TCP");
+    tcp.set_nodelay(true).expect("nodelay");
+    let mut conn = rustls::ClientConnection::new(tls.clone(), crate::tls::server_name())
+        .expect("a TLS client session");
+    tcp.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("a read timeout");
+    while conn.is_handshaking() {
+        if conn.complete_io(&mut tcp).is_err() {
+            // Refused or dropped before the handshake was over.
+            return Flood {
+                sent: 0,
+                go_away: None,
+                closed: true,
+                lasted: started.elapsed(),
+            };
+        }
+    }
+    tcp.set_nonblocking(true).expect("non-blocking");
+    let mut incoming = Incoming {
+        parser: FrameParser::server_to_client(),
+        plain: vec![0; 64 * 1024],
+        go_away: None,
+        closed: false,
+    };
+    let mut start = PREFACE.to_vec();
+    frame(&mut start, SETTINGS, 0, 0, &[]);
+    let _ = conn.writer().write_all(&start);
+    let block = request_block(&addr.to_string(), path, shape.grpc_timeout);
+    let (per_write, every) = match shape.rate {
+        None => (512, Duration::ZERO),
+        Some(rate) => {
+            let per_write = shape.per_write.unwrap_or(rate / 500).max(1);
+            (
+                per_write,
+                Duration::from_secs_f64(f64::from(per_write) / f64::from(rate)),
+            )
+        }
+    };
+    let flooding = Instant::now();
+    let mut sent = 0u32;
+    let mut batch = Vec::new();
+    let mut id = 1u32;
+    let over = || stop.load(Ordering::Relaxed) || started.elapsed() >= give_up;
+    'flood: while !over() {
+        if incoming.read(&mut conn, &mut tcp) {
+            break;
+        }
+        batch.clear();
+        for _ in 0..per_write {
+            frame(&mut batch, HEADERS, END_HEADERS, id, &block);
+            frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
+            id += 2;
+        }
+        let _ = conn.writer().write_all(&batch);
+        while conn.wants_write() {
+            match conn.write_tls(&mut tcp) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // The server reads no more for now: watch for its cut,
+                    // and give up when told.
+                    if incoming.read(&mut conn, &mut tcp) || over() {
+                        break 'flood;
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(_) => {
+                    incoming.closed = true;
+                    break 'flood;
+                }
+            }
+        }
+        sent += per_write;
+        if !every.is_zero() {
+            let due = every.mul_f64(f64::from(sent / per_write));
+            if let Some(wait) = due.checked_sub(flooding.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    let lasted = flooding.elapsed();
+    // The server's last bytes: its GOAWAY, if it is on its way.
+    let until = Instant::now() + Duration::from_secs(2);
+    while !incoming.closed && incoming.go_away.is_none() && Instant::now() < until {
+        if !incoming.read(&mut conn, &mut tcp) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let _ = tcp.shutdown(Shutdown::Both);
+    Flood {
+        sent,
+        go_away: incoming.go_away,
+        closed: incoming.closed,
         lasted,
     }
 }
