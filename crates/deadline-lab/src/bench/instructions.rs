@@ -35,6 +35,7 @@
 //! | `server layer, header` | the same, every request carrying `grpc-timeout: 5S` | 〃 | 〃 |
 //! | `one hop, both layers` | one process: a client calling a server on loopback | `ClientDeadlineLayer` with a 5 s `Scope` per call → `ServerDeadlineLayer` | plain client with `set_timeout(5 s)` → plain server |
 //! | `3-hop chain` | one process: client → A → B → C | both layers everywhere, the budget propagates | plain tonic: only the call to A carries a header |
+//! | `server layer and reset guard` (`, header`) | as the server rows | the layer and `server::ResetGuard`, as the README serves | plain tonic |
 //!
 //! Allocations are counted by the lab binary's global allocator (every
 //! allocation and its requested size) for the whole child process — in the
@@ -100,6 +101,8 @@ pub enum Case {
     Streaming,
     /// The server process, with the reset guard as well as the layer.
     ServerGuard,
+    /// The same, every request with `grpc-timeout: 5S`.
+    ServerGuardHeader,
 }
 
 /// Messages per call of the streaming case.
@@ -107,7 +110,7 @@ pub const STREAMED: u64 = 10_000;
 
 impl Case {
     /// Every case, in the order of the table.
-    pub const ALL: [Case; 7] = [
+    pub const ALL: [Case; 8] = [
         Case::Server,
         Case::ServerHeader,
         Case::OneHop,
@@ -115,6 +118,7 @@ impl Case {
         Case::ChainByHand,
         Case::Streaming,
         Case::ServerGuard,
+        Case::ServerGuardHeader,
     ];
 
     /// The row name (the `case` key of the JSON contract).
@@ -127,6 +131,7 @@ impl Case {
             Case::ChainByHand => "3-hop chain, hand-written",
             Case::Streaming => "server streaming",
             Case::ServerGuard => "server layer and reset guard",
+            Case::ServerGuardHeader => "server layer and reset guard, header",
         }
     }
 
@@ -152,7 +157,9 @@ impl Case {
     /// What the count covers.
     fn counted(self) -> &'static str {
         match self {
-            Case::Server | Case::ServerHeader | Case::ServerGuard => "server tasks",
+            Case::Server | Case::ServerHeader | Case::ServerGuard | Case::ServerGuardHeader => {
+                "server tasks"
+            }
             Case::OneHop => "client + server, one process",
             Case::Chain | Case::ChainByHand => "client + A + B + C, one process",
             Case::Streaming => "client + server, one process, per message",
@@ -169,6 +176,7 @@ impl Case {
             Case::ChainByHand => "chain-by-hand",
             Case::Streaming => "streaming",
             Case::ServerGuard => "server-guard",
+            Case::ServerGuardHeader => "server-guard-header",
         }
     }
 }
@@ -403,11 +411,12 @@ pub fn measure(options: &Options) -> anyhow::Result<Instructions> {
              per request; {}",
             case.label(),
             match case {
-                Case::Server | Case::ServerHeader | Case::ServerGuard => format!(
-                    "no function of this build matched the server tasks' names \
+                Case::Server | Case::ServerHeader | Case::ServerGuard | Case::ServerGuardHeader =>
+                    format!(
+                        "no function of this build matched the server tasks' names \
                      ({SERVER_TASKS:?}): a change of symbol mangling or of tonic/hyper \
                      renamed them"
-                ),
+                    ),
                 _ => "the child ran no requests".to_owned(),
             }
         );
@@ -603,7 +612,10 @@ fn run_one(
         .env_remove("FAKETIME_DONT_FAKE_MONOTONIC")
         .args(["--tool=callgrind", "-q"])
         .arg(format!("--callgrind-out-file={}", out.display()));
-    if matches!(case, Case::Server | Case::ServerHeader | Case::ServerGuard) {
+    if matches!(
+        case,
+        Case::Server | Case::ServerHeader | Case::ServerGuard | Case::ServerGuardHeader
+    ) {
         // Only the server's tasks: collection is switched on while one of
         // them is polled or dropped and off again when it returns.
         cmd.arg("--collect-atstart=no");
@@ -956,14 +968,15 @@ async fn in_process(args: &ChildArgs) -> anyhow::Result<()> {
             })
             .await
         }
-        Case::Server | Case::ServerHeader | Case::ServerGuard => {
+        Case::Server | Case::ServerHeader | Case::ServerGuard | Case::ServerGuardHeader => {
             let (_reporter, health) = tonic_health::server::health_reporter();
             let guard = match args.case {
-                Case::ServerGuard => net::Guard::Reset,
+                Case::ServerGuard | Case::ServerGuardHeader => net::Guard::Reset,
                 _ => net::Guard::LayerOnly,
             };
             let addr = net::serve_with("127.0.0.1:0", Routes::new(health), layer(), guard).await?;
-            let header = (args.case == Case::ServerHeader).then_some(HEADER);
+            let header =
+                matches!(args.case, Case::ServerHeader | Case::ServerGuardHeader).then_some(HEADER);
             drive(
                 args.connections,
                 args.streams,

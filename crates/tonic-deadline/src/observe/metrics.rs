@@ -347,19 +347,20 @@ impl Series {
         );
         registry.register(
             "tonic_deadline_connections_held",
-            "New connections a reset guard held unread until their turn: their address was cut off for a \
-             reset flood lately, and its new connections are read one at a time",
+            "Connections a reset guard held unread before cutting them off: they flooded again from an \
+             address cut off for a reset flood lately",
             s.held,
         );
         registry.register(
             "tonic_deadline_connections_refused",
-            "New connections a reset guard closed unread: their address was cut off for a reset flood \
-             lately, and as many of its connections as may wait for their turns were waiting",
+            "Connections a reset guard cut off at once when they flooded again from an address cut off \
+             lately: as many of its connections as may be held were held",
             s.refused,
         );
         registry.register(
             "tonic_deadline_unguarded_servers",
-            "Servers built by a reset guard's builder that served a connection the guard never wrapped",
+            "Servers built by a reset guard's builder that met a connection the guard could not guard \
+             (never wrapped, or TLS it cannot read), and refused it",
             s.unguarded,
         );
         series
@@ -606,23 +607,25 @@ impl Metrics {
         self.inner.series.floods_cut.get()
     }
 
-    /// New connections a [`ResetGuard`](crate::server::ResetGuard) held
-    /// unread until their turn, because their address was cut off for a
-    /// reset flood lately ([`ResetGuard::pace_after_cut`](crate::server::ResetGuard::pace_after_cut)).
+    /// Connections a [`ResetGuard`](crate::server::ResetGuard) held unread
+    /// before cutting them off, because they flooded again from an address
+    /// cut off for a reset flood lately
+    /// ([`ResetGuard::hold_after_cut`](crate::server::ResetGuard::hold_after_cut)).
     pub fn connections_held(&self) -> u64 {
         self.inner.series.held.get()
     }
 
-    /// New connections a [`ResetGuard`](crate::server::ResetGuard) closed
-    /// unread, because their address was cut off for a reset flood lately
-    /// and 20 of its connections waited for their turns already.
+    /// Connections a [`ResetGuard`](crate::server::ResetGuard) cut off at
+    /// once when they flooded again from an address cut off lately, because
+    /// 20 of its connections were held already.
     pub fn connections_refused(&self) -> u64 {
         self.inner.series.refused.get()
     }
 
     /// Servers built by a [`ResetGuard`](crate::server::ResetGuard)'s
-    /// builder that served a request on a connection the guard never
-    /// wrapped (counted once per guard).
+    /// builder that met a connection the guard could not guard (one it
+    /// never wrapped, or TLS it cannot read) and refused it (counted once
+    /// per guard and kind).
     pub fn unguarded_servers(&self) -> u64 {
         self.inner.series.unguarded.get()
     }

@@ -120,6 +120,8 @@ pub use protocol::Http;
 pub use protocol::{Grpc, Protocol};
 #[cfg(feature = "server")]
 pub use reset_guard::{Guarded, PeerAddress, ResetGuard};
+#[cfg(feature = "tls")]
+pub use reset_guard::{ServerTls, TlsError, TlsIncoming};
 
 /// The limits, forwarding rules and protocol of a server layer.
 #[derive(Debug, Clone, Default)]

@@ -37,11 +37,12 @@ pub(crate) struct Header {
 
 impl Header {
     pub(crate) fn parse(h: &[u8; FRAME_HEADER]) -> Self {
+        let (len, kind) = len_and_kind(h);
         Self {
-            len: (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]),
-            kind: h[3],
+            len,
+            kind,
             flags: h[4],
-            stream: u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]),
+            stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
         }
     }
 
@@ -50,8 +51,21 @@ impl Header {
     }
 }
 
+/// A frame header's payload length and type, read as one word.
+#[inline]
+fn len_and_kind(h: &[u8; FRAME_HEADER]) -> (usize, u8) {
+    let word = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+    ((word >> 8) as usize, word as u8)
+}
+
 /// What a [`Frames`] walk shows, in order.
 pub(crate) trait Sink {
+    /// Whether frames of `kind` with `flags` are told: a frame that is not
+    /// is passed over, its header unread beyond its length.
+    fn wants(&self, _kind: u8, _flags: u8) -> bool {
+        true
+    }
+
     /// A frame's header, once whole.
     fn header(&mut self, header: Header);
 
@@ -107,7 +121,25 @@ impl Frames {
 
     /// Follows `bytes` through the framing, telling `sink` what it sees.
     pub(crate) fn walk(&mut self, mut bytes: &[u8], sink: &mut impl Sink) {
-        while !bytes.is_empty() {
+        loop {
+            if self.at_boundary() {
+                // Whole frame headers, read in place: most pieces hold
+                // nothing else.
+                while let Some((head, rest)) = bytes.split_first_chunk::<FRAME_HEADER>() {
+                    let (len, kind) = len_and_kind(head);
+                    if len <= rest.len() && !sink.wants(kind, head[4]) {
+                        // A whole frame the sink does not want.
+                        self.frames += 1;
+                        bytes = &rest[len..];
+                        continue;
+                    }
+                    bytes = self.begin(Header::parse(head), rest, sink);
+                }
+            }
+            if bytes.is_empty() {
+                return;
+            }
+            // The preface, the rest of a payload, or part of a header.
             if self.preface > 0 {
                 let n = self.preface.min(bytes.len());
                 self.preface -= n;
@@ -127,17 +159,28 @@ impl Frames {
                 bytes = &bytes[n..];
                 if self.header_len == FRAME_HEADER {
                     self.header_len = 0;
-                    let header = Header::parse(&self.header);
-                    sink.header(header);
-                    self.current = Some(header);
-                    self.payload = header.len;
-                    if header.len == 0 {
-                        sink.payload(header, &[], true);
-                        self.frames += 1;
-                    }
+                    bytes = self.begin(Header::parse(&self.header), bytes, sink);
                 }
             }
         }
+    }
+
+    /// A frame with `header` begins; `bytes` follow it. Tells `sink`, and
+    /// hands it what of the payload `bytes` hold; what is left after that.
+    fn begin<'a>(&mut self, header: Header, bytes: &'a [u8], sink: &mut impl Sink) -> &'a [u8] {
+        sink.header(header);
+        let n = header.len.min(bytes.len());
+        let rest = header.len - n;
+        if n > 0 || header.len == 0 {
+            sink.payload(header, &bytes[..n], rest == 0);
+        }
+        if rest == 0 {
+            self.frames += 1;
+        } else {
+            self.current = Some(header);
+            self.payload = rest;
+        }
+        &bytes[n..]
     }
 }
 

@@ -46,6 +46,10 @@ pub(crate) struct Shadow {
     entries: VecDeque<Entry>,
     size: usize,
     max_size: usize,
+    /// Which of the newest 64 entries are `grpc-timeout`s: bit `i` for
+    /// index `62 + i`. An indexed field is looked up only where its bit is
+    /// set (or beyond the mask).
+    timeout_mask: u64,
 }
 
 impl Default for Shadow {
@@ -54,6 +58,7 @@ impl Default for Shadow {
             entries: VecDeque::new(),
             size: 0,
             max_size: 4096,
+            timeout_mask: 0,
         }
     }
 }
@@ -67,39 +72,89 @@ impl Shadow {
         // `Some` once a `grpc-timeout` was seen.
         let mut timeout: Option<Option<Duration>> = None;
         while let Some(&first) = block.get(pos) {
-            if first & 0x80 != 0 {
-                // Indexed header field.
-                let index = integer(block, &mut pos, 7)?;
-                if let Some(entry) = self.dynamic(index)?
-                    && entry.is_timeout
-                {
+            if first & 0x80 != 0 && first != 0xff {
+                // Indexed header field, its index in one byte: most of a
+                // request's, once the table holds its headers. A field
+                // whose entry is no `grpc-timeout` is passed over (an index
+                // out of the table is the connection's decoder's to refuse).
+                pos += 1;
+                let dynamic = usize::from(first & 0x7f).wrapping_sub(62);
+                if dynamic < 64 && self.timeout_mask >> dynamic & 1 != 0 {
+                    let entry = self.entries.get(dynamic).ok_or(Malformed)?;
                     timeout.get_or_insert(entry.timeout);
                 }
-            } else if first & 0xc0 == 0x40 {
-                // Literal with incremental indexing.
-                if let Some(read) = self.literal(block, &mut pos, 6, true)? {
-                    timeout.get_or_insert(read);
-                }
-            } else if first & 0xe0 == 0x20 {
-                // Dynamic table size update.
-                let size = integer(block, &mut pos, 5)?;
-                if size > MAX_TABLE {
-                    return Err(Malformed);
-                }
-                self.max_size = size;
-                self.evict(0);
+            } else if first & 0xe0 == 0 && matches!(first & 0x0f, 1..=14) {
+                // A literal not indexed under a static name (the static
+                // table has no `grpc-timeout`): the `:path` of every
+                // request, which encoders never index. Its value is
+                // passed over unread.
+                let len = block.get(pos + 1).ok_or(Malformed)?;
+                pos = if len & 0x7f != 0x7f {
+                    pos + 2 + usize::from(len & 0x7f)
+                } else {
+                    let mut at = pos + 1;
+                    Coded::read(block, &mut at)?;
+                    at
+                };
             } else {
-                // Literal without indexing, or never indexed.
-                if let Some(read) = self.literal(block, &mut pos, 4, false)? {
-                    timeout.get_or_insert(read);
-                }
+                pos = self.field(block, pos, &mut timeout)?;
             }
+        }
+        if pos > block.len() {
+            // A string that ran past the block.
+            return Err(Malformed);
         }
         Ok(timeout.flatten())
     }
 
+    /// Any other field, at `pos`: where the next begins. Out of line, so
+    /// that the loop over the usual fields keeps its place in a register.
+    #[inline(never)]
+    fn field(
+        &mut self,
+        block: &[u8],
+        mut pos: usize,
+        timeout: &mut Option<Option<Duration>>,
+    ) -> Result<usize, Malformed> {
+        let first = block[pos];
+        if first & 0x80 != 0 {
+            // Indexed header field, its index in more than one byte.
+            let index = integer(block, &mut pos, 7)?;
+            if let Some(entry) = self.dynamic(index)?
+                && entry.is_timeout
+            {
+                timeout.get_or_insert(entry.timeout);
+            }
+        } else if first & 0xc0 == 0x40 {
+            // Literal with incremental indexing.
+            if let Some(read) = self.literal(block, &mut pos, 6, true)? {
+                timeout.get_or_insert(read);
+            }
+        } else if first & 0xe0 == 0x20 {
+            // Dynamic table size update.
+            let size = integer(block, &mut pos, 5)?;
+            if size > MAX_TABLE {
+                return Err(Malformed);
+            }
+            self.max_size = size;
+            self.evict(0);
+        } else {
+            // Literal without indexing, or never indexed.
+            if let Some(read) = self.literal(block, &mut pos, 4, false)? {
+                timeout.get_or_insert(read);
+            }
+        }
+        Ok(pos)
+    }
+
     /// A literal field whose name index has a `prefix`-bit prefix: `Some`
     /// if it is a `grpc-timeout`, with its deadline if valid.
+    ///
+    /// Only what the shadow needs is decoded: a new name is compared in
+    /// its coded form, a value is read only under `grpc-timeout`, and the
+    /// decoded lengths are counted only for an entry the table keeps. The
+    /// `:path` of every request, which encoders never index, is skipped
+    /// unread.
     fn literal(
         &mut self,
         block: &[u8],
@@ -109,21 +164,29 @@ impl Shadow {
     ) -> Result<Option<Option<Duration>>, Malformed> {
         let name_index = integer(block, pos, prefix)?;
         let (name_len, is_timeout) = if name_index == 0 {
-            let mut name = Kept::default();
-            let len = string(block, pos, &mut name)?;
-            (len, name.is(GRPC_TIMEOUT))
+            let name = Coded::read(block, pos)?;
+            let is_timeout = name.is_grpc_timeout();
+            let len = if indexed { name.decoded_len()? } else { 0 };
+            (len, is_timeout)
         } else if let Some(entry) = self.dynamic(name_index)? {
             (entry.name_len, entry.is_timeout)
         } else {
             // A static name (the static table has no `grpc-timeout`).
             (STATIC_NAMES[name_index - 1].len(), false)
         };
-        let mut value = Kept::default();
-        let value_len = string(block, pos, &mut value)?;
-        let timeout = is_timeout
-            .then(|| value.text())
-            .flatten()
-            .and_then(|text| timeout_header::decode(text).ok());
+        let value = Coded::read(block, pos)?;
+        let (value_len, timeout) = if is_timeout {
+            let mut kept = Kept::default();
+            let len = value.decode(&mut kept)?;
+            let timeout = kept
+                .text()
+                .and_then(|text| timeout_header::decode(text).ok());
+            (len, timeout)
+        } else if indexed {
+            (value.decoded_len()?, None)
+        } else {
+            (0, None)
+        };
         if indexed {
             self.insert(Entry {
                 name_len,
@@ -136,16 +199,11 @@ impl Shadow {
     }
 
     /// The dynamic entry at `index`; `None` for a static one.
-    fn dynamic(&self, index: usize) -> Result<Option<Entry>, Malformed> {
+    fn dynamic(&self, index: usize) -> Result<Option<&Entry>, Malformed> {
         match index {
             0 => Err(Malformed),
             1..=61 => Ok(None),
-            _ => self
-                .entries
-                .get(index - 62)
-                .copied()
-                .map(Some)
-                .ok_or(Malformed),
+            _ => self.entries.get(index - 62).map(Some).ok_or(Malformed),
         }
     }
 
@@ -154,10 +212,12 @@ impl Shadow {
             // An entry larger than the table empties it (RFC 7541, 4.4).
             self.entries.clear();
             self.size = 0;
+            self.timeout_mask = 0;
             return;
         }
         self.evict(entry.size);
         self.size += entry.size;
+        self.timeout_mask = self.timeout_mask << 1 | u64::from(entry.is_timeout);
         self.entries.push_front(entry);
     }
 
@@ -165,7 +225,13 @@ impl Shadow {
     fn evict(&mut self, room: usize) {
         while self.size + room > self.max_size {
             match self.entries.pop_back() {
-                Some(oldest) => self.size -= oldest.size,
+                Some(oldest) => {
+                    self.size -= oldest.size;
+                    // Its bit, if it had one: the one past the newest left.
+                    if let Some(bit) = 1u64.checked_shl(self.entries.len() as u32) {
+                        self.timeout_mask &= !bit;
+                    }
+                }
                 None => break,
             }
         }
@@ -196,10 +262,6 @@ impl Kept {
     fn text(&self) -> Option<&[u8]> {
         (!self.over).then_some(&self.bytes[..self.len])
     }
-
-    fn is(&self, text: &[u8]) -> bool {
-        self.text() == Some(text)
-    }
 }
 
 /// An integer with an `prefix`-bit prefix (RFC 7541, 5.1).
@@ -227,23 +289,55 @@ fn integer(block: &[u8], pos: &mut usize, prefix: u8) -> Result<usize, Malformed
     }
 }
 
-/// A string literal (RFC 7541, 5.2): its decoded length, its first bytes
-/// into `kept`.
-fn string(block: &[u8], pos: &mut usize, kept: &mut Kept) -> Result<usize, Malformed> {
-    let huffman = block.get(*pos).ok_or(Malformed)? & 0x80 != 0;
-    let len = integer(block, pos, 7)?;
-    let raw = block.get(*pos..*pos + len).ok_or(Malformed)?;
-    *pos += len;
-    if !huffman {
-        raw.iter().for_each(|&b| kept.push(b));
-        return Ok(len);
+/// A string literal (RFC 7541, 5.2) as it was sent: Huffman-coded or not.
+#[derive(Debug, Clone, Copy)]
+struct Coded<'a> {
+    huffman: bool,
+    raw: &'a [u8],
+}
+
+impl<'a> Coded<'a> {
+    fn read(block: &'a [u8], pos: &mut usize) -> Result<Self, Malformed> {
+        let huffman = block.get(*pos).ok_or(Malformed)? & 0x80 != 0;
+        let len = integer(block, pos, 7)?;
+        let raw = block.get(*pos..*pos + len).ok_or(Malformed)?;
+        *pos += len;
+        Ok(Self { huffman, raw })
     }
-    let mut decoded = 0;
-    huffman_decode(raw, |b| {
-        decoded += 1;
-        kept.push(b);
-    })?;
-    Ok(decoded)
+
+    /// Whether it reads `grpc-timeout`: a string has one Huffman coding
+    /// (its padding is fixed), so the coded form is compared.
+    fn is_grpc_timeout(&self) -> bool {
+        if self.huffman {
+            self.raw == GRPC_TIMEOUT_HUFFMAN.bytes()
+        } else {
+            self.raw == GRPC_TIMEOUT
+        }
+    }
+
+    /// Its decoded length.
+    fn decoded_len(&self) -> Result<usize, Malformed> {
+        if !self.huffman {
+            return Ok(self.raw.len());
+        }
+        let mut len = 0;
+        huffman_decode(self.raw, |_| len += 1)?;
+        Ok(len)
+    }
+
+    /// Its decoded length, its first bytes into `kept`.
+    fn decode(&self, kept: &mut Kept) -> Result<usize, Malformed> {
+        if !self.huffman {
+            self.raw.iter().for_each(|&b| kept.push(b));
+            return Ok(self.raw.len());
+        }
+        let mut len = 0;
+        huffman_decode(self.raw, |b| {
+            len += 1;
+            kept.push(b);
+        })?;
+        Ok(len)
+    }
 }
 
 /// The length in bits of the Huffman code of each symbol, 0 to 255 and
@@ -264,13 +358,20 @@ const CODE_LENGTHS: [u8; 257] = [
 ];
 
 /// The canonical code, by length: the first code of each length, how many
-/// codes have it, and where its symbols start in `symbols`.
+/// codes have it, and where its symbols start in `symbols`; and, for the
+/// codes of up to 8 bits, which most text is made of, a table from the next
+/// 8 bits to the symbol.
 struct Canonical {
     first: [u32; 31],
     count: [u32; 31],
     start: [u16; 31],
     /// Symbols ordered by code.
     symbols: [u16; 257],
+    /// Each symbol's code.
+    codes: [u32; 257],
+    /// By the next 8 bits: the symbol whose code of up to 8 bits starts
+    /// them, and that code's length (`symbol | len << 9`); 0 where none does.
+    short: [u16; 256],
 }
 
 const CANONICAL: Canonical = canonical();
@@ -285,6 +386,8 @@ const fn canonical() -> Canonical {
     let mut first = [0u32; 31];
     let mut start = [0u16; 31];
     let mut symbols = [0u16; 257];
+    let mut codes = [0u32; 257];
+    let mut short = [0u16; 256];
     let mut code = 0u32;
     let mut next = 0usize;
     let mut len = 1;
@@ -292,9 +395,21 @@ const fn canonical() -> Canonical {
         first[len] = code;
         start[len] = next as u16;
         let mut symbol = 0;
+        let mut this = code;
         while symbol < 257 {
             if CODE_LENGTHS[symbol] as usize == len {
                 symbols[next] = symbol as u16;
+                codes[symbol] = this;
+                if len <= 8 {
+                    let shift = 8 - len;
+                    let mut low = 0;
+                    while low < (1 << shift) {
+                        short[((this << shift) | low) as usize] =
+                            symbol as u16 | ((len as u16) << 9);
+                        low += 1;
+                    }
+                }
+                this += 1;
                 next += 1;
             }
             symbol += 1;
@@ -307,7 +422,51 @@ const fn canonical() -> Canonical {
         count,
         start,
         symbols,
+        codes,
+        short,
     }
+}
+
+/// A short text in its Huffman coding.
+struct HuffmanCoded {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl HuffmanCoded {
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// `grpc-timeout`, Huffman-coded as an encoder sends it.
+const GRPC_TIMEOUT_HUFFMAN: HuffmanCoded = huffman_encode(GRPC_TIMEOUT);
+
+/// The Huffman coding of `text` (at most 32 bytes coded), padded with ones.
+const fn huffman_encode(text: &[u8]) -> HuffmanCoded {
+    let mut bytes = [0u8; 32];
+    let mut len = 0;
+    let mut bits: u64 = 0;
+    let mut held = 0u32;
+    let mut i = 0;
+    while i < text.len() {
+        let symbol = text[i] as usize;
+        let code_len = CODE_LENGTHS[symbol] as u32;
+        bits = (bits << code_len) | CANONICAL.codes[symbol] as u64;
+        held += code_len;
+        while held >= 8 {
+            held -= 8;
+            bytes[len] = (bits >> held) as u8;
+            len += 1;
+        }
+        i += 1;
+    }
+    if held > 0 {
+        let pad = 8 - held;
+        bytes[len] = ((bits << pad) as u8) | ((1u8 << pad) - 1);
+        len += 1;
+    }
+    HuffmanCoded { bytes, len }
 }
 
 /// Decodes a Huffman-coded string, each byte to `out` (RFC 7541, 5.2):
@@ -323,7 +482,19 @@ fn huffman_decode(raw: &[u8], mut out: impl FnMut(u8)) -> Result<(), Malformed> 
             held += 8;
             next += 1;
         }
-        let mut len = 5;
+        if held >= 8 {
+            // A code of up to 8 bits, by table.
+            let entry = CANONICAL.short[((bits >> (held - 8)) & 0xff) as usize];
+            if entry != 0 {
+                held -= u32::from(entry >> 9);
+                bits &= (1 << held) - 1;
+                out((entry & 0x1ff) as u8);
+                continue;
+            }
+        }
+        // Past the table, a longer code (or, with fewer than 8 bits
+        // left, the last short one and the padding).
+        let mut len = if held >= 8 { 9 } else { 5 };
         let mut symbol = None;
         while len <= 30 && len <= held {
             let code = ((bits >> (held - len)) & ((1 << len) - 1)) as u32;
@@ -444,6 +615,40 @@ mod tests {
     }
 
     #[test]
+    fn grpc_timeout_is_compared_in_its_huffman_coding() {
+        let coded = GRPC_TIMEOUT_HUFFMAN.bytes();
+        let mut out = Vec::new();
+        huffman_decode(coded, |b| out.push(b)).expect("valid");
+        assert_eq!(out, GRPC_TIMEOUT);
+        // RFC 7541, C.4.3.
+        assert_eq!(
+            huffman_encode(b"custom-key").bytes(),
+            [0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xa9, 0x7d, 0x7f]
+        );
+        assert_eq!(
+            huffman_encode(b"custom-value").bytes(),
+            [0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xb8, 0xe8, 0xb4, 0xbf]
+        );
+    }
+
+    #[test]
+    fn every_byte_decodes_through_the_table_and_past_it() {
+        // Every symbol, after each of a few prefixes, so that long codes
+        // meet the table at every bit offset.
+        for prefix in [&b""[..], b"a", b"ab", b"abc", b"%"] {
+            for symbol in 0..=255u8 {
+                let mut text = prefix.to_vec();
+                text.push(symbol);
+                text.extend_from_slice(b"x");
+                let coded = huffman_encode(&text);
+                let mut out = Vec::new();
+                huffman_decode(coded.bytes(), |b| out.push(b)).expect("valid");
+                assert_eq!(out, text);
+            }
+        }
+    }
+
+    #[test]
     fn huffman_strings_of_the_rfc_decode() {
         // RFC 7541, C.4.1 and C.4.3.
         let www = [
@@ -507,6 +712,13 @@ mod tests {
         block.push(2);
         block.extend_from_slice(b"1a");
         assert_eq!(shadow.decode(&block), Ok(None));
+        // A `:path` without indexing, Huffman-coded as encoders send it,
+        // is passed over, and the table entry after it still found.
+        let path = huffman_encode(b"/grpc.health.v1.Health/Check");
+        let mut block = vec![0x04, 0x80 | path.len as u8];
+        block.extend_from_slice(path.bytes());
+        block.push(0xbe);
+        assert_eq!(shadow.decode(&block), Ok(Some(Duration::from_secs(1))));
     }
 
     use proptest::prelude::*;
@@ -559,10 +771,12 @@ mod tests {
     #[test]
     fn truncated_or_impossible_blocks_are_malformed_and_never_panic() {
         let mut shadow = Shadow::default();
+        // An index out of the table is the connection's decoder's to
+        // refuse: while the table holds no `grpc-timeout`, it is passed over.
+        assert_eq!(shadow.decode(&[0x80]), Ok(None), "index 0");
+        assert_eq!(shadow.decode(&[0xbe]), Ok(None), "an empty dynamic table");
         for block in [
-            &[0x80][..],               // index 0
-            &[0xbe],                   // an empty dynamic table
-            &[0x40, 0x05, b'a'],       // a name cut short
+            &[0x40, 0x05, b'a'][..],   // a name cut short
             &[0x3f, 0xff, 0xff, 0x7f], // a table larger than allowed
             &[0x7f, 0xff, 0xff, 0xff, 0xff, 0x7f],
         ] {

@@ -81,6 +81,16 @@ pub(crate) fn capture_logs() {
     let _ = log_lines();
 }
 
+/// The errors logged so far that mention `needle`.
+pub(crate) fn errors_about(needle: &str) -> Vec<String> {
+    let log = log_lines().lock().expect("not poisoned");
+    String::from_utf8_lossy(&log)
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The warnings logged so far that mention `needle`.
 pub(crate) fn warnings_about(needle: &str) -> Vec<String> {
     let log = log_lines().lock().expect("not poisoned");

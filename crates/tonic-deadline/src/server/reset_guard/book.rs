@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::wire::frames::{
-    CONTINUATION, END_HEADERS, END_STREAM, HEADERS, Header, PADDED, PRIORITY, RST_STREAM, Sink,
+    CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Header, PADDED, PRIORITY, RST_STREAM,
+    Sink,
 };
 use crate::wire::hpack::Shadow;
 
@@ -19,26 +20,44 @@ use super::Rules;
 /// deadlines on the connection: its streams count as having none.
 const MAX_BLOCK: usize = 64 * 1024;
 
+/// `duration` in nanoseconds, as far as 64 bits hold (584 years).
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What a stream that ends by itself, or at its deadline, gives back to
+/// the allowance: a hedged call's winner pays for its losers, reset as
+/// soon as it is answered (gRPC's hedging sends at most 5 attempts).
+const EARNED_PER_END: f64 = 4.0;
+
+/// How many of the streams the server answered lately the account
+/// remembers: more than a server answers on one connection in
+/// [`EARLY`](super::EARLY).
+const ANSWERED: usize = 64;
+
 /// The most open streams the account follows; beyond it the oldest is let
 /// go, as if it had ended.
 const MAX_FOLLOWED: usize = 4096;
 
-/// A stream the client opened, not yet ended.
+/// A stream the client opened, not yet ended. Times are nanoseconds since
+/// the account opened, to keep the entry small: it is written for every
+/// stream.
 #[derive(Debug, Clone, Copy)]
 struct Open {
     id: u32,
     /// When its HEADERS were read.
-    opened: Instant,
+    opened: u64,
     /// When the read before that one was: the stream arrived after it, so
     /// it may be that much older than its read says (a server kept off the
     /// CPU reads a while of its client's frames at once).
-    arrived_after: Instant,
-    /// The `grpc-timeout` it carried (`None`: none, or none readable).
-    timeout: Option<Duration>,
-    /// The server has answered it (its response HEADERS went out): the work
-    /// a flood is after was done, and the client saw it.
-    answered: bool,
+    arrived_after: u64,
+    /// The `grpc-timeout` it carried, in nanoseconds ([`NO_DEADLINE`]:
+    /// none, or none readable).
+    timeout: u64,
 }
+
+/// An [`Open`] stream's `timeout` when it has none.
+const NO_DEADLINE: u64 = u64::MAX;
 
 /// Why the account closed a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,14 +89,23 @@ pub(crate) struct Book {
     /// The client's header table, followed to read each deadline; `None`
     /// once a block could not be followed.
     hpack: Option<Shadow>,
+    /// The streams the server answered (its response HEADERS went out)
+    /// most lately, newest at `answered_next - 1`: the work a flood is
+    /// after was done for them, and the client saw it. Written on every
+    /// answer, read only when the client resets a stream.
+    answered: [u32; ANSWERED],
+    answered_next: usize,
     /// What may still be spent on early resets; refilled by honest ends
-    /// and by time.
+    /// and by time, up to `allowance`.
     tokens: f64,
-    refilled: Instant,
+    allowance: f64,
+    refilled: u64,
+    /// When the account opened: what its times count from.
+    start: Instant,
     /// When the read this account is following was read, and the one
-    /// before it.
-    now: Instant,
-    previous: Instant,
+    /// before it (nanoseconds since `start`).
+    now: u64,
+    previous: u64,
     opened: u64,
     early_resets: u64,
     honest_ends: u64,
@@ -95,7 +123,10 @@ impl std::fmt::Debug for Book {
 }
 
 impl Book {
-    pub(crate) fn new(rules: Rules, now: Instant) -> Self {
+    /// An account opened at `now`: with the whole allowance, or (on
+    /// probation: its address was cut off lately) with nothing to spend
+    /// until its streams earn it.
+    pub(crate) fn new(rules: Rules, now: Instant, probation: bool) -> Self {
         Self {
             rules,
             open: VecDeque::new(),
@@ -104,10 +135,18 @@ impl Book {
             block_stream: 0,
             frame: Vec::new(),
             hpack: Some(Shadow::default()),
-            tokens: f64::from(rules.allowance),
-            refilled: now,
-            now,
-            previous: now,
+            answered: [0; ANSWERED],
+            answered_next: 0,
+            tokens: if probation {
+                0.0
+            } else {
+                f64::from(rules.allowance)
+            },
+            allowance: f64::from(rules.allowance),
+            refilled: 0,
+            start: now,
+            now: 0,
+            previous: 0,
             opened: 0,
             early_resets: 0,
             honest_ends: 0,
@@ -115,19 +154,10 @@ impl Book {
         }
     }
 
-    /// Nothing was read before `now`: a connection held unread until its
-    /// turn starts its account then, so that what its client sent while
-    /// it waited is not taken for streams that lived that long.
-    pub(crate) fn restart(&mut self, now: Instant) {
-        self.now = now;
-        self.previous = now;
-        self.refilled = now;
-    }
-
     /// The client's bytes about to be read were read at `now`.
     pub(crate) fn reading_at(&mut self, now: Instant) {
         self.previous = self.now;
-        self.now = now;
+        self.now = nanos(now.saturating_duration_since(self.start));
     }
 
     /// The breach, once the client's resets exceeded what is allowed.
@@ -136,6 +166,7 @@ impl Book {
     }
 
     /// A stream the client opened with `timeout`.
+    #[inline]
     fn opened(&mut self, id: u32, timeout: Option<Duration>) {
         if self.open.len() == MAX_FOLLOWED {
             self.open.pop_front();
@@ -146,52 +177,82 @@ impl Book {
             id,
             opened: self.now,
             arrived_after: self.previous,
-            timeout,
-            answered: false,
+            timeout: timeout.map_or(NO_DEADLINE, nanos),
         });
     }
 
     /// Takes stream `id` off the open streams, if it is on them.
+    #[inline]
     fn close(&mut self, id: u32) -> Option<Open> {
-        // Streams mostly end in the order they opened: look from the front.
-        let at = self.open.iter().position(|o| o.id == id)?;
+        if self.open.front().is_some_and(|oldest| oldest.id == id) {
+            return self.open.pop_front();
+        }
+        self.close_later(id)
+    }
+
+    /// Whether stream `id` was open; it is no more.
+    #[inline]
+    fn ended(&mut self, id: u32) -> bool {
+        if self.open.front().is_some_and(|oldest| oldest.id == id) {
+            self.open.pop_front();
+            return true;
+        }
+        self.close_later(id).is_some()
+    }
+
+    /// [`close`](Self::close), of a stream that is not the oldest.
+    #[inline(never)]
+    fn close_later(&mut self, id: u32) -> Option<Open> {
+        let at = self.open.binary_search_by_key(&id, |o| o.id).ok()?;
         self.open.remove(at)
     }
 
+    /// Whether the server answered stream `id` lately.
+    fn was_answered(&self, id: u32) -> bool {
+        self.answered.contains(&id)
+    }
+
+    /// A stream ended by itself, or at its deadline.
+    #[inline]
     fn earn(&mut self) {
         self.honest_ends += 1;
-        self.tokens = (self.tokens + 1.0).min(f64::from(self.rules.allowance));
+        let tokens = self.tokens + EARNED_PER_END;
+        self.tokens = if tokens < self.allowance {
+            tokens
+        } else {
+            self.allowance
+        };
     }
 
     /// The client reset stream `id`.
+    #[inline(never)]
     fn client_reset(&mut self, id: u32) {
         let Some(open) = self.close(id) else {
             // Already ended (the answer went out first), or never opened:
             // nothing for the guard.
             return;
         };
-        let age = self.now.saturating_duration_since(open.opened);
-        // Early: before any answer, soon after it opened, and long before
-        // its deadline (or with none). A deadline the stream may have
-        // reached explains the reset: its age is taken at the most the reads
+        // Early: before any answer, soon after it opened (its HEADERS and
+        // its reset read within `early` of each other), and long before its
+        // deadline (or with none). A deadline the stream may have reached
+        // explains the reset: its age is then taken at the most the reads
         // allow, since a server kept off the CPU reads a while of frames at
         // once, and an honest storm's HEADERS and resets then come together.
-        let oldest = self.now.saturating_duration_since(open.arrived_after);
-        let early = !open.answered
-            && age < self.rules.early
-            && open
-                .timeout
-                .is_none_or(|timeout| timeout > oldest + self.rules.early);
+        let age = self.now.saturating_sub(open.opened);
+        let oldest = self.now.saturating_sub(open.arrived_after);
+        let early = age < nanos(self.rules.early)
+            && !self.was_answered(id)
+            && (open.timeout == NO_DEADLINE
+                || open.timeout > oldest.saturating_add(nanos(self.rules.deadline_slack)));
         if !early {
             self.earn();
             return;
         }
         self.early_resets += 1;
-        let elapsed = self.now.saturating_duration_since(self.refilled);
+        let elapsed = self.now.saturating_sub(self.refilled) as f64 / 1e9;
         self.refilled = self.now;
-        self.tokens = (self.tokens + elapsed.as_secs_f64() * self.rules.refill_per_second)
-            .min(f64::from(self.rules.allowance))
-            - 1.0;
+        self.tokens =
+            (self.tokens + elapsed * self.rules.refill_per_second).min(self.allowance) - 1.0;
         if self.tokens < 0.0 && self.breach.is_none() {
             self.breach = Some(Breach {
                 early_resets: self.early_resets,
@@ -202,19 +263,23 @@ impl Book {
         }
     }
 
-    /// A header block of stream `id` is whole.
-    fn header_block(&mut self, id: u32) {
+    /// A header block of stream `id` is whole: `block`, or (`None`) the
+    /// one assembled.
+    #[inline(always)]
+    fn header_block(&mut self, id: u32, block: Option<&[u8]>) {
         let mut timeout = None;
         if let Some(hpack) = &mut self.hpack {
             // Every block is followed, to keep the table in step.
-            match hpack.decode(&self.block) {
+            match hpack.decode(block.unwrap_or(&self.block)) {
                 Ok(read) => timeout = read,
                 // h2 closes the connection for this itself; the account
                 // reads no further deadlines.
                 Err(_) => self.hpack = None,
             }
         }
-        self.block.clear();
+        if block.is_none() {
+            self.block.clear();
+        }
         if id > self.last_stream {
             self.opened(id, timeout);
         }
@@ -229,75 +294,104 @@ impl Book {
         }
     }
 
+    /// A piece of a header block's frame that is not a whole HEADERS
+    /// frame in one piece: padded or prioritised, split across reads, or
+    /// continued.
+    #[inline(never)]
+    fn header_piece(&mut self, header: Header, bytes: &[u8], last: bool) {
+        if header.kind == HEADERS && (header.has(PADDED) || header.has(PRIORITY)) {
+            // The block lies between a pad length and a priority before
+            // it and padding after it: take the frame whole first.
+            if self.frame.len() + bytes.len() <= MAX_BLOCK {
+                self.frame.extend_from_slice(bytes);
+            }
+            if !last {
+                return;
+            }
+            let frame = std::mem::take(&mut self.frame);
+            let mut block = &frame[..];
+            let mut pad = 0;
+            if header.has(PADDED) && !block.is_empty() {
+                pad = usize::from(block[0]);
+                block = &block[1..];
+            }
+            if header.has(PRIORITY) {
+                block = block.get(5..).unwrap_or_default();
+            }
+            let block = &block[..block.len().saturating_sub(pad)];
+            self.append_block(block);
+            self.frame = frame;
+            self.frame.clear();
+        } else if header.stream == self.block_stream {
+            self.append_block(bytes);
+        } else {
+            return;
+        }
+        if last && header.has(END_HEADERS) {
+            self.header_block(header.stream, None);
+        }
+    }
+
+    /// Whether a frame the server writes matters to the account: one that
+    /// answers a stream, ends it, or resets it.
+    #[inline]
+    pub(crate) fn wants_server_frame(kind: u8, flags: u8) -> bool {
+        kind == HEADERS || kind == RST_STREAM || (kind == DATA && flags & END_STREAM != 0)
+    }
+
     /// The server wrote a frame with `header`.
+    #[inline]
     pub(crate) fn server_frame(&mut self, header: Header) {
-        let ended = match header.kind {
-            HEADERS if !header.has(END_STREAM) => {
-                if let Some(open) = self.open.iter_mut().find(|o| o.id == header.stream) {
-                    open.answered = true;
-                }
-                false
+        let id = header.stream;
+        if header.kind == RST_STREAM {
+            // The server's own reset: neither honest nor early.
+            self.ended(id);
+        } else if header.has(END_STREAM) && (header.kind == HEADERS || header.kind == DATA) {
+            if self.ended(id) {
+                self.earn();
             }
-            HEADERS | crate::wire::frames::DATA => header.has(END_STREAM),
-            RST_STREAM => {
-                // The server's own reset: neither honest nor early.
-                self.close(header.stream);
-                false
-            }
-            _ => false,
-        };
-        if ended && self.close(header.stream).is_some() {
-            self.earn();
+        } else if header.kind == HEADERS {
+            self.answered[self.answered_next % ANSWERED] = id;
+            self.answered_next = self.answered_next.wrapping_add(1);
         }
     }
 }
 
 /// The client's frames.
 impl Sink for Book {
+    /// Streams opened (their header blocks) and reset.
+    #[inline]
+    fn wants(&self, kind: u8, _flags: u8) -> bool {
+        kind == HEADERS || kind == CONTINUATION || kind == RST_STREAM
+    }
+
+    #[inline]
     fn header(&mut self, header: Header) {
         match header.kind {
             RST_STREAM => self.client_reset(header.stream),
-            HEADERS => {
-                self.block.clear();
-                self.frame.clear();
-                self.block_stream = header.stream;
-            }
+            // The block a HEADERS frame begins: what an earlier one left
+            // half assembled is a protocol error the connection's decoder
+            // ends the connection for, so the pieces are not cleared here.
+            HEADERS => self.block_stream = header.stream,
             _ => {}
         }
     }
 
+    #[inline]
     fn payload(&mut self, header: Header, bytes: &[u8], last: bool) {
-        match header.kind {
-            HEADERS if header.has(PADDED) || header.has(PRIORITY) => {
-                // The block lies between a pad length and a priority before
-                // it and padding after it: take the frame whole first.
-                if self.frame.len() + bytes.len() <= MAX_BLOCK {
-                    self.frame.extend_from_slice(bytes);
-                }
-                if last {
-                    let frame = std::mem::take(&mut self.frame);
-                    let mut block = &frame[..];
-                    let mut pad = 0;
-                    if header.has(PADDED) && !block.is_empty() {
-                        pad = usize::from(block[0]);
-                        block = &block[1..];
-                    }
-                    if header.has(PRIORITY) {
-                        block = block.get(5..).unwrap_or_default();
-                    }
-                    let block = &block[..block.len().saturating_sub(pad)];
-                    self.append_block(block);
-                    self.frame = frame;
-                    self.frame.clear();
-                }
-            }
-            HEADERS | CONTINUATION if header.stream == self.block_stream => {
-                self.append_block(bytes);
-            }
-            _ => return,
+        if header.kind != HEADERS && header.kind != CONTINUATION {
+            return;
         }
-        if last && header.has(END_HEADERS) {
-            self.header_block(header.stream);
+        // The usual request: one HEADERS frame, read whole in one piece:
+        // its block is read where it lies.
+        if header.kind == HEADERS
+            && header.flags & (PADDED | PRIORITY | END_HEADERS) == END_HEADERS
+            && bytes.len() == header.len
+            && bytes.len() <= MAX_BLOCK
+        {
+            self.header_block(header.stream, Some(bytes));
+        } else {
+            self.header_piece(header, bytes, last);
         }
     }
 }
@@ -309,9 +403,10 @@ mod tests {
 
     const RULES: Rules = Rules {
         allowance: 10,
-        early: Duration::from_millis(10),
+        early: super::super::EARLY,
+        deadline_slack: super::super::DEADLINE_SLACK,
         refill_per_second: 0.0,
-        pace: None,
+        hold: None,
     };
 
     /// A request's header block, with `grpc-timeout` when given.
@@ -341,7 +436,7 @@ mod tests {
             let mut client = Self {
                 encoder: loona_hpack::Encoder::new(),
                 frames: Frames::from_client(),
-                book: Book::new(RULES, Instant::now()),
+                book: Book::new(RULES, Instant::now(), false),
                 next: 1,
             };
             client.send(PREFACE.to_vec());
@@ -364,6 +459,16 @@ mod tests {
         fn reset(&mut self, id: u32) {
             self.send(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
         }
+
+        /// The server answers stream `id` whole.
+        fn answer(&mut self, id: u32) {
+            self.book.server_frame(Header {
+                len: 0,
+                kind: HEADERS,
+                flags: END_STREAM | END_HEADERS,
+                stream: id,
+            });
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -383,41 +488,69 @@ mod tests {
         assert_eq!(breach.last_stream, 21);
     }
 
-    /// A flood written into a connection the guard held unread for its
-    /// turn is read all at once when the turn comes: the account, started
-    /// then, takes its streams for as young as that read says; started at
-    /// the accept, it would take them for as old as the wait, and a flood
-    /// whose streams carry a deadline shorter than the wait would pass for
-    /// an honest storm.
     #[tokio::test(start_paused = true)]
-    async fn a_connection_held_for_its_turn_starts_its_account_when_it_is_read() {
-        let flood = |restarted: bool| {
-            let mut client = Client::new();
-            let mut bytes = Vec::new();
-            for _ in 0..11 {
-                let id = client.next;
-                client.next += 2;
-                let block = block(&mut client.encoder, Some("30m"));
-                bytes.extend(frame(HEADERS, END_HEADERS, id, &block));
-                bytes.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
-            }
-            (client, bytes, restarted)
-        };
-        let mut outcomes = Vec::new();
-        for restarted in [false, true] {
-            let (mut client, bytes, restarted) = flood(restarted);
-            tokio::time::advance(Duration::from_millis(50)).await;
-            if restarted {
-                client.book.restart(Instant::now());
-            }
-            client.send(bytes);
-            outcomes.push(client.book.breach().is_some());
+    async fn a_connection_on_probation_may_spend_nothing_until_its_streams_earn_it() {
+        let mut client = Client::new();
+        client.book = Book::new(RULES, Instant::now(), true);
+        let id = client.open(None);
+        client.reset(id);
+        assert!(client.book.breach().is_some(), "its first early reset");
+
+        // A client that is answered earns what it spends.
+        let mut client = Client::new();
+        client.book = Book::new(RULES, Instant::now(), true);
+        for _ in 0..20 {
+            let answered = client.open(None);
+            client.answer(answered);
+            let early = client.open(None);
+            client.reset(early);
         }
-        assert_eq!(
-            outcomes,
-            [false, true],
-            "only the restarted account sees the flood"
-        );
+        assert_eq!(client.book.breach(), None);
+    }
+
+    /// A hedged call with `hedgingDelay: "0s"` opens its attempts at once
+    /// and resets the losers as soon as the winner is answered, often
+    /// before the server answered them: the winner pays for them.
+    #[tokio::test(start_paused = true)]
+    async fn a_hedged_calls_winner_pays_for_its_four_losers() {
+        let mut client = Client::new();
+        for _ in 0..100 {
+            let attempts: Vec<u32> = (0..5).map(|_| client.open(Some("1S"))).collect();
+            client.answer(attempts[0]);
+            for &loser in &attempts[1..] {
+                client.reset(loser);
+            }
+        }
+        assert_eq!(client.book.breach(), None);
+        assert_eq!(client.book.early_resets, 400);
+    }
+
+    /// A client that gives up after 1 ms without telling the server (a
+    /// `tokio::time::timeout` around the call, no `grpc-timeout`) resets
+    /// each stream 1 ms after opening it: no flood, even when no call is
+    /// ever answered.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_gives_up_after_1_ms_without_a_header_is_no_flood() {
+        let mut client = Client::new();
+        for _ in 0..1000 {
+            let id = client.open(None);
+            tokio::time::advance(Duration::from_millis(1)).await;
+            client.reset(id);
+        }
+        assert_eq!(client.book.breach(), None);
+        assert_eq!(client.book.early_resets, 0);
+    }
+
+    /// A flood whose streams carry a deadline it does not wait for is a
+    /// flood: read as it comes, the deadline is far from explaining it.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_carrying_deadlines_it_does_not_wait_for_is_still_cut() {
+        let mut client = Client::new();
+        for n in 1..=11 {
+            let id = client.open(Some("30m"));
+            client.reset(id);
+            assert_eq!(client.book.breach().is_some(), n > 10);
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -425,7 +558,8 @@ mod tests {
         let mut client = Client::new();
         for _ in 0..100 {
             // A 5 ms deadline, the HEADERS and the reset in one read: a
-            // busy server reads an honest storm so.
+            // busy server reads an honest storm so, and a busy client
+            // writes its HEADERS late, with the reset.
             let id = client.open(Some("5m"));
             client.reset(id);
         }
@@ -524,10 +658,10 @@ mod tests {
         let mut bytes = PREFACE.to_vec();
         bytes.extend(frame(HEADERS, PADDED | PRIORITY, 1, &payload));
         bytes.extend(frame(CONTINUATION, END_HEADERS, 1, rest));
-        let mut book = Book::new(RULES, Instant::now());
+        let mut book = Book::new(RULES, Instant::now(), false);
         Frames::from_client().walk(&bytes, &mut book);
         let open: Vec<_> = book.open.iter().map(|o| (o.id, o.timeout)).collect();
-        assert_eq!(open, [(1, Some(Duration::from_secs(7)))]);
+        assert_eq!(open, [(1, nanos(Duration::from_secs(7)))]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -537,7 +671,7 @@ mod tests {
             ..RULES
         };
         let mut client = Client::new();
-        client.book = Book::new(rules, Instant::now());
+        client.book = Book::new(rules, Instant::now(), false);
         for _ in 0..200 {
             let id = client.open(None);
             client.reset(id);

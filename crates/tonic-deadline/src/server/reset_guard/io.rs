@@ -15,7 +15,7 @@ use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
 use super::book::{Book, Breach};
-use super::{Shared, Turn};
+use super::{Held, Shared};
 use crate::wire::frames::{self, Frames, GOAWAY, Header, Sink};
 
 /// HTTP/2's `ENHANCE_YOUR_CALM`, the code of the GOAWAY a breach sends.
@@ -35,8 +35,12 @@ const LINGER_BYTES: usize = 256 * 1024;
 /// client has reset more streams soon after opening them, long before their
 /// deadlines, than the guard allows.
 ///
-/// A new connection from an address the guard cut off lately is held
-/// unread until its turn ([`ResetGuard::pace_after_cut`](super::ResetGuard::pace_after_cut)).
+/// A connection from an address the guard cut off lately is on probation:
+/// one that floods again is held unread for a while before it is cut off
+/// ([`ResetGuard::hold_after_cut`](super::ResetGuard::hold_after_cut)).
+/// A connection that starts with a TLS handshake, which the guard cannot
+/// read, is refused (TLS belongs inside the guard:
+/// [`ResetGuard::incoming_tls`](super::ResetGuard::incoming_tls)).
 ///
 /// Made by [`ResetGuard::incoming`](super::ResetGuard::incoming) or
 /// [`ResetGuard::wrap`](super::ResetGuard::wrap); tonic reads its
@@ -60,37 +64,29 @@ enum Scan {
     /// The first bytes, until they show the HTTP/2 preface or not.
     Start(Vec<u8>),
     Http2(Frames),
-    /// Not HTTP/2 in the clear: nothing to follow.
+    /// HTTP/1: nothing to follow.
     Off,
+    /// TLS, which the guard cannot read: refused.
+    Refused,
 }
 
 struct State {
     /// The peer's address, remembered if the connection is cut off.
     peer: Option<IpAddr>,
-    /// Whether the connection may be read yet.
-    gate: Gate,
+    /// Its address was cut off lately.
+    probation: bool,
     read: Scan,
     written: Frames,
     book: Book,
-    /// The GOAWAY still to write, once the guard closed the connection.
+    /// Held unread until the sleep ends, then cut off: a connection that
+    /// flooded again on probation.
+    hold: Option<(Pin<Box<Sleep>>, Held)>,
+    /// The GOAWAY still to write, once the guard cut the connection off.
     go_away: Option<Vec<u8>>,
     closed: bool,
     /// Once the GOAWAY is written: the write side shut, what the client
     /// still sends read and dropped until it closes too, or for [`LINGER`].
     linger: Option<Linger>,
-}
-
-/// A paced connection's turn ([`Turn`], as the guard gave it).
-enum Gate {
-    /// Read as it comes.
-    Open,
-    /// Not read until then.
-    Until(Instant),
-    /// The wait for it, made on the first read (in the runtime that serves
-    /// the connection, wherever the connection was wrapped).
-    Waiting(Pin<Box<Sleep>>),
-    /// It had no turn: closed unread.
-    Shut,
 }
 
 struct Linger {
@@ -103,6 +99,12 @@ struct Linger {
 struct ServerFrames<'a>(&'a mut Book);
 
 impl Sink for ServerFrames<'_> {
+    #[inline]
+    fn wants(&self, kind: u8, flags: u8) -> bool {
+        Book::wants_server_frame(kind, flags)
+    }
+
+    #[inline]
     fn header(&mut self, header: Header) {
         self.0.server_frame(header);
     }
@@ -112,21 +114,18 @@ impl<IO> Guarded<IO> {
     pub(super) fn new(io: IO, shared: Arc<Shared>, peer: Option<IpAddr>) -> Self {
         shared.wrapped();
         let now = Instant::now();
-        let book = Book::new(shared.rules, now);
-        let gate = match shared.turn(peer, now) {
-            Turn::Now => Gate::Open,
-            Turn::At(turn) => Gate::Until(turn),
-            Turn::Refused => Gate::Shut,
-        };
+        let probation = shared.probation(peer, now);
+        let book = Book::new(shared.rules, now, probation);
         Self {
             io,
             shared,
             state: Box::new(State {
                 peer,
-                gate,
+                probation,
                 read: Scan::Start(Vec::new()),
                 written: Frames::default(),
                 book,
+                hold: None,
                 go_away: None,
                 closed: false,
                 linger: None,
@@ -146,25 +145,6 @@ impl<IO> Guarded<IO> {
 }
 
 impl State {
-    /// Ready once the connection may be read: a held one at its turn.
-    fn poll_gate(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            match &mut self.gate {
-                Gate::Open | Gate::Shut => return Poll::Ready(()),
-                Gate::Until(turn) => {
-                    self.gate = Gate::Waiting(Box::pin(tokio::time::sleep_until(*turn)));
-                }
-                Gate::Waiting(sleep) => {
-                    std::task::ready!(sleep.as_mut().poll(cx));
-                    self.gate = Gate::Open;
-                    // What waited in the socket arrived no earlier than
-                    // this, as far as the account can tell the streams' ages.
-                    self.book.restart(Instant::now());
-                }
-            }
-        }
-    }
-
     /// Follows `bytes` the client sent, read at `now`.
     fn read(&mut self, bytes: &[u8], now: Instant, shared: &Shared) {
         if let Scan::Start(start) = &mut self.read {
@@ -172,8 +152,11 @@ impl State {
             match frames::is_preface(start) {
                 None => return,
                 Some(false) => {
-                    shared.not_http2(start);
-                    self.read = Scan::Off;
+                    self.read = if shared.not_http2(start) {
+                        Scan::Refused
+                    } else {
+                        Scan::Off
+                    };
                     return;
                 }
                 Some(true) => {
@@ -189,13 +172,22 @@ impl State {
         };
         self.book.reading_at(now);
         frames.walk(bytes, &mut self.book);
-        if !self.closed
+        if !self.cut()
             && let Some(breach) = self.book.breach()
         {
-            self.closed = true;
-            shared.breached(&breach, self.peer, now);
             self.go_away = Some(go_away(&breach));
+            match shared.breached(&breach, self.peer, self.probation, now) {
+                Some((held, hold)) => {
+                    self.hold = Some((Box::pin(tokio::time::sleep(hold)), held));
+                }
+                None => self.closed = true,
+            }
         }
+    }
+
+    /// The connection was cut off, or is held before it is.
+    fn cut(&self) -> bool {
+        self.closed || self.hold.is_some()
     }
 }
 
@@ -204,6 +196,14 @@ fn go_away(breach: &Breach) -> Vec<u8> {
     payload.extend(ENHANCE_YOUR_CALM.to_be_bytes());
     payload.extend_from_slice(crate::wire::FLOOD_GO_AWAY.as_bytes());
     frames::frame(GOAWAY, 0, 0, &payload)
+}
+
+fn refused_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionRefused,
+        "refused by the reset guard: TLS it cannot read (terminate TLS in the guard: \
+         ResetGuard::incoming_tls)",
+    )
 }
 
 fn closed_error() -> io::Error {
@@ -242,6 +242,19 @@ impl<IO: AsyncWrite + Unpin> Guarded<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Guarded<IO> {
+    /// A connection cut off: held unread until its hold ends, if it has
+    /// one, then closed. Ready with the error that ends the connection.
+    #[cold]
+    fn poll_cut(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if let Some((until, _)) = &mut self.state.hold {
+            std::task::ready!(until.as_mut().poll(cx));
+            // The hold given back: its address may have another held.
+            self.state.hold = None;
+            self.state.closed = true;
+        }
+        self.poll_closed(cx)
+    }
+
     /// Closes a breached connection: the GOAWAY, the write side shut after
     /// it, then what the client still sends read and dropped (at most
     /// [`LINGER_BYTES`], for at most [`LINGER`]) so that the socket ends
@@ -280,27 +293,42 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.state.closed {
-            return this.poll_closed(cx).map(Err);
-        }
-        match this.state.gate {
-            Gate::Open => {}
-            // The end of the stream: hyper closes the connection.
-            Gate::Shut => return Poll::Ready(Ok(())),
-            _ => std::task::ready!(this.state.poll_gate(cx)),
+        if this.state.cut() {
+            return this.poll_cut(cx).map(Err);
         }
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        this.follow_read(cx, buf, before)
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> Guarded<IO> {
+    /// Follows what a read brought into `buf` after `before`; what the read
+    /// answers. Out of line: most reads of a busy connection find nothing.
+    #[inline(never)]
+    fn follow_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        before: usize,
+    ) -> Poll<io::Result<()>> {
         let read = &buf.filled()[before..];
-        if read.is_empty() || matches!(this.state.read, Scan::Off) {
-            return Poll::Ready(Ok(()));
+        match self.state.read {
+            Scan::Off => return Poll::Ready(Ok(())),
+            Scan::Refused => return Poll::Ready(Err(refused_error())),
+            _ if read.is_empty() => return Poll::Ready(Ok(())),
+            _ => {}
         }
         // One clock read for all the frames of a read.
-        this.state.read(read, Instant::now(), &this.shared);
-        if this.state.closed {
+        self.state.read(read, Instant::now(), &self.shared);
+        if matches!(self.state.read, Scan::Refused) {
+            buf.set_filled(before);
+            return Poll::Ready(Err(refused_error()));
+        }
+        if self.state.cut() {
             // What this read brought is not handed on: the connection ends.
             buf.set_filled(before);
-            return this.poll_closed(cx).map(Err);
+            return self.poll_cut(cx).map(Err);
         }
         Poll::Ready(Ok(()))
     }
@@ -360,7 +388,7 @@ impl<IO> Guarded<IO> {
     /// Follows bytes the server wrote.
     fn wrote(&mut self, bytes: &[u8]) {
         let state = &mut *self.state;
-        if matches!(state.read, Scan::Off) {
+        if matches!(state.read, Scan::Off | Scan::Refused) {
             return;
         }
         state

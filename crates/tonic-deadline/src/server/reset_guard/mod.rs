@@ -14,52 +14,62 @@
 //! [`ResetGuard`] tells the two apart by what an honest reset looks like.
 //! It follows each connection's frames (an I/O wrapper on the accepted
 //! stream, [`Guarded`]): the streams the client opens, the `grpc-timeout`
-//! each carries (the header block decoded, as the server's HPACK decoder
-//! does), and the streams it resets. A reset is *early* when the stream
-//! was reset before the server answered it, less than 10 ms after its
-//! HEADERS arrived, and its deadline was more than 10 ms further on (or it
-//! had none). A reset that its deadline explains is never early: a server
-//! kept off the CPU reads a while of its client's frames at once, HEADERS
-//! and resets together, so a stream's age is taken at the most its reads
-//! allow (since the read before its HEADERS). Early resets spend an
-//! allowance of 32 per connection; every stream that ends by itself or at
-//! its deadline, and time (100 a second), earn it back up to 32. A connection whose client spends more
-//! is sent `GOAWAY ENHANCE_YOUR_CALM` and closed; the guard logs the rule
-//! it broke (a `WARN`, at most one every 10 s) and counts it
+//! each carries (read from the header block with a shadow of the server's
+//! HPACK table, which decodes no other header), the streams the server
+//! answers, and the streams the client resets. A reset is *early* when it
+//! comes before the server answered the stream, less than 0.5 ms after its
+//! HEADERS (a client that gives up after its own timeout, 1 ms or more,
+//! without telling the server, is never early), and more than 10 ms before
+//! its deadline, if it has one. A reset that its deadline explains is never
+//! early: a server kept off the CPU reads a while of its client's frames at
+//! once, HEADERS and resets together, so a stream's age is taken at the
+//! most its reads allow (since the read before its HEADERS). Early resets
+//! spend an allowance of 32 per connection; every stream that ends by
+//! itself or at its deadline earns 4 back (a hedged call's winner pays for
+//! its losers, reset as soon as it is answered), and time 100 a second, up
+//! to 32. A connection whose client spends more is sent
+//! `GOAWAY ENHANCE_YOUR_CALM` and closed; the guard logs the rule it broke
+//! (a `WARN`, at most one every 10 s) and counts it
 //! ([`Metrics::reset_floods_cut`](crate::observe::Metrics::reset_floods_cut)).
 //!
-//! What an honest client cannot do is reset streams, long before their
-//! deadlines, faster than its calls end: hedged calls whose losers are
-//! reset, or callers that cancel, stay within the allowance as long as
-//! their calls mostly end by themselves; a client that cancels most of its
-//! calls right after making them is, on the wire, a flood.
+//! What an honest client cannot do is reset streams within half a
+//! millisecond of opening them, long before their deadlines, faster than
+//! its calls end: a client that cancels most of its calls the moment it
+//! makes them is, on the wire, a flood.
 //!
 //! A flood that connects again as soon as it is cut off costs the server
 //! a connection each time (its accept, its handshake, its allowance). So
 //! the guard remembers the addresses it cut off: for 10 s after its last
-//! cut, an address's new connections are read one at a time, 50 ms apart
-//! ([`ResetGuard::pace_after_cut`]), and held unread until their turn; a
-//! connection that would wait behind 20 others of its address is closed
-//! unread. Connections already open are never held, nor other addresses'. Behind
-//! a proxy that hides its clients' addresses, every client shares the
-//! proxy's: a flood through it would hold everyone's new connections for
-//! a while, and the guard says so when it holds or closes one (a `WARN`,
-//! at most one every 10 s, and
-//! [`Metrics::connections_held`](crate::observe::Metrics::connections_held),
+//! cut, an address's new connections are on *probation*. They are read as
+//! any other, but start with no allowance: one that resets a stream early
+//! is held unread for a second before it is cut off
+//! ([`ResetGuard::hold_after_cut`]), so that a flood's thread has one
+//! connection a second read; beyond 20 held at once from one address, the
+//! rest are cut off at once. What is held is only what floods again: a
+//! client sharing the address (behind a NAT, or a proxy that hides its
+//! clients' addresses) is served as any other. The guard says so when it
+//! holds or cuts one (a `WARN` naming the address, at most one every 10 s,
+//! and [`Metrics::connections_held`](crate::observe::Metrics::connections_held),
 //! [`Metrics::connections_refused`](crate::observe::Metrics::connections_refused)).
 //!
 //! hyper's own guard stays as a backstop, raised out of the way of honest
 //! storms ([`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS)) by the
 //! builder the guard gives ([`ResetGuard::builder`]); the connections must
-//! be wrapped ([`ResetGuard::incoming`]). A guard whose builder serves
-//! connections it never wrapped says so on the first request (a `WARN`,
-//! and [`Metrics::unguarded_servers`](crate::observe::Metrics::unguarded_servers)):
-//! hyper's raised bound would then stand alone.
+//! be wrapped ([`ResetGuard::incoming`]). A server of that builder must
+//! therefore never serve what the guard cannot read, and it does not:
 //!
-//! The guard reads HTTP/2 in the clear. A connection that is not (TLS set
-//! on tonic's `Server`, which encrypts after the incoming stream) is passed
-//! through unread, and said so; put the guard around the decrypted stream
-//! instead.
+//! - connections the guard never wrapped: from the first request on, every
+//!   request is answered `FAILED_PRECONDITION`, naming the fix;
+//! - TLS set on tonic's `Server` (which encrypts after the incoming stream,
+//!   so that the guard would read ciphertext): every TLS connection is
+//!   refused.
+//!
+//! Either is said at once, as an `ERROR` naming the fix, and counted
+//! ([`Metrics::unguarded_servers`](crate::observe::Metrics::unguarded_servers)).
+//! For TLS, the guard terminates it itself ([`ResetGuard::incoming_tls`],
+//! the `tls` feature): rustls as tonic's `tls-ring` builds it, and the
+//! handlers see the client's certificates and address as under tonic's own
+//! TLS.
 //!
 //! # Example
 //!
@@ -84,6 +94,8 @@
 mod book;
 mod io;
 mod peers;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -94,8 +106,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::Stream;
+use futures_util::future::Either;
 use http::Request;
 use pin_project_lite::pin_project;
+use std::future::Ready;
 use tokio::time::Instant;
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
@@ -106,7 +120,9 @@ use crate::warn_limit::WarnLimit;
 use book::Breach;
 pub use io::Guarded;
 pub use peers::PeerAddress;
-use peers::{Peers, Turn};
+use peers::{Held, Peers};
+#[cfg(feature = "tls")]
+pub use tls::{ServerTls, TlsError, TlsIncoming};
 
 /// The early resets a connection may spend, and hold back, by default:
 /// what each connection of a flood that reconnects costs the server
@@ -114,27 +130,35 @@ use peers::{Peers, Turn};
 /// fast floods was 1.5 to 2.4 × plain tonic's; at 32, within 1.3 ×).
 const ALLOWANCE: u32 = 32;
 
-/// How soon after its HEADERS, and how long before its deadline, a reset
-/// counts as early.
-const EARLY: Duration = Duration::from_millis(10);
+/// How soon after its HEADERS a reset counts as early: half tokio's timer
+/// tick, the shortest timeout a Rust client gives up at without telling the
+/// server (`tokio::time::timeout` of 1 ms fires no sooner than 1 ms after
+/// the call).
+const EARLY: Duration = Duration::from_micros(500);
+
+/// How far before its deadline a reset may come and still be explained by
+/// it: a client's HEADERS can wait in its own connection's queue while its
+/// deadline runs, and reach the server together with the reset.
+const DEADLINE_SLACK: Duration = Duration::from_millis(10);
 
 /// How many early resets a second time gives back.
 const REFILL_PER_SECOND: f64 = 100.0;
 
-/// How far apart the new connections of an address cut off lately are
-/// read: 20 a second (`experiment rapid-reset`: a flood that reconnects at
-/// once had about 4 000 connections a second read without it).
-const PACE: Duration = Duration::from_millis(50);
+/// How long a connection that floods again, from an address cut off
+/// lately, is held unread before it is cut off: a flood that reconnects
+/// at once has one connection a second read per thread.
+const HOLD: Duration = Duration::from_secs(1);
 
 /// The rules of a guard: fixed when it is built.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rules {
     pub(crate) allowance: u32,
     pub(crate) early: Duration,
+    pub(crate) deadline_slack: Duration,
     pub(crate) refill_per_second: f64,
-    /// How far apart an address cut off lately has its new connections
-    /// read (`None`: not paced).
-    pub(crate) pace: Option<Duration>,
+    /// How long a connection that floods on probation is held before it
+    /// is cut off (`None`: no probation, every connection alike).
+    pub(crate) hold: Option<Duration>,
 }
 
 /// Told when a guard closes a connection, or serves unguarded.
@@ -146,12 +170,13 @@ pub(crate) trait Observer: Send + Sync + fmt::Debug {
     /// connection the guard never wrapped.
     fn unguarded(&self);
 
-    /// A new connection was held unread for its turn: its address was cut
-    /// off lately.
+    /// A connection from an address cut off lately flooded again, and was
+    /// held unread before being cut off.
     fn connection_held(&self);
 
-    /// A new connection was closed unread: its address was cut off lately,
-    /// and as many of its connections as may wait were waiting.
+    /// A connection from an address cut off lately flooded again, and was
+    /// cut off at once: as many of its address's connections as may be
+    /// held were held.
     fn connection_refused(&self);
 }
 
@@ -163,13 +188,16 @@ pub(crate) struct Shared {
     warnings: WarnLimit,
     held_warnings: WarnLimit,
     /// The addresses cut off lately.
-    peers: Peers,
+    peers: Arc<Peers>,
     /// Connections wrapped so far.
     wrapped: AtomicU64,
-    /// A connection that was not HTTP/2 in the clear was seen.
-    saw_opaque: AtomicBool,
+    /// A connection that is TLS, which the guard cannot read, was refused.
+    saw_tls: AtomicBool,
     /// The builder's first request was checked.
     checked: AtomicBool,
+    /// The builder's server serves connections the guard never wrapped: it
+    /// refuses every request.
+    unguarded: AtomicBool,
 }
 
 impl Shared {
@@ -177,29 +205,88 @@ impl Shared {
         self.wrapped.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A connection that does not start with HTTP/2's preface: TLS (said,
-    /// once per guard: the guard cannot read it), or HTTP/1 (nothing to
-    /// guard).
-    fn not_http2(&self, start: &[u8]) {
-        // A TLS record of the handshake: content type 22, version 3.x.
-        let tls = matches!(start, [0x16, 0x03, ..]);
-        if tls && !self.saw_opaque.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "reset guard: a connection is TLS, which the guard cannot read; it is not \
-                 guarded (hyper's bound alone applies). Terminate TLS in the incoming stream \
-                 and wrap the decrypted stream, rather than setting TLS on tonic's Server"
-            );
+    /// Whether a connection from `peer`, accepted at `now`, is on
+    /// probation: its address was cut off lately.
+    fn probation(&self, peer: Option<IpAddr>, now: Instant) -> bool {
+        match (peer, self.rules.hold) {
+            (Some(ip), Some(_)) => self.peers.on_probation(ip, now),
+            _ => false,
         }
     }
 
+    /// A connection that does not start with HTTP/2's preface: TLS (which
+    /// the guard cannot read: refused, and said plainly, at once), or
+    /// HTTP/1 (nothing to guard). Whether it is refused.
+    fn not_http2(&self, start: &[u8]) -> bool {
+        // A TLS record of the handshake: content type 22, version 3.x.
+        let tls = matches!(start, [0x16, 0x03, ..]);
+        if tls && !self.saw_tls.swap(true, Ordering::Relaxed) {
+            if let Some(observer) = &self.observer {
+                observer.unguarded();
+            }
+            tracing::error!(
+                "reset guard: refused a TLS connection, which the guard cannot read: TLS is set \
+                 on tonic's Server, around the guard, so nothing would bound reset floods on it \
+                 (the guard's builder raised hyper's own bound for the guard). Every TLS \
+                 connection is refused until the guard terminates TLS itself: serve with \
+                 guard.incoming_tls(incoming, ServerTls::from_pem(..)?) and no tls_config"
+            );
+        }
+        tls
+    }
+
+    /// A connection breached its allowance at `now`: a hold to keep it
+    /// unread for, if it was on probation and may be held; cut off at once
+    /// otherwise.
     #[cold]
-    fn breached(&self, breach: &Breach, peer: Option<IpAddr>, now: Instant) {
+    fn breached(
+        &self,
+        breach: &Breach,
+        peer: Option<IpAddr>,
+        probation: bool,
+        now: Instant,
+    ) -> Option<(Held, Duration)> {
         if let Some(observer) = &self.observer {
             observer.reset_flood_cut();
         }
-        if let (Some(ip), Some(_)) = (peer, self.rules.pace) {
-            self.peers.cut(ip, now);
+        let (Some(ip), Some(hold)) = (peer, self.rules.hold) else {
+            self.warn_cut(breach);
+            return None;
+        };
+        self.peers.cut(ip, now);
+        if !probation {
+            self.warn_cut(breach);
+            return None;
         }
+        let held = self.peers.hold(ip);
+        if let Some(observer) = &self.observer {
+            match held {
+                Some(_) => observer.connection_held(),
+                None => observer.connection_refused(),
+            }
+        }
+        if let Some(similar) = self.held_warnings.admit() {
+            let what = match held {
+                Some(_) => format!("holding it unread for {hold:?}, then cutting it off"),
+                None => format!(
+                    "cutting it off at once: {} of its address's connections are held already",
+                    peers::HELD
+                ),
+            };
+            tracing::warn!(
+                peer = %ip,
+                early_resets = breach.early_resets,
+                similar_since_last_warning = similar,
+                "reset guard: a connection from an address cut off for a reset flood within the \
+                 last {} s reset streams early again: {what}. Its address's other connections \
+                 are served as any other",
+                peers::FORGET.as_secs(),
+            );
+        }
+        held.map(|held| (held, hold))
+    }
+
+    fn warn_cut(&self, breach: &Breach) {
         if let Some(similar) = self.warnings.admit() {
             tracing::warn!(
                 early_resets = breach.early_resets,
@@ -216,71 +303,35 @@ impl Shared {
         }
     }
 
-    /// When a connection from `peer`, accepted at `now`, may be read.
-    fn turn(&self, peer: Option<IpAddr>, now: Instant) -> Turn {
-        let (Some(ip), Some(pace)) = (peer, self.rules.pace) else {
-            return Turn::Now;
-        };
-        let turn = self.peers.admit(ip, now, pace);
-        match turn {
-            Turn::Now => {}
-            Turn::At(at) => self.paced(ip, Some(at - now)),
-            Turn::Refused => self.paced(ip, None),
+    /// Whether a request to a server built by this guard's builder is
+    /// refused: the server serves connections the guard never wrapped.
+    fn refuses(&self) -> bool {
+        if self.checked.load(Ordering::Relaxed) {
+            return self.unguarded.load(Ordering::Relaxed);
         }
-        turn
+        self.first_request()
     }
 
-    /// A connection from `ip` waits `wait` for its turn, or (`None`) is
-    /// refused.
     #[cold]
-    fn paced(&self, ip: IpAddr, wait: Option<Duration>) {
-        if let Some(observer) = &self.observer {
-            match wait {
-                Some(_) => observer.connection_held(),
-                None => observer.connection_refused(),
-            }
-        }
-        let Some(similar) = self.held_warnings.admit() else {
-            return;
-        };
-        let pace = self.rules.pace.unwrap_or_default();
-        let what = match wait {
-            Some(wait) => format!("holding a new connection unread for {wait:?}, until its turn"),
-            None => format!(
-                "closing a new connection unread: {} of its address's connections wait for their \
-                 turns already",
-                peers::WAITING
-            ),
-        };
-        tracing::warn!(
-            peer = %ip,
-            similar_since_last_warning = similar,
-            "reset guard: {what}: its address was cut off for a reset flood within the last {} s, \
-             and its new connections are read one every {pace:?}. Behind a proxy that hides its \
-             clients' addresses every client shares this one: turn pacing off with \
-             ResetGuard::pace_after_cut(None)",
-            peers::FORGET.as_secs(),
-        );
-    }
-
-    /// A request arrived at a server built by this guard's builder.
-    fn served(&self) {
-        if self.checked.load(Ordering::Relaxed) || self.checked.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        if self.wrapped.load(Ordering::Relaxed) == 0 {
+    fn first_request(&self) -> bool {
+        if !self.checked.swap(true, Ordering::Relaxed) && self.wrapped.load(Ordering::Relaxed) == 0
+        {
+            self.unguarded.store(true, Ordering::Relaxed);
             if let Some(observer) = &self.observer {
                 observer.unguarded();
             }
-            tracing::warn!(
-                "reset guard: a server built by ResetGuard::builder serves connections the guard \
-                 never wrapped: hyper's guard against reset floods is raised for the guard, and \
-                 nothing else bounds them. Serve with \
-                 .serve_with_incoming(guard.incoming(...))"
-            );
+            tracing::error!("{UNGUARDED}");
         }
+        self.unguarded.load(Ordering::Relaxed)
     }
 }
+
+/// What a server of a guard's builder that serves connections the guard
+/// never wrapped says, in its log and in the status of every request.
+const UNGUARDED: &str = "reset guard: a server built by ResetGuard::builder serves connections \
+    the guard never wrapped, with hyper's own bound on reset floods raised for the guard: \
+    nothing would bound them, so every request is refused. Serve with \
+    .serve_with_incoming(guard.incoming(...)), or build the server with Server::builder()";
 
 /// A guard against HTTP/2 reset floods that lets honest deadline storms
 /// through. See the [module docs](self).
@@ -305,8 +356,9 @@ impl ResetGuard {
             Rules {
                 allowance: ALLOWANCE,
                 early: EARLY,
+                deadline_slack: DEADLINE_SLACK,
                 refill_per_second: REFILL_PER_SECOND,
-                pace: Some(PACE),
+                hold: Some(HOLD),
             },
             None,
         )
@@ -319,10 +371,11 @@ impl ResetGuard {
                 observer,
                 warnings: WarnLimit::new(),
                 held_warnings: WarnLimit::new(),
-                peers: Peers::default(),
+                peers: Arc::default(),
                 wrapped: AtomicU64::new(0),
-                saw_opaque: AtomicBool::new(false),
+                saw_tls: AtomicBool::new(false),
                 checked: AtomicBool::new(false),
+                unguarded: AtomicBool::new(false),
             }),
         }
     }
@@ -345,24 +398,30 @@ impl ResetGuard {
         Self::with(rules, self.shared.observer.clone())
     }
 
-    /// How far apart the new connections of an address cut off lately
-    /// are read, for 10 s after its last cut (50 ms by default: 20 a
-    /// second; each is held unread until its turn). `None` turns pacing
-    /// off: for a server behind a proxy that hides its clients' addresses,
-    /// where a flood through the proxy would hold every client's new
-    /// connections. Only connections from [`incoming`](Self::incoming) are
-    /// paced, by their [`PeerAddress`].
+    /// How long a connection is held unread, when it floods again from an
+    /// address cut off within the last 10 s, before it is cut off (1 s by
+    /// default; at most 20 of an address at once, the rest cut off at once).
+    /// Such connections are on *probation*: they may reset no stream early
+    /// until their streams have earned it. `None` turns probation off: every
+    /// connection gets the whole allowance, and a flood that reconnects costs
+    /// the server a connection each time.
+    ///
+    /// Only the connections that flood again are held: a client sharing the
+    /// flood's address (behind a NAT, or a proxy that hides its clients'
+    /// addresses) is served as any other. Only connections from
+    /// [`incoming`](Self::incoming) are on probation, by their
+    /// [`PeerAddress`].
     ///
     /// ```
     /// use std::time::Duration;
-    /// let behind_a_proxy = tonic_deadline::server::ResetGuard::new().pace_after_cut(None);
-    /// let stricter = tonic_deadline::server::ResetGuard::new()
-    ///     .pace_after_cut(Some(Duration::from_millis(200)));
-    /// # let _ = (behind_a_proxy, stricter);
+    /// use tonic_deadline::server::ResetGuard;
+    /// let longer = ResetGuard::new().hold_after_cut(Some(Duration::from_secs(5)));
+    /// let without = ResetGuard::new().hold_after_cut(None);
+    /// # let _ = (longer, without);
     /// ```
-    pub fn pace_after_cut(self, pace: Option<Duration>) -> Self {
+    pub fn hold_after_cut(self, hold: Option<Duration>) -> Self {
         let rules = Rules {
-            pace,
+            hold,
             ..self.shared.rules
         };
         Self::with(rules, self.shared.observer.clone())
@@ -376,15 +435,15 @@ impl ResetGuard {
         Self::with(self.shared.rules, Some(observer))
     }
 
-    /// Guards one accepted connection (not paced: the guard does not know
-    /// its address; see [`wrap_from`](Self::wrap_from)).
+    /// Guards one accepted connection (never on probation: the guard does
+    /// not know its address; see [`wrap_from`](Self::wrap_from)).
     pub fn wrap<IO>(&self, io: IO) -> Guarded<IO> {
         Guarded::new(io, self.shared.clone(), None)
     }
 
     /// Guards one accepted connection from `peer`: if that address was
-    /// cut off lately, the connection is read when its turn comes
-    /// ([`pace_after_cut`](Self::pace_after_cut)).
+    /// cut off lately, the connection is on probation
+    /// ([`hold_after_cut`](Self::hold_after_cut)).
     ///
     /// ```
     /// use tonic_deadline::server::ResetGuard;
@@ -401,8 +460,8 @@ impl ResetGuard {
 
     /// Guards every connection of `incoming` (what tonic's
     /// `serve_with_incoming` takes: a `TcpIncoming`, a
-    /// `TcpListenerStream`, a `UnixListenerStream`), each paced by its
-    /// [`PeerAddress`] after a cut.
+    /// `TcpListenerStream`, a `UnixListenerStream`), each on probation
+    /// after a cut of its [`PeerAddress`].
     pub fn incoming<I, IO, E>(&self, incoming: I) -> Incoming<I>
     where
         I: Stream<Item = Result<IO, E>>,
@@ -484,27 +543,33 @@ impl<S> Layer<S> for CheckLayer {
     }
 }
 
-/// The service of [`CheckLayer`]: passes every request on.
+/// The service of [`CheckLayer`]: passes every request on, unless the
+/// server serves connections the guard never wrapped; then it answers
+/// every request `FAILED_PRECONDITION`, naming the fix.
 #[derive(Debug, Clone)]
 pub struct Check<S> {
     inner: S,
     shared: Arc<Shared>,
 }
 
-impl<S, B> Service<Request<B>> for Check<S>
+impl<S, B, ResBody> Service<Request<B>> for Check<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = http::Response<ResBody>>,
+    ResBody: Default,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Either<S::Future, Ready<Result<S::Response, S::Error>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> S::Future {
-        self.shared.served();
-        self.inner.call(request)
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        if self.shared.refuses() {
+            let status = tonic::Status::failed_precondition(UNGUARDED);
+            return Either::Right(std::future::ready(Ok(status.into_http())));
+        }
+        Either::Left(self.inner.call(request))
     }
 }

@@ -1,16 +1,22 @@
-//! What a guard remembers of the addresses it cut off: a flood that
+//! What a guard remembers of the addresses it cut off. A flood that
 //! connects again as soon as it is cut off costs the server a connection
-//! (its accept, its handshake, its allowance of streams) each time, and
-//! a guard on each connection bounds only what one connection costs. The
-//! new connections of an address cut off lately are read one at a time,
-//! [`Rules::pace`] apart, until it has gone [`FORGET`] without a cut.
+//! (its accept, its handshake, its allowance of streams) each time, and a
+//! guard on each connection bounds only what one connection costs. So for
+//! [`FORGET`] after its last cut, an address's new connections are on
+//! *probation*: they start with no early resets allowed, and one that
+//! resets a stream early is held unread for [`Rules::hold`] before it is
+//! cut off, at most [`HELD`] of an address at once. What is held is only
+//! what floods again: an honest client sharing the address (behind a NAT
+//! or a proxy that hides its clients' addresses) is read as any other.
 //! An IPv6 address is remembered by its /64 prefix, what one host is
 //! usually given: a flooder choosing a new address within it for each
 //! connection is the same flooder.
+//!
+//! [`Rules::hold`]: super::Rules::hold
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,13 +24,14 @@ use tonic::transport::server::TcpConnectInfo;
 #[cfg(unix)]
 use tonic::transport::server::UdsConnectInfo;
 
-/// How long after its last cut an address is paced.
+/// How long after its last cut an address's new connections are on
+/// probation.
 pub(super) const FORGET: Duration = Duration::from_secs(10);
 
-/// The most turns an address's new connections may wait for at once; one
-/// that would wait for more is closed unread. A flood that opens
-/// connections without waiting for them holds no more than these.
-pub(super) const WAITING: u32 = 20;
+/// The most connections of an address held at once; one more that floods
+/// on probation is cut off at once. A flood that opens connections
+/// without waiting for them holds no more than these.
+pub(super) const HELD: u32 = 20;
 
 /// The most addresses remembered at once; beyond it, a new one is not
 /// (what an attacker with that many addresses gets is what every
@@ -34,7 +41,7 @@ const MAX_PEERS: usize = 4096;
 /// The address a connection came from, which a guard keys its memory of
 /// floods by ([`ResetGuard::incoming`](super::ResetGuard::incoming)).
 /// Implemented for what tonic's TCP and Unix-socket streams tell;
-/// implement it for your own connections' info (`None`: not paced).
+/// X
 ///
 /// ```
 /// use std::net::IpAddr;
@@ -81,24 +88,12 @@ fn key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// When a new connection may be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Turn {
-    /// At once: its address was not cut off lately, or its turn is now.
-    Now,
-    /// Held unread until then.
-    At(Instant),
-    /// Never: [`WAITING`] turns of its address wait already. It is closed
-    /// unread.
-    Refused,
-}
-
 /// An address cut off lately.
 #[derive(Debug, Clone, Copy)]
 struct Peer {
     last_cut: Instant,
-    /// When its next new connection may be read.
-    next: Instant,
+    /// Its connections held now.
+    held: u32,
 }
 
 /// The addresses cut off lately.
@@ -108,12 +103,16 @@ pub(super) struct Peers {
 }
 
 impl Peers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Peer>> {
+        self.cut.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A connection from `ip` was cut off at `now`.
     pub(super) fn cut(&self, ip: IpAddr, now: Instant) {
         let ip = key(ip);
-        let mut cut = self.cut.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cut = self.lock();
         if cut.len() >= MAX_PEERS && !cut.contains_key(&ip) {
-            cut.retain(|_, peer| now.duration_since(peer.last_cut) < FORGET);
+            cut.retain(|_, peer| now.duration_since(peer.last_cut) < FORGET || peer.held > 0);
             if cut.len() >= MAX_PEERS {
                 return;
             }
@@ -122,33 +121,55 @@ impl Peers {
             .and_modify(|peer| peer.last_cut = now)
             .or_insert(Peer {
                 last_cut: now,
-                next: now,
+                held: 0,
             });
     }
 
-    /// When a new connection from `ip`, accepted at `now`, may be read:
-    /// at once if its address was not cut off within [`FORGET`], else at
-    /// its turn, `pace` after the one before, unless [`WAITING`] turns
-    /// wait already.
-    pub(super) fn admit(&self, ip: IpAddr, now: Instant, pace: Duration) -> Turn {
+    /// Whether a new connection from `ip`, accepted at `now`, is on
+    /// probation: its address was cut off within [`FORGET`].
+    pub(super) fn on_probation(&self, ip: IpAddr, now: Instant) -> bool {
         let ip = key(ip);
-        let mut cut = self.cut.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(peer) = cut.get_mut(&ip) else {
-            return Turn::Now;
+        let mut cut = self.lock();
+        let Some(peer) = cut.get(&ip) else {
+            return false;
         };
-        if now.duration_since(peer.last_cut) >= FORGET {
+        if now.duration_since(peer.last_cut) < FORGET {
+            return true;
+        }
+        if peer.held == 0 {
             cut.remove(&ip);
-            return Turn::Now;
         }
-        let turn = peer.next.max(now);
-        if turn.duration_since(now) >= pace * WAITING {
-            return Turn::Refused;
+        false
+    }
+
+    /// A connection from `ip` flooded on probation: a hold for it, unless
+    /// [`HELD`] of its address are held already.
+    pub(super) fn hold(self: &Arc<Self>, ip: IpAddr) -> Option<Held> {
+        let ip = key(ip);
+        let mut cut = self.lock();
+        let peer = cut.get_mut(&ip)?;
+        if peer.held >= HELD {
+            return None;
         }
-        peer.next = turn + pace;
-        if turn > now {
-            Turn::At(turn)
-        } else {
-            Turn::Now
+        peer.held += 1;
+        Some(Held {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// A connection held: its address's count, given back when dropped.
+#[derive(Debug)]
+pub(super) struct Held {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(peer) = self.peers.lock().get_mut(&self.ip) {
+            peer.held = peer.held.saturating_sub(1);
         }
     }
 }
@@ -157,59 +178,38 @@ impl Peers {
 mod tests {
     use super::*;
 
-    const PACE: Duration = Duration::from_millis(50);
-
     #[tokio::test(start_paused = true)]
-    async fn an_address_cut_off_is_read_one_connection_at_a_time_until_forgotten() {
+    async fn an_address_cut_off_is_on_probation_until_forgotten() {
         let peers = Peers::default();
         let flooder = IpAddr::from([10, 0, 0, 1]);
         let other = IpAddr::from([10, 0, 0, 2]);
         let t0 = Instant::now();
-        assert_eq!(peers.admit(flooder, t0, PACE), Turn::Now, "nothing cut yet");
+        assert!(!peers.on_probation(flooder, t0), "nothing cut yet");
         peers.cut(flooder, t0);
-        // The first one after the cut goes at once; the next wait their turns.
-        assert_eq!(peers.admit(flooder, t0, PACE), Turn::Now);
-        assert_eq!(peers.admit(flooder, t0, PACE), Turn::At(t0 + PACE));
-        assert_eq!(peers.admit(flooder, t0, PACE), Turn::At(t0 + PACE * 2));
-        assert_eq!(
-            peers.admit(other, t0, PACE),
-            Turn::Now,
-            "another address is not paced"
-        );
-        // Turns that have passed are not owed.
-        let later = t0 + Duration::from_secs(1);
-        assert_eq!(peers.admit(flooder, later, PACE), Turn::Now);
-        assert_eq!(peers.admit(flooder, later, PACE), Turn::At(later + PACE));
+        assert!(peers.on_probation(flooder, t0));
+        assert!(peers.on_probation(flooder, t0 + Duration::from_secs(9)));
+        assert!(!peers.on_probation(other, t0), "another address is not");
+        // A later cut starts the time again.
+        peers.cut(flooder, t0 + Duration::from_secs(5));
+        assert!(peers.on_probation(flooder, t0 + Duration::from_secs(14)));
         // Forgotten once it has gone FORGET without a cut.
-        let quiet = t0 + FORGET;
-        assert_eq!(peers.admit(flooder, quiet, PACE), Turn::Now);
-        assert_eq!(peers.admit(flooder, quiet, PACE), Turn::Now);
+        assert!(!peers.on_probation(flooder, t0 + Duration::from_secs(15)));
+        assert!(peers.lock().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn connections_beyond_the_turns_that_may_wait_are_refused() {
-        let peers = Peers::default();
+    async fn no_more_than_so_many_connections_of_an_address_are_held() {
+        let peers = Arc::new(Peers::default());
         let flooder = IpAddr::from([10, 0, 0, 1]);
-        let t0 = Instant::now();
-        peers.cut(flooder, t0);
-        let turns: Vec<Turn> = (0..WAITING + 5)
-            .map(|_| peers.admit(flooder, t0, PACE))
-            .collect();
-        assert_eq!(turns[0], Turn::Now);
-        assert_eq!(
-            turns[WAITING as usize - 1],
-            Turn::At(t0 + PACE * (WAITING - 1))
-        );
+        assert!(peers.hold(flooder).is_none(), "not cut: nothing to hold");
+        peers.cut(flooder, Instant::now());
+        let mut held: Vec<Held> = (0..HELD).filter_map(|_| peers.hold(flooder)).collect();
+        assert_eq!(held.len(), HELD as usize);
+        assert!(peers.hold(flooder).is_none(), "one more is not held");
+        held.pop();
         assert!(
-            turns[WAITING as usize..]
-                .iter()
-                .all(|t| *t == Turn::Refused),
-            "{turns:?}"
-        );
-        // As turns pass, room is made again.
-        assert_eq!(
-            peers.admit(flooder, t0 + PACE, PACE),
-            Turn::At(t0 + PACE * WAITING)
+            peers.hold(flooder).is_some(),
+            "a hold given back makes room"
         );
     }
 
@@ -219,24 +219,17 @@ mod tests {
         let t0 = Instant::now();
         let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
         peers.cut(ip("2001:db8:1:2::1"), t0);
-        peers.admit(ip("2001:db8:1:2::1"), t0, PACE);
-        assert_eq!(
-            peers.admit(ip("2001:db8:1:2:ffff::9"), t0, PACE),
-            Turn::At(t0 + PACE),
+        assert!(
+            peers.on_probation(ip("2001:db8:1:2:ffff::9"), t0),
             "another address of the same /64"
         );
-        assert_eq!(
-            peers.admit(ip("2001:db8:1:3::1"), t0, PACE),
-            Turn::Now,
+        assert!(
+            !peers.on_probation(ip("2001:db8:1:3::1"), t0),
             "another /64"
         );
         // An IPv4 address, whether it comes as itself or mapped.
         peers.cut(ip("192.0.2.7"), t0);
-        peers.admit(ip("192.0.2.7"), t0, PACE);
-        assert_eq!(
-            peers.admit(ip("::ffff:192.0.2.7"), t0, PACE),
-            Turn::At(t0 + PACE)
-        );
+        assert!(peers.on_probation(ip("::ffff:192.0.2.7"), t0));
     }
 
     #[tokio::test(start_paused = true)]
@@ -246,10 +239,10 @@ mod tests {
         for i in 0..(MAX_PEERS as u32 + 10) {
             peers.cut(IpAddr::from(i.to_be_bytes()), t0);
         }
-        assert_eq!(peers.cut.lock().expect("not poisoned").len(), MAX_PEERS);
+        assert_eq!(peers.lock().len(), MAX_PEERS);
         // Once the first are forgotten, room is made.
         let later = t0 + FORGET;
         peers.cut(IpAddr::from([192, 0, 2, 1]), later);
-        assert_eq!(peers.cut.lock().expect("not poisoned").len(), 1);
+        assert_eq!(peers.lock().len(), 1);
     }
 }
