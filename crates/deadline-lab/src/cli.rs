@@ -236,6 +236,14 @@ enum Experiment {
         #[arg(long, default_value_t = experiments::rapid_reset::FLOOD_MS)]
         flood_ms: u64,
     },
+    #[command(about = about("honest-resets"))]
+    HonestResets {
+        /// How long each pattern runs against each server, in milliseconds
+        /// (at least 1 000: the latency spike of the client-timeout
+        /// patterns lasts a second).
+        #[arg(long, default_value_t = experiments::honest_resets::WINDOW_MS)]
+        window_ms: u64,
+    },
     #[command(about = about("retry"))]
     Retry,
     #[command(about = about("hedge"))]
@@ -265,6 +273,9 @@ impl Experiment {
             Experiment::Hosts { one_way_ms } => params.one_way_ms.clone_from(one_way_ms),
             Experiment::RapidReset { flood_ms } => {
                 params.flood = Duration::from_millis((*flood_ms).clamp(100, 60_000));
+            }
+            Experiment::HonestResets { window_ms } => {
+                params.window = Duration::from_millis((*window_ms).clamp(1_000, 60_000));
             }
             _ => {}
         }

@@ -1,13 +1,18 @@
 //! The lab's log output: `tracing` events to stderr (filtered by `RUST_LOG`,
-//! warnings by default), and a count of the library's warnings that the
-//! experiments read back to tell whether a break was reported.
+//! warnings by default, with colours only on a terminal), a count of the
+//! library's warnings that the experiments read back to tell whether a break
+//! was reported, and [`Quiet`]: while an experiment runs, the warnings it
+//! provokes on purpose (h2's, the reset guard's) are counted for its table
+//! instead of printed line by line.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::Targets;
+use tracing_subscriber::filter::{FilterExt, Targets};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -40,14 +45,22 @@ pub type Extra = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 pub fn install_with(extra: Option<Extra>) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let filter = stderr_filter(std::env::var("RUST_LOG").ok().as_deref());
+        let rust_log = std::env::var("RUST_LOG").ok();
+        // Asked for by name, events are printed even while quiet.
+        let asked = rust_log.is_some();
+        let filter = stderr_filter(rust_log.as_deref());
+        let printed = tracing_subscriber::filter::filter_fn(move |meta| {
+            asked || *meta.level() < tracing::Level::WARN || !QUIET.load(Ordering::Relaxed)
+        });
         let _ = tracing_subscriber::registry()
             .with(extra)
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)
-                    .with_filter(filter),
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_filter(filter.and(printed)),
             )
+            .with(Provoked.with_filter(Targets::new().with_default(tracing::Level::WARN)))
             // Filtered to what it counts: without a filter of its own the
             // layer would enable every callsite (h2's and hyper's TRACE
             // events included) for the whole subscriber, and each request
@@ -119,5 +132,99 @@ impl Visit for Text {
         } else {
             self.0.push_str(&format!("{}={value:?}", field.name()));
         }
+    }
+}
+
+/// While set, warnings and errors go to [`Quiet`]'s count, not to stderr.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// What was logged while quiet: (target, message) → how many.
+fn provoked() -> &'static Mutex<BTreeMap<(String, String), u64>> {
+    static PROVOKED: OnceLock<Mutex<BTreeMap<(String, String), u64>>> = OnceLock::new();
+    PROVOKED.get_or_init(Mutex::default)
+}
+
+/// Counts the warnings and errors logged while quiet.
+struct Provoked;
+
+impl<S: tracing::Subscriber> Layer<S> for Provoked {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if !QUIET.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut text = Message(String::new());
+        event.record(&mut text);
+        let key = (event.metadata().target().to_owned(), text.0);
+        if let Ok(mut provoked) = provoked().lock() {
+            *provoked.entry(key).or_insert(0) += 1;
+        }
+    }
+}
+
+/// An event's message alone, without its fields.
+struct Message(String);
+
+impl Visit for Message {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+/// While held, the warnings and errors an experiment provokes are counted,
+/// not printed (unless `RUST_LOG` asks for them): a reset flood makes h2
+/// warn of every connection it cuts, thousands of lines that say one thing.
+/// [`summary`](Self::summary) is the line the experiment's table notes.
+#[derive(Debug)]
+pub struct Quiet(());
+
+impl Quiet {
+    /// Starts counting.
+    pub fn start() -> Self {
+        if let Ok(mut provoked) = provoked().lock() {
+            provoked.clear();
+        }
+        QUIET.store(true, Ordering::Relaxed);
+        Self(())
+    }
+
+    /// What was logged since the start, most frequent first, each message
+    /// cut to a line: `None` when nothing was.
+    pub fn summary(&self) -> Option<String> {
+        let provoked = provoked().lock().ok()?;
+        if provoked.is_empty() {
+            return None;
+        }
+        let total: u64 = provoked.values().sum();
+        let mut each: Vec<_> = provoked.iter().collect();
+        each.sort_by(|a, b| b.1.cmp(a.1));
+        let listed: Vec<String> = each
+            .iter()
+            .take(4)
+            .map(|((target, message), n)| {
+                let mut message = message.clone();
+                if message.chars().count() > 90 {
+                    message = message.chars().take(89).collect::<String>() + "…";
+                }
+                format!("{n} × {target}: {message}")
+            })
+            .collect();
+        let more = each.len().saturating_sub(listed.len());
+        Some(format!(
+            "warnings logged while it ran, counted rather than printed ({total}; RUST_LOG=warn prints them): {}{}",
+            listed.join("; "),
+            if more > 0 {
+                format!("; and {more} other kinds")
+            } else {
+                String::new()
+            }
+        ))
+    }
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        QUIET.store(false, Ordering::Relaxed);
     }
 }

@@ -6,7 +6,7 @@ use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Server};
 use tonic_deadline::client::{ClientDeadline, REMEMBERED_RESETS, ReadyChannel};
 use tonic_deadline::server::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS, ResetGuard};
 use tonic_deadline::{ClientDeadlineLayer, ServerDeadlineLayer};
@@ -111,7 +111,26 @@ pub async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
 
 /// A client channel to `addr` through our layer, connected before returning.
 pub async fn connect_layered(addr: SocketAddr) -> anyhow::Result<Layered> {
-    Ok(layered(ReadyChannel::connect(&endpoint(addr)?).await?))
+    connect_layered_over(addr, None).await
+}
+
+/// [`connect_layered`], over TLS trusting the authority `ca_pem` when
+/// given (the server's name: `localhost`).
+pub async fn connect_layered_over(
+    addr: SocketAddr,
+    ca_pem: Option<&str>,
+) -> anyhow::Result<Layered> {
+    let endpoint = match ca_pem {
+        None => endpoint(addr)?,
+        Some(ca) => Endpoint::from_shared(format!("https://{addr}"))?
+            .http2_max_concurrent_reset_streams(REMEMBERED_RESETS)
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(ca))
+                    .domain_name(probe::tls::SERVER_NAME),
+            )?,
+    };
+    Ok(layered(ReadyChannel::connect(&endpoint).await?))
 }
 
 /// A client channel to `addr` through our layer that connects on first use.

@@ -106,6 +106,9 @@ pub struct Params {
     pub spans: Spans,
     /// `experiment rapid-reset --flood-ms`: how long each row floods.
     pub flood: Duration,
+    /// `experiment honest-resets --window-ms`: how long each pattern runs
+    /// against each server.
+    pub window: Duration,
 }
 
 impl Default for Params {
@@ -115,6 +118,7 @@ impl Default for Params {
             one_way_ms: experiments::hosts::ONE_WAY_MS.to_vec(),
             spans: Spans::ChildProcess,
             flood: experiments::rapid_reset::DEMO_FLOOD,
+            window: experiments::honest_resets::DEMO_WINDOW,
         }
     }
 }
@@ -153,9 +157,17 @@ impl Entry {
     }
 
     /// Runs it with `params`. Benchmarks ignore them and run the demo's
-    /// short load (`bench NAME` takes its own flags).
+    /// short load (`bench NAME` takes its own flags). The warnings it
+    /// provokes are counted in its table's notes, not printed
+    /// ([`crate::logs::Quiet`]).
     pub fn run(&self, params: Params) -> Run {
-        (self.run)(params)
+        let run = (self.run)(params);
+        Box::pin(async move {
+            let quiet = crate::logs::Quiet::start();
+            let mut outcome = run.await?;
+            outcome.notes.extend(quiet.summary());
+            Ok(outcome)
+        })
     }
 }
 
@@ -286,9 +298,16 @@ pub static ENTRIES: &[Entry] = &[
     Entry {
         name: "rapid-reset",
         kind: Kind::Experiment,
-        about: "HTTP/2 Rapid Reset floods, fast and slow, on one connection and four: how plain tonic, the layer alone and ours cut them off, and an honest client's latency beside them",
+        about: "HTTP/2 Rapid Reset floods, fast and slow, on one connection and four, in the clear and over TLS: how plain tonic, the layer alone and ours cut them off, and an honest client's latency beside them",
         needs: &[],
         run: |p| Box::pin(experiments::rapid_reset::run(p.flood)),
+    },
+    Entry {
+        name: "honest-resets",
+        kind: Kind::Experiment,
+        about: "Honest clients that end streams early (deadline storms, hedges, their own short timeouts, cancels, a flood's neighbours behind one address) against plain tonic, the layer alone and ours",
+        needs: &[],
+        run: |p| Box::pin(experiments::honest_resets::run(p.window)),
     },
     Entry {
         name: "retry",

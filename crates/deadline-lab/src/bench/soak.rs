@@ -501,7 +501,9 @@ async fn serve(routes: Routes, pending_accept_resets: usize) -> anyhow::Result<S
     let guard = ResetGuard::new();
     let server = guard
         .builder()
-        .http2_max_pending_accept_reset_streams(Some(pending_accept_resets))
+        .configure(|server| {
+            server.http2_max_pending_accept_reset_streams(Some(pending_accept_resets))
+        })
         .layer(ServerDeadlineLayer::new())
         .add_routes(routes);
     tonic_deadline::detach(server.serve_with_incoming(guard.incoming(incoming)));

@@ -8,6 +8,7 @@ pub mod expired;
 pub mod faults;
 pub mod handler;
 pub mod hedge;
+pub mod honest_resets;
 pub mod hosts;
 pub mod im;
 pub mod jobs;

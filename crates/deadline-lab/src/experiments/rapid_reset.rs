@@ -1,8 +1,10 @@
-//! HTTP/2 Rapid Reset (CVE-2023-44487) against three servers: plain tonic
+//! HTTP/2 Rapid Reset (CVE-2023-44487) against plain tonic
 //! (`Server::builder()`, hyper's own guard), our server layer alone
 //! (`Server::builder().layer(ServerDeadlineLayer::new())`, which must be
 //! no weaker), and ours as the README serves it (`ResetGuard`'s builder,
-//! its incoming connections, the layer).
+//! its incoming connections, the layer); and over TLS, plain tonic with
+//! `tls_config` beside ours with the guard terminating TLS
+//! (`ResetGuard::incoming_tls`), every client speaking TLS too.
 //!
 //! Each flood shape runs against the three servers in turn, each freshly
 //! started: one connection as fast as the socket takes its streams (faster
@@ -36,6 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use probe::flood::{self, Flood, Shape};
+use probe::tls::Pki;
 use rustix::thread::CpuSet;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -44,9 +47,9 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
-use tonic::transport::Server;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic_deadline::observe::Metrics;
-use tonic_deadline::server::ResetGuard;
+use tonic_deadline::server::{ResetGuard, ServerTls};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
@@ -83,7 +86,13 @@ pub const HONEST_P50_VS_PLAIN: f64 = 2.0;
 pub const HONEST_P50_VS_BEFORE: f64 = 2.0;
 
 /// The servers, in the order each shape floods them.
-pub const SERVERS: [&str; 3] = ["plain tonic", "layer alone", "ours"];
+pub const SERVERS: [&str; 5] = [
+    "plain tonic",
+    "layer alone",
+    "ours",
+    "plain tonic, TLS",
+    "ours, TLS",
+];
 
 /// The flood shapes, as the rows name them: (label, connections, rate).
 pub const SHAPES: [(&str, usize, Option<u32>); 4] = [
@@ -188,17 +197,35 @@ enum Kind {
     Plain,
     LayerAlone,
     Ours,
+    PlainTls,
+    OursTls,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::Plain, Kind::LayerAlone, Kind::Ours];
+    const ALL: [Kind; 5] = [
+        Kind::Plain,
+        Kind::LayerAlone,
+        Kind::Ours,
+        Kind::PlainTls,
+        Kind::OursTls,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Kind::Plain => SERVERS[0],
             Kind::LayerAlone => SERVERS[1],
             Kind::Ours => SERVERS[2],
+            Kind::PlainTls => SERVERS[3],
+            Kind::OursTls => SERVERS[4],
         }
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, Kind::PlainTls | Kind::OursTls)
+    }
+
+    fn guarded(self) -> bool {
+        matches!(self, Kind::Ours | Kind::OursTls)
     }
 }
 
@@ -210,9 +237,9 @@ struct Running {
 }
 
 impl Running {
-    /// Serves the health check as `kind` says on a free loopback port; ours
-    /// reports to `metrics`.
-    async fn start(kind: Kind, metrics: &Metrics) -> anyhow::Result<Self> {
+    /// Serves the health check as `kind` says on a free loopback port (over
+    /// TLS with `pki`'s server certificate); ours reports to `metrics`.
+    async fn start(kind: Kind, metrics: &Metrics, pki: &Pki) -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         // No delay on the servers' writes, for all three alike: the
@@ -250,6 +277,26 @@ impl Running {
                         .layer(ServerDeadlineLayer::new())
                         .add_routes(routes)
                         .serve_with_incoming_shutdown(guard.incoming(incoming), signal),
+                )
+            }
+            Kind::PlainTls => {
+                let identity = Identity::from_pem(&pki.server_cert_pem, &pki.server_key_pem);
+                tonic_deadline::detach(
+                    Server::builder()
+                        .tls_config(ServerTlsConfig::new().identity(identity))?
+                        .add_routes(routes)
+                        .serve_with_incoming_shutdown(incoming, signal),
+                )
+            }
+            Kind::OursTls => {
+                let guard = ResetGuard::new().metrics(metrics);
+                let tls = ServerTls::new(&pki.server_cert_pem, &pki.server_key_pem);
+                tonic_deadline::detach(
+                    guard
+                        .builder()
+                        .layer(ServerDeadlineLayer::new())
+                        .add_routes(routes)
+                        .serve_with_incoming_shutdown(guard.incoming_tls(incoming, tls)?, signal),
                 )
             }
         };
@@ -293,7 +340,10 @@ struct Honest {
 }
 
 impl Honest {
-    fn start(addr: SocketAddr) -> Self {
+    /// Starts the client of `addr`, over TLS trusting `tls`'s authority
+    /// when given.
+    fn start(addr: SocketAddr, tls: Option<&Pki>) -> Self {
+        let ca = tls.map(|pki| pki.ca_pem.clone());
         let (asks, mut inbox) = tokio::sync::mpsc::unbounded_channel::<Asked>();
         std::thread::spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -309,7 +359,7 @@ impl Honest {
                 }
             };
             runtime.block_on(async move {
-                let mut client = net::connect_layered(addr)
+                let mut client = net::connect_layered_over(addr, ca.as_deref())
                     .await
                     .map(HealthClient::new)
                     .map_err(|e| format!("the honest client cannot connect: {e:#}"));
@@ -504,11 +554,13 @@ fn start_floods(
     stops: &Arc<Stops>,
     give_up: Duration,
     cpus: Option<CpuSet>,
+    tls: Option<Arc<rustls::ClientConfig>>,
 ) -> Vec<oneshot::Receiver<Floods>> {
     (0..connections)
         .map(|_| {
             let (done, floods) = oneshot::channel();
             let stops = stops.clone();
+            let tls = tls.clone();
             std::thread::spawn(move || {
                 // Each connection's reading thread, started by `flood`,
                 // inherits the CPUs.
@@ -517,9 +569,11 @@ fn start_floods(
                 let mut failed = None;
                 while !stops.reconnect.load(Ordering::Relaxed) {
                     let stop = &stops.flood;
-                    let one = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        flood::flood(addr, PATH, shape, stop, give_up)
-                    }));
+                    let one =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &tls {
+                            Some(tls) => flood::flood_tls(addr, tls, PATH, shape, stop, give_up),
+                            None => flood::flood(addr, PATH, shape, stop, give_up),
+                        }));
                     match one {
                         Ok(one) => seen.push(one),
                         Err(_) => {
@@ -550,11 +604,13 @@ async fn row(
     (label, connections, rate): (&str, usize, Option<u32>),
     flooding: Duration,
     flood_cpus: Option<CpuSet>,
+    pki: &Pki,
 ) -> anyhow::Result<Row> {
     let metrics = Metrics::new();
-    let server = Running::start(kind, &metrics).await?;
+    let server = Running::start(kind, &metrics, pki).await?;
     let addr = server.addr;
-    let honest = Honest::start(addr);
+    let tls = kind.tls().then_some(pki);
+    let honest = Honest::start(addr, tls);
     let warm = honest.ask(Ask::Calls(WARM_UP_CALLS)).await?;
     if let Some(failure) = warm.iter().find_map(|c| c.failure.as_ref()) {
         anyhow::bail!(
@@ -570,7 +626,15 @@ async fn row(
 
     let shape = rate.map_or(Shape::FAST, |rate| Shape::at(rate).one_per_write());
     let stops = Arc::new(Stops::default());
-    let floods = start_floods(addr, shape, connections, &stops, flooding * 4, flood_cpus);
+    let floods = start_floods(
+        addr,
+        shape,
+        connections,
+        &stops,
+        flooding * 4,
+        flood_cpus,
+        tls.map(Pki::client_config),
+    );
     let during = honest.ask(Ask::For(flooding)).await?;
     // The last connection of each thread floods on for a moment, so that
     // one the server had yet to read is read, and cut off or not.
@@ -612,7 +676,7 @@ async fn row(
         streams_before_cut_median: before_cut.get(before_cut.len() / 2).copied(),
         streams_uncut_max: uncut.iter().map(|f| f.sent).max(),
         streams_sent: all.iter().map(|f| u64::from(f.sent)).sum(),
-        guard_counted: (kind == Kind::Ours).then(|| metrics.reset_floods_cut()),
+        guard_counted: kind.guarded().then(|| metrics.reset_floods_cut()),
         honest_p50_before_ms: median_ms(before.iter().map(|c| c.took).collect()),
         honest_p50_during_ms: median_ms(during.iter().map(|c| c.took).collect()),
         honest_calls: during.len() as u64,
@@ -644,10 +708,11 @@ fn describe(cut_by: &BTreeMap<String, u64>) -> String {
 pub async fn measure(flooding: Duration) -> anyhow::Result<RapidReset> {
     let split = CpuSplit::new();
     let flood_cpus = split.as_ref().map(|s| s.flood);
+    let pki = Pki::new();
     let mut rows = Vec::new();
     for shape in SHAPES {
         for kind in Kind::ALL {
-            rows.push(row(kind, shape, flooding, flood_cpus).await?);
+            rows.push(row(kind, shape, flooding, flood_cpus, &pki).await?);
         }
     }
     Ok(RapidReset {
@@ -731,7 +796,7 @@ pub fn outcome(result: &RapidReset) -> Outcome {
         .iter()
         .filter_map(|r| {
             r.guard_counted
-                .map(|n| format!("{} {n} of {}", r.shape, r.connections_cut))
+                .map(|n| format!("{}, {} {n} of {}", r.shape, r.server, r.connections_cut))
         })
         .collect();
     if !counted.is_empty() {
@@ -749,7 +814,7 @@ pub fn outcome(result: &RapidReset) -> Outcome {
         ));
     }
     Outcome {
-        title: "rapid-reset: HTTP/2 Rapid Reset floods (streams opened and reset at once) against plain tonic, the layer alone and ours, beside an honest client".into(),
+        title: "rapid-reset: HTTP/2 Rapid Reset floods (streams opened and reset at once) against plain tonic, the layer alone and ours, in the clear and over TLS, beside an honest client".into(),
         json: crate::report::to_json(result),
         columns: vec![
             "flood",

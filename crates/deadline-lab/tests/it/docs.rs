@@ -44,13 +44,14 @@ use crate::common::{debug_lab, timed};
 
 /// The commands whose tables (or printed output) `docs/` shows, each checked
 /// by a test below.
-const CHECKED: [&str; 11] = [
+const CHECKED: [&str; 12] = [
     "bench instructions",
     "bench retry-storm",
     "bench soak",
     "experiment edge",
     "experiment faults",
     "experiment hedge",
+    "experiment honest-resets",
     "experiment hosts",
     "experiment proxy",
     "experiment rapid-reset",
@@ -697,22 +698,34 @@ fn docs_rapid_reset_table_holds_the_laws_experiment_rapid_reset_asserts() {
         shown => figure(shown),
     };
     for (shape, connections, rate) in SHAPES {
-        assert!(
-            cell(shape, "ours", "cut").starts_with("GOAWAY ENHANCE_YOUR_CALM"),
-            "{shape}: ours says why it cuts a flood off"
-        );
-        let (cut, opened) = cell(shape, "ours", "connections cut")
-            .split_once(" of ")
-            .expect("`N of M`");
-        assert!(
-            figure(cut) >= connections as f64 && figure(cut) <= figure(opened),
-            "{shape}: ours cuts every flooding connection off"
-        );
-        assert!(
-            count(shape, "ours", "streams before cut max") <= f64::from(CUT_WITHIN)
-                && count(shape, "ours", "uncut") <= f64::from(CUT_WITHIN),
-            "{shape}: ours cuts a connection off within {CUT_WITHIN} streams"
-        );
+        for (ours, plain) in [("ours", "plain tonic"), ("ours, TLS", "plain tonic, TLS")] {
+            assert!(
+                cell(shape, ours, "cut").starts_with("GOAWAY ENHANCE_YOUR_CALM"),
+                "{shape}, {ours}: says why it cuts a flood off"
+            );
+            let (cut, opened) = cell(shape, ours, "connections cut")
+                .split_once(" of ")
+                .expect("`N of M`");
+            assert!(
+                figure(cut) >= connections as f64 && figure(cut) <= figure(opened),
+                "{shape}, {ours}: cuts every flooding connection off"
+            );
+            assert!(
+                count(shape, ours, "streams before cut max") <= f64::from(CUT_WITHIN)
+                    && count(shape, ours, "uncut") <= f64::from(CUT_WITHIN),
+                "{shape}, {ours}: cuts a connection off within {CUT_WITHIN} streams"
+            );
+            assert!(
+                figure(cell(shape, ours, "during ms"))
+                    <= HONEST_P50_VS_PLAIN * figure(cell(shape, plain, "during ms")),
+                "{shape}, {ours}: answers the honest client within {HONEST_P50_VS_PLAIN} × {plain}'s median"
+            );
+            assert!(
+                figure(cell(shape, ours, "during ms"))
+                    <= HONEST_P50_VS_BEFORE * figure(cell(shape, ours, "honest p50 before ms")),
+                "{shape}, {ours}: answers the honest client within {HONEST_P50_VS_BEFORE} × its median before the flood"
+            );
+        }
         for of in SERVERS {
             assert_eq!(
                 count(shape, of, "honest failures"),
@@ -720,16 +733,6 @@ fn docs_rapid_reset_table_holds_the_laws_experiment_rapid_reset_asserts() {
                 "{shape}, {of}: no honest call fails"
             );
         }
-        assert!(
-            figure(cell(shape, "ours", "during ms"))
-                <= HONEST_P50_VS_PLAIN * figure(cell(shape, "plain tonic", "during ms")),
-            "{shape}: ours answers the honest client within {HONEST_P50_VS_PLAIN} × plain tonic's median"
-        );
-        assert!(
-            figure(cell(shape, "ours", "during ms"))
-                <= HONEST_P50_VS_BEFORE * figure(cell(shape, "ours", "honest p50 before ms")),
-            "{shape}: ours answers the honest client within {HONEST_P50_VS_BEFORE} × its median before the flood"
-        );
         let most =
             |of: &str| count(shape, of, "streams before cut max").max(count(shape, of, "uncut"));
         assert!(
@@ -746,6 +749,67 @@ fn docs_rapid_reset_table_holds_the_laws_experiment_rapid_reset_asserts() {
                 "{shape}: hyper's guard cuts off every connection of a flood faster than the accept loop"
             );
         }
+    }
+}
+
+#[test]
+fn docs_honest_resets_table_holds_the_laws_experiment_honest_resets_asserts() {
+    use deadline_lab::experiments::honest_resets::{self, HonestResets, PATTERNS, SERVERS};
+    let table = measured_table("experiment honest-resets");
+    let empty = HonestResets {
+        rows: Vec::new(),
+        window_ms: 0.0,
+        ours_never_harsher: true,
+    };
+    table.has_the_labs_columns(&honest_resets::outcome(&empty).columns);
+    let server = table.column("server");
+    let shown: Vec<(&str, &str)> = table
+        .rows
+        .iter()
+        .map(|row| (row[0].as_str(), row[server].as_str()))
+        .collect();
+    let measured: Vec<(&str, &str)> = PATTERNS
+        .iter()
+        .flat_map(|pattern| SERVERS.iter().map(move |server| (*pattern, *server)))
+        .collect();
+    assert_eq!(
+        shown, measured,
+        "{}: every pattern against every server",
+        table.name
+    );
+    let failures = table.column("failures");
+    let outcomes = table.column("outcomes");
+    let row = |pattern: &str, of: &str| {
+        table
+            .rows
+            .iter()
+            .find(|row| row[0] == pattern && row[server] == of)
+            .unwrap_or_else(|| panic!("{}: a row {pattern}, {of}", table.name))
+    };
+    for pattern in PATTERNS {
+        let (ours, plain) = (row(pattern, "ours"), row(pattern, "plain tonic"));
+        assert!(
+            figure(&ours[failures]) <= figure(&plain[failures]),
+            "{pattern}: ours fails no more calls than plain tonic"
+        );
+        let statuses = |row: &[String]| -> Vec<String> {
+            row[outcomes]
+                .split(", ")
+                .filter_map(|o| o.rsplit_once(' ').map(|(name, _)| name.to_owned()))
+                .collect()
+        };
+        let plain_statuses = statuses(plain);
+        assert!(
+            statuses(ours).iter().all(|s| plain_statuses.contains(s)
+                || [
+                    "OK",
+                    "DEADLINE_EXCEEDED",
+                    "client timeout",
+                    "cancelled by the client"
+                ]
+                .contains(&s.as_str())),
+            "{pattern}: ours sees no status plain tonic's calls did not"
+        );
     }
 }
 

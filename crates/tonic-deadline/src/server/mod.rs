@@ -119,7 +119,9 @@ pub use layer::ServerDeadlineLayer;
 pub use protocol::Http;
 pub use protocol::{Grpc, Protocol};
 #[cfg(feature = "server")]
-pub use reset_guard::{Guarded, PeerAddress, ResetGuard};
+pub use reset_guard::{
+    Guarded, GuardedIncoming, GuardedRouter, GuardedServer, PeerAddress, ResetGuard, ServeError,
+};
 #[cfg(feature = "tls")]
 pub use reset_guard::{ServerTls, TlsError, TlsIncoming};
 

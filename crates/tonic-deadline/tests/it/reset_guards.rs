@@ -699,42 +699,6 @@ async fn a_storm_of_1_ms_deadlines_on_a_starved_server_never_trips_the_reset_gua
     );
 }
 
-#[tokio::test]
-async fn a_guards_builder_serving_connections_it_never_wrapped_refuses_them_naming_the_fix() {
-    let (_events, tx) = Events::new();
-    let (listener, addr) = loopback().await;
-    let metrics = Metrics::new();
-    let guard = ResetGuard::new().metrics(&metrics);
-    // The builder raises hyper's guard for the reset guard, but the
-    // connections are served as they come.
-    tokio::spawn(
-        guard
-            .builder()
-            .layer(ServerDeadlineLayer::new())
-            .add_service(ProbeServer::new(Node::new("S", &tx)))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    let mut client = connect(addr).await;
-    for _ in 0..3 {
-        let refused = Scope::background()
-            .with_timeout(Duration::from_secs(5))
-            .enter(client.call(CallRequest::default()))
-            .await
-            .expect_err("a server whose connections nothing guards refuses every call");
-        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
-        assert!(
-            refused.message().contains("guard.incoming"),
-            "the status names the fix: {}",
-            refused.message()
-        );
-    }
-    assert_eq!(
-        metrics.unguarded_servers(),
-        1,
-        "a server whose connections nothing guards must say so, once"
-    );
-}
-
 /// Calls that give up before their answer, on one `ReadyChannel`
 /// connection to a server that answers every call 30 ms late (plain tonic:
 /// it ignores deadlines), `at_once` at a time; their statuses.

@@ -112,7 +112,6 @@ impl Sink for ServerFrames<'_> {
 
 impl<IO> Guarded<IO> {
     pub(super) fn new(io: IO, shared: Arc<Shared>, peer: Option<IpAddr>) -> Self {
-        shared.wrapped();
         let now = Instant::now();
         let probation = shared.probation(peer, now);
         let book = Book::new(shared.rules, now, probation);

@@ -54,44 +54,41 @@
 //!
 //! hyper's own guard stays as a backstop, raised out of the way of honest
 //! storms ([`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS)) by the
-//! builder the guard gives ([`ResetGuard::builder`]); the connections must
-//! be wrapped ([`ResetGuard::incoming`]). A server of that builder must
-//! therefore never serve what the guard cannot read, and it does not:
-//!
-//! - connections the guard never wrapped: from the first request on, every
-//!   request is answered `FAILED_PRECONDITION`, naming the fix;
-//! - TLS set on tonic's `Server` (which encrypts after the incoming stream,
-//!   so that the guard would read ciphertext): every TLS connection is
-//!   refused.
-//!
-//! Either is said at once, as an `ERROR` naming the fix, and counted
+//! builder the guard gives ([`ResetGuard::builder`]). A server of that
+//! builder must therefore never serve what the guard cannot read, and it
+//! does not: its router serves only connections the guard wraps
+//! ([`GuardedRouter`]: an address it binds, [`ResetGuard::incoming`], or
+//! `incoming_tls`), and a server serving anything else does not compile.
+//! TLS set on tonic's `Server` (through [`GuardedServer::configure`]; it
+//! encrypts after the incoming stream, so that the guard would read
+//! ciphertext) has every TLS connection refused, said at once as an
+//! `ERROR` naming the fix, and counted
 //! ([`Metrics::unguarded_servers`](crate::observe::Metrics::unguarded_servers)).
-//! For TLS, the guard terminates it itself ([`ResetGuard::incoming_tls`],
-//! the `tls` feature): rustls as tonic's `tls-ring` builds it, and the
-//! handlers see the client's certificates and address as under tonic's own
-//! TLS.
+//! For TLS, the guard terminates it itself ([`GuardedRouter::serve_tls`],
+//! `ResetGuard::incoming_tls`, the `tls` feature): rustls as tonic's
+//! `tls-ring` builds it, and the handlers see the client's certificates and
+//! address as under tonic's own TLS.
 //!
 //! # Example
 //!
 //! ```no_run
-//! use tonic::transport::server::TcpIncoming;
 //! use tonic_deadline::ServerDeadlineLayer;
 //! use tonic_deadline::server::ResetGuard;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let (_, health) = tonic_health::server::health_reporter();
-//! let guard = ResetGuard::new();
-//! guard
+//! ResetGuard::new()
 //!     .builder()
 //!     .layer(ServerDeadlineLayer::new())
 //!     .add_service(health)
-//!     .serve_with_incoming(guard.incoming(TcpIncoming::bind("127.0.0.1:50051".parse()?)?))
+//!     .serve("127.0.0.1:50051".parse()?)
 //!     .await?;
 //! # Ok(())
 //! # }
 //! ```
 
 mod book;
+mod builder;
 mod io;
 mod peers;
 #[cfg(feature = "tls")]
@@ -101,23 +98,19 @@ use std::fmt;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::Stream;
-use futures_util::future::Either;
-use http::Request;
 use pin_project_lite::pin_project;
-use std::future::Ready;
 use tokio::time::Instant;
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
-use tower_layer::{Identity, Layer, Stack};
-use tower_service::Service;
 
 use crate::warn_limit::WarnLimit;
 use book::Breach;
+pub use builder::{GuardedIncoming, GuardedRouter, GuardedServer, ServeError};
 pub use io::Guarded;
 pub use peers::PeerAddress;
 use peers::{Held, Peers};
@@ -161,13 +154,13 @@ pub(crate) struct Rules {
     pub(crate) hold: Option<Duration>,
 }
 
-/// Told when a guard closes a connection, or serves unguarded.
+/// Told when a guard closes a connection, or refuses one it cannot read.
 pub(crate) trait Observer: Send + Sync + fmt::Debug {
     /// A connection was closed for its early resets.
     fn reset_flood_cut(&self);
 
-    /// A server built by a guard's builder served a request on a
-    /// connection the guard never wrapped.
+    /// A connection the guard cannot read (TLS set on tonic's `Server`) was
+    /// refused.
     fn unguarded(&self);
 
     /// A connection from an address cut off lately flooded again, and was
@@ -189,22 +182,11 @@ pub(crate) struct Shared {
     held_warnings: WarnLimit,
     /// The addresses cut off lately.
     peers: Arc<Peers>,
-    /// Connections wrapped so far.
-    wrapped: AtomicU64,
     /// A connection that is TLS, which the guard cannot read, was refused.
     saw_tls: AtomicBool,
-    /// The builder's first request was checked.
-    checked: AtomicBool,
-    /// The builder's server serves connections the guard never wrapped: it
-    /// refuses every request.
-    unguarded: AtomicBool,
 }
 
 impl Shared {
-    fn wrapped(&self) {
-        self.wrapped.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Whether a connection from `peer`, accepted at `now`, is on
     /// probation: its address was cut off lately.
     fn probation(&self, peer: Option<IpAddr>, now: Instant) -> bool {
@@ -302,36 +284,7 @@ impl Shared {
             );
         }
     }
-
-    /// Whether a request to a server built by this guard's builder is
-    /// refused: the server serves connections the guard never wrapped.
-    fn refuses(&self) -> bool {
-        if self.checked.load(Ordering::Relaxed) {
-            return self.unguarded.load(Ordering::Relaxed);
-        }
-        self.first_request()
-    }
-
-    #[cold]
-    fn first_request(&self) -> bool {
-        if !self.checked.swap(true, Ordering::Relaxed) && self.wrapped.load(Ordering::Relaxed) == 0
-        {
-            self.unguarded.store(true, Ordering::Relaxed);
-            if let Some(observer) = &self.observer {
-                observer.unguarded();
-            }
-            tracing::error!("{UNGUARDED}");
-        }
-        self.unguarded.load(Ordering::Relaxed)
-    }
 }
-
-/// What a server of a guard's builder that serves connections the guard
-/// never wrapped says, in its log and in the status of every request.
-const UNGUARDED: &str = "reset guard: a server built by ResetGuard::builder serves connections \
-    the guard never wrapped, with hyper's own bound on reset floods raised for the guard: \
-    nothing would bound them, so every request is refused. Serve with \
-    .serve_with_incoming(guard.incoming(...)), or build the server with Server::builder()";
 
 /// A guard against HTTP/2 reset floods that lets honest deadline storms
 /// through. See the [module docs](self).
@@ -372,10 +325,7 @@ impl ResetGuard {
                 warnings: WarnLimit::new(),
                 held_warnings: WarnLimit::new(),
                 peers: Arc::default(),
-                wrapped: AtomicU64::new(0),
                 saw_tls: AtomicBool::new(false),
-                checked: AtomicBool::new(false),
-                unguarded: AtomicBool::new(false),
             }),
         }
     }
@@ -478,14 +428,15 @@ impl ResetGuard {
     /// far beyond what this guard allows), and its bound on streams the
     /// server resets for a client's protocol errors at
     /// [`LOCAL_ERROR_RESETS`](super::LOCAL_ERROR_RESETS), which tonic's
-    /// builder leaves off. Serve with [`incoming`](Self::incoming).
-    pub fn builder(&self) -> Server<Stack<CheckLayer, Identity>> {
-        Server::builder()
-            .http2_max_pending_accept_reset_streams(Some(super::PENDING_ACCEPT_RESETS))
-            .http2_max_local_error_reset_streams(Some(super::LOCAL_ERROR_RESETS))
-            .layer(CheckLayer {
-                shared: self.shared.clone(),
-            })
+    /// builder leaves off. Its router serves only connections this guard
+    /// wraps (see [`GuardedServer`]).
+    pub fn builder(&self) -> GuardedServer {
+        GuardedServer::new(
+            Server::builder()
+                .http2_max_pending_accept_reset_streams(Some(super::PENDING_ACCEPT_RESETS))
+                .http2_max_local_error_reset_streams(Some(super::LOCAL_ERROR_RESETS)),
+            self.shared.clone(),
+        )
     }
 }
 
@@ -522,54 +473,5 @@ where
 impl<I> fmt::Debug for Incoming<I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Incoming").finish_non_exhaustive()
-    }
-}
-
-/// The layer of [`ResetGuard::builder`]: tells, once, that the server it
-/// built serves connections the guard never wrapped.
-#[derive(Debug, Clone)]
-pub struct CheckLayer {
-    shared: Arc<Shared>,
-}
-
-impl<S> Layer<S> for CheckLayer {
-    type Service = Check<S>;
-
-    fn layer(&self, inner: S) -> Check<S> {
-        Check {
-            inner,
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-/// The service of [`CheckLayer`]: passes every request on, unless the
-/// server serves connections the guard never wrapped; then it answers
-/// every request `FAILED_PRECONDITION`, naming the fix.
-#[derive(Debug, Clone)]
-pub struct Check<S> {
-    inner: S,
-    shared: Arc<Shared>,
-}
-
-impl<S, B, ResBody> Service<Request<B>> for Check<S>
-where
-    S: Service<Request<B>, Response = http::Response<ResBody>>,
-    ResBody: Default,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Either<S::Future, Ready<Result<S::Response, S::Error>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        if self.shared.refuses() {
-            let status = tonic::Status::failed_precondition(UNGUARDED);
-            return Either::Right(std::future::ready(Ok(status.into_http())));
-        }
-        Either::Left(self.inner.call(request))
     }
 }

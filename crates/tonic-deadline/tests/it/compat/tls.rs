@@ -149,12 +149,12 @@ async fn the_reset_guard_terminates_tls_and_handlers_see_the_clients_certificate
     );
 }
 
-/// TLS set the way tonic documents it (`tls_config` on the server), with
-/// the reset guard around the incoming connections: the guard would read
-/// ciphertext, and hyper's bound on reset floods is raised for the guard,
-/// so nothing would bound them. The guard refuses every such connection,
-/// says why at once (an ERROR naming the fix) and counts it; it is never
-/// served unguarded.
+/// TLS set the way tonic documents it (`tls_config` on the server, through
+/// the guard's builder's `configure`), with the reset guard around the
+/// incoming connections: the guard would read ciphertext, and hyper's bound
+/// on reset floods is raised for the guard, so nothing would bound them.
+/// The guard refuses every such connection, says why at once (an ERROR
+/// naming the fix) and counts it; it is never served unguarded.
 #[tokio::test]
 async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly() {
     crate::seams::capture_logs();
@@ -164,13 +164,12 @@ async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly()
     let (listener, addr) = loopback().await;
     let metrics = Metrics::new();
     let guard = ResetGuard::new().metrics(&metrics);
-    let server = guard
-        .builder()
-        .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(
-            &pki.server_cert_pem,
-            &pki.server_key_pem,
-        )))
-        .expect("tonic takes the certificate");
+    let identity = Identity::from_pem(&pki.server_cert_pem, &pki.server_key_pem);
+    let server = guard.builder().configure(|server| {
+        server
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .expect("tonic takes the certificate")
+    });
     tokio::spawn(
         server
             .layer(ServerDeadlineLayer::new())
@@ -196,4 +195,35 @@ async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly()
     assert_eq!(metrics.unguarded_servers(), 1, "counted, once");
     let errors = crate::seams::errors_about("incoming_tls");
     assert_eq!(errors.len(), errors_before + 1, "said once, at the first");
+}
+
+/// The guard's router binds an address and terminates TLS itself:
+/// `serve_tls`, as short to write as tonic's `tls_config`.
+#[tokio::test]
+async fn a_guarded_router_serves_tls_on_an_address_it_binds() {
+    let pki = probe::tls::Pki::new();
+    let (seer, mut sightings) = Seer::new(Answer::Echo);
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let addr = free.local_addr().expect("its address");
+    drop(free);
+    tokio::spawn(
+        ResetGuard::new()
+            .builder()
+            .layer(ServerDeadlineLayer::new())
+            .add_service(ProbeServer::new(seer))
+            .serve_tls(
+                addr,
+                ServerTls::new(&pki.server_cert_pem, &pki.server_key_pem),
+            ),
+    );
+    let endpoint = Endpoint::from_shared(format!("https://{addr}"))
+        .expect("a loopback URI")
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&pki.ca_pem))
+                .domain_name(probe::tls::SERVER_NAME),
+        )
+        .expect("the client must take the certificate");
+    let mut client = Transport::ReadyChannel.client(&endpoint);
+    assert_call_keeps_the_budget(&mut client, &mut sightings, &"serve_tls").await;
 }
