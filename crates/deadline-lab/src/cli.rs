@@ -120,12 +120,16 @@ enum System {
         #[arg(long)]
         transit_from_round_trip: bool,
     },
-    /// grpc.health.v1.Health/Check, behind our server layer unless `--plain`.
+    /// grpc.health.v1.Health/Check, as the README serves it (the reset
+    /// guard and our server layer), plain tonic with `--plain`, the layer
+    /// without the guard with `--layer-only`.
     Echo {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
         #[arg(long)]
         plain: bool,
+        #[arg(long, conflicts_with = "plain")]
+        layer_only: bool,
     },
     /// The IM chain gateway → logic → route / push (roles: push, route, logic, gateway).
     Im(Split),
@@ -536,7 +540,11 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                             None => systems::chain::start(&listen, [plan; 3], true).await?.entry,
                         }
                     }
-                    System::Echo { listen, plain } => systems::echo::start(&listen, plain).await?,
+                    System::Echo {
+                        listen,
+                        plain,
+                        layer_only,
+                    } => systems::echo::start(&listen, plain, layer_only).await?,
                     System::Im(split) => {
                         let journal = systems::trace::Journal::new();
                         let started = match &split.role {

@@ -12,7 +12,8 @@ use std::sync::{Mutex, OnceLock};
 
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::{FilterExt, Targets};
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -46,19 +47,22 @@ pub fn install_with(extra: Option<Extra>) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let rust_log = std::env::var("RUST_LOG").ok();
-        // Asked for by name, events are printed even while quiet.
+        // Asked for by name, events are printed even while quiet. Decided
+        // per event printed, in the writer: a filter of the layer's own
+        // would leave every callsite (h2's and hyper's TRACE spans
+        // included) to be asked at run time, at a cost on every request.
         let asked = rust_log.is_some();
         let filter = stderr_filter(rust_log.as_deref());
-        let printed = tracing_subscriber::filter::filter_fn(move |meta| {
-            asked || *meta.level() < tracing::Level::WARN || !QUIET.load(Ordering::Relaxed)
+        let stderr = std::io::stderr.with_filter(move |meta: &tracing::Metadata<'_>| {
+            asked || *meta.level() == tracing::Level::ERROR || !QUIET.load(Ordering::Relaxed)
         });
         let _ = tracing_subscriber::registry()
             .with(extra)
             .with(
                 tracing_subscriber::fmt::layer()
-                    .with_writer(std::io::stderr)
+                    .with_writer(stderr)
                     .with_ansi(std::io::stderr().is_terminal())
-                    .with_filter(filter.and(printed)),
+                    .with_filter(filter),
             )
             .with(Provoked.with_filter(Targets::new().with_default(tracing::Level::WARN)))
             // Filtered to what it counts: without a filter of its own the

@@ -8,9 +8,15 @@ use tonic_deadline::ServerDeadlineLayer;
 use crate::net;
 
 /// Serves the standard health service on `addr`, behind our server layer
-/// unless `plain`.
-pub async fn start(addr: &str, plain: bool) -> anyhow::Result<SocketAddr> {
+/// unless `plain`, and (as the README serves) the reset guard unless
+/// `layer_only`.
+pub async fn start(addr: &str, plain: bool, layer_only: bool) -> anyhow::Result<SocketAddr> {
     let (_reporter, health) = tonic_health::server::health_reporter();
     let layer = (!plain).then(ServerDeadlineLayer::new);
-    net::serve(addr, Routes::new(health), layer).await
+    let guard = if layer_only {
+        net::Guard::LayerOnly
+    } else {
+        net::Guard::Reset
+    };
+    net::serve_with(addr, Routes::new(health), layer, guard).await
 }

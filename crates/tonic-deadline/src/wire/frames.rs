@@ -52,7 +52,7 @@ impl Header {
 }
 
 /// A frame header's payload length and type, read as one word.
-#[inline]
+#[inline(always)]
 fn len_and_kind(h: &[u8; FRAME_HEADER]) -> (usize, u8) {
     let word = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
     ((word >> 8) as usize, word as u8)
@@ -167,6 +167,7 @@ impl Frames {
 
     /// A frame with `header` begins; `bytes` follow it. Tells `sink`, and
     /// hands it what of the payload `bytes` hold; what is left after that.
+    #[inline(always)]
     fn begin<'a>(&mut self, header: Header, bytes: &'a [u8], sink: &mut impl Sink) -> &'a [u8] {
         sink.header(header);
         let n = header.len.min(bytes.len());

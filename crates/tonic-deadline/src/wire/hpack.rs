@@ -83,19 +83,14 @@ impl Shadow {
                     let entry = self.entries.get(dynamic).ok_or(Malformed)?;
                     timeout.get_or_insert(entry.timeout);
                 }
-            } else if first & 0xe0 == 0 && matches!(first & 0x0f, 1..=14) {
+            } else if first & 0xe0 == 0
+                && let Some(next) = static_literal(block, pos)
+            {
                 // A literal not indexed under a static name (the static
                 // table has no `grpc-timeout`): the `:path` of every
-                // request, which encoders never index. Its value is
-                // passed over unread.
-                let len = block.get(pos + 1).ok_or(Malformed)?;
-                pos = if len & 0x7f != 0x7f {
-                    pos + 2 + usize::from(len & 0x7f)
-                } else {
-                    let mut at = pos + 1;
-                    Coded::read(block, &mut at)?;
-                    at
-                };
+                // request, which encoders never index, a `content-type`
+                // some send so. Its value is passed over unread.
+                pos = next;
             } else {
                 pos = self.field(block, pos, &mut timeout)?;
             }
@@ -287,6 +282,24 @@ fn integer(block: &[u8], pos: &mut usize, prefix: u8) -> Result<usize, Malformed
             return Err(Malformed);
         }
     }
+}
+
+/// Where the field at `pos` ends, if it is a literal not indexed whose name
+/// is the static table's (its index in one or two bytes, its value's
+/// length in one): the usual such fields, passed over without a call.
+#[inline]
+fn static_literal(block: &[u8], pos: usize) -> Option<usize> {
+    let (index, at) = match block.get(pos)? & 0x0f {
+        0 => return None,
+        0x0f => {
+            let more = *block.get(pos + 1)?;
+            (15 + usize::from(more), pos + 2)
+        }
+        index => (usize::from(index), pos + 1),
+    };
+    let len = *block.get(at)? & 0x7f;
+    // A longer name index, or value length, takes the general path.
+    (index <= 61 && len != 0x7f).then_some(at + 1 + usize::from(len))
 }
 
 /// A string literal (RFC 7541, 5.2) as it was sent: Huffman-coded or not.
@@ -719,6 +732,14 @@ mod tests {
         block.extend_from_slice(path.bytes());
         block.push(0xbe);
         assert_eq!(shadow.decode(&block), Ok(Some(Duration::from_secs(1))));
+        // So is a `content-type` (static index 31, in two bytes) without
+        // indexing.
+        let mut block = vec![0x0f, 31 - 15, 16];
+        block.extend_from_slice(b"application/grpc");
+        block.push(0xbe);
+        assert_eq!(shadow.decode(&block), Ok(Some(Duration::from_secs(1))));
+        // One whose value runs past the block is malformed.
+        assert_eq!(shadow.decode(&[0x0f, 31 - 15, 16, b'a']), Err(Malformed));
     }
 
     use proptest::prelude::*;

@@ -166,7 +166,7 @@ impl Book {
     }
 
     /// A stream the client opened with `timeout`.
-    #[inline]
+    #[inline(always)]
     fn opened(&mut self, id: u32, timeout: Option<Duration>) {
         if self.open.len() == MAX_FOLLOWED {
             self.open.pop_front();
@@ -191,7 +191,7 @@ impl Book {
     }
 
     /// Whether stream `id` was open; it is no more.
-    #[inline]
+    #[inline(always)]
     fn ended(&mut self, id: u32) -> bool {
         if self.open.front().is_some_and(|oldest| oldest.id == id) {
             self.open.pop_front();
@@ -213,7 +213,7 @@ impl Book {
     }
 
     /// A stream ended by itself, or at its deadline.
-    #[inline]
+    #[inline(always)]
     fn earn(&mut self) {
         self.honest_ends += 1;
         let tokens = self.tokens + EARNED_PER_END;
@@ -334,13 +334,13 @@ impl Book {
 
     /// Whether a frame the server writes matters to the account: one that
     /// answers a stream, ends it, or resets it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn wants_server_frame(kind: u8, flags: u8) -> bool {
         kind == HEADERS || kind == RST_STREAM || (kind == DATA && flags & END_STREAM != 0)
     }
 
     /// The server wrote a frame with `header`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn server_frame(&mut self, header: Header) {
         let id = header.stream;
         if header.kind == RST_STREAM {
@@ -360,12 +360,12 @@ impl Book {
 /// The client's frames.
 impl Sink for Book {
     /// Streams opened (their header blocks) and reset.
-    #[inline]
+    #[inline(always)]
     fn wants(&self, kind: u8, _flags: u8) -> bool {
         kind == HEADERS || kind == CONTINUATION || kind == RST_STREAM
     }
 
-    #[inline]
+    #[inline(always)]
     fn header(&mut self, header: Header) {
         match header.kind {
             RST_STREAM => self.client_reset(header.stream),
@@ -377,7 +377,7 @@ impl Sink for Book {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn payload(&mut self, header: Header, bytes: &[u8], last: bool) {
         if header.kind != HEADERS && header.kind != CONTINUATION {
             return;

@@ -99,12 +99,12 @@ struct Linger {
 struct ServerFrames<'a>(&'a mut Book);
 
 impl Sink for ServerFrames<'_> {
-    #[inline]
+    #[inline(always)]
     fn wants(&self, kind: u8, flags: u8) -> bool {
         Book::wants_server_frame(kind, flags)
     }
 
-    #[inline]
+    #[inline(always)]
     fn header(&mut self, header: Header) {
         self.0.server_frame(header);
     }
