@@ -385,6 +385,7 @@ pub(super) struct ResilienceSeries {
     pub(super) throttled: Counter,
     pub(super) no_time_for_attempt: Counter,
     pub(super) pushback_stops: Counter,
+    pub(super) retries_spent: Counter,
     pub(super) committed_unreplayable: Counter,
 }
 
@@ -404,6 +405,7 @@ impl ResilienceSeries {
             throttled: Counter::default(),
             no_time_for_attempt: Counter::default(),
             pushback_stops: Counter::default(),
+            retries_spent: Counter::default(),
             committed_unreplayable: Counter::default(),
         };
         registry.register(
@@ -452,6 +454,12 @@ impl ResilienceSeries {
                 "tonic_deadline_pushback_stops",
                 "Calls that stopped retrying because the server's pushback said so",
                 &this.pushback_stops,
+            ),
+            (
+                "tonic_deadline_retries_spent",
+                "Calls that failed with a status their policy retries, once this layer had sent every \
+                 attempt it would: answered with grpc-retry-pushback-ms -1, the chain's one budget spent",
+                &this.retries_spent,
             ),
             (
                 "tonic_deadline_committed_unreplayable",

@@ -72,6 +72,15 @@ impl Metrics {
         self.inner.resilience.pushback_stops.get()
     }
 
+    /// Calls that failed with a status their policy retries once the layer
+    /// had sent every attempt it would (attempts spent, pushback, throttle,
+    /// no time left), answered with `grpc-retry-pushback-ms: -1` so that no
+    /// hop above retries them again
+    /// ([`ResilienceLayer::chain_budget`](crate::resilience::ResilienceLayer::chain_budget)).
+    pub fn retries_spent(&self) -> u64 {
+        self.inner.resilience.retries_spent.get()
+    }
+
     /// Calls sent once without retries because their request body could not
     /// be replayed (a live stream, or more than the replay buffer holds).
     pub fn committed_unreplayable(&self) -> u64 {
@@ -141,6 +150,10 @@ impl Observer for Metrics {
 
     fn pushback_stop(&self) {
         self.inner.resilience.pushback_stops.inc();
+    }
+
+    fn retries_spent(&self) {
+        self.inner.resilience.retries_spent.inc();
     }
 
     fn committed_unreplayable(&self) {

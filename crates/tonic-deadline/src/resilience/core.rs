@@ -52,6 +52,9 @@ pub(crate) struct Settings {
     /// The quantile of the answered attempts' latency a hedge waits for,
     /// instead of `hedgingDelay`.
     pub(crate) adaptive_hedging_delay: Option<f64>,
+    /// A failure this layer stopped retrying answers its caller with
+    /// `grpc-retry-pushback-ms: -1`: the chain's one retry budget.
+    pub(crate) chain_budget: bool,
 }
 
 impl Default for Settings {
@@ -64,6 +67,7 @@ impl Default for Settings {
             min_attempt_time: Duration::from_millis(1),
             attempt_time_quantile: 0.5,
             adaptive_hedging_delay: None,
+            chain_budget: true,
         }
     }
 }
@@ -305,6 +309,44 @@ fn mark_wait_for_ready<B>(request: &mut Request<B>, resolved: &Resolved<'_>) {
 /// `UNAVAILABLE` says nothing was done, safe to try later), and the
 /// message says why the call ended before its deadline.
 pub(crate) const NO_TIME_LEFT: &str = "no further attempt fitted before the deadline";
+
+/// `grpc-retry-pushback-ms: -1`, gRPC's "do not retry" (A6).
+const DO_NOT_RETRY: HeaderValue = HeaderValue::from_static("-1");
+
+impl Core {
+    /// The answer of a call whose retries (or hedges) this layer spent: the
+    /// last failure, telling the caller not to try again (when the chain
+    /// budget is on). A caller whose handler returns this status answers its
+    /// own caller so, and the failure is retried once in the chain, at the
+    /// hop above it, not at every hop.
+    pub(crate) fn spent<B>(
+        &self,
+        result: Result<Response<B>, BoxError>,
+    ) -> Result<Response<B>, BoxError> {
+        if !self.settings.chain_budget {
+            return result;
+        }
+        if let Some(o) = self.observer() {
+            o.retries_spent();
+        }
+        match result {
+            Ok(mut response) => {
+                response.headers_mut().insert(PUSHBACK, DO_NOT_RETRY);
+                Ok(response)
+            }
+            Err(err) => {
+                let mut status = match err.downcast::<tonic::Status>() {
+                    Ok(status) => *status,
+                    Err(other) => tonic::Status::from_error(other),
+                };
+                status
+                    .metadata_mut()
+                    .insert(PUSHBACK, tonic::metadata::MetadataValue::from_static("-1"));
+                Err(Box::new(status))
+            }
+        }
+    }
+}
 
 /// The last attempt's answer, as the call's when no further attempt fitted
 /// in what was left: its status, with [`NO_TIME_LEFT`] added to its message

@@ -228,9 +228,12 @@ where
             // 3. Nothing in flight and nothing more to send: the last
             //    non-fatal answer is the call's.
             if self.in_flight.is_empty() && !self.may_send_more() {
+                // Every attempt failed as the policy allows: spent for
+                // the chain.
+                let spent = |last| self.call.core.spent(last);
                 let last = match self.last_failure.take() {
-                    Some(last) if self.no_time => core::no_time_left(last),
-                    Some(last) => last,
+                    Some(last) if self.no_time => spent(core::no_time_left(last)),
+                    Some(last) => spent(last),
                     None => {
                         let status = self
                             .call

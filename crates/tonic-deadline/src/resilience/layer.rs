@@ -118,6 +118,30 @@ impl ResilienceLayer {
         self.with(|s| s.attempt_time_quantile = q)
     }
 
+    /// Whether a call this layer stops retrying tells its caller not to
+    /// retry either (default: it does). A failure the policy would retry,
+    /// once every attempt the layer would send was sent (`maxAttempts`, a
+    /// pushback, the throttle or budget, no time left), is answered with
+    /// `grpc-retry-pushback-ms: -1`, gRPC's "do not retry": a handler that
+    /// returns the status it got answers its own caller so, and the hop
+    /// above does not try again. With the same policy on every hop of a
+    /// chain, a failing hop then sees at most `maxAttempts` attempts per
+    /// call made at the root, not `maxAttempts` to the power of the hops.
+    /// Any caller that honours gRPC's pushback (grpc-go, grpc-java, this
+    /// layer) stops there; `false` retries at every hop.
+    ///
+    /// ```
+    /// # fn run() -> Result<(), tonic_deadline::service_config::ConfigError> {
+    /// let per_hop = tonic_deadline::resilience::ResilienceLayer::from_service_config("{}")?
+    ///     .chain_budget(false);
+    /// # let _ = per_hop;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn chain_budget(self, on: bool) -> Self {
+        self.with(|s| s.chain_budget = on)
+    }
+
     /// Hedges after the `q`-quantile (e.g. 0.95) of the method's recent
     /// answer latency instead of the fixed `hedgingDelay`, which holds
     /// until eight answered attempts were seen. A value that is not a

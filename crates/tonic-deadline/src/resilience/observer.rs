@@ -43,4 +43,8 @@ pub(crate) trait Observer: Any + Send + Sync + fmt::Debug {
 
     /// A call stopped retrying because the server's pushback said so.
     fn pushback_stop(&self);
+
+    /// A call failed with a status its policy retries once no further
+    /// attempt would be sent, and told its caller not to retry.
+    fn retries_spent(&self);
 }

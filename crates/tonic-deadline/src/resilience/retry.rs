@@ -130,17 +130,21 @@ where
                         // The caller's scope ended: its cause is the answer.
                         return self.finish(Err(Box::new(status)));
                     }
-                    if !core::may_repeat(retryable, code, self.idempotent)
-                        || self.call.attempts >= self.policy.max_attempts
-                    {
+                    if !core::may_repeat(retryable, code, self.idempotent) {
                         return self.finish(result);
+                    }
+                    // From here on a failure the policy would retry: one
+                    // this call does not retry is spent for the chain.
+                    let core = &self.call.core;
+                    if self.call.attempts >= self.policy.max_attempts {
+                        return self.finish(core.spent(result));
                     }
                     let delay = match pushback {
                         Pushback::Stop => {
-                            if let Some(o) = self.call.core.observer() {
+                            if let Some(o) = core.observer() {
                                 o.pushback_stop();
                             }
-                            return self.finish(result);
+                            return self.finish(core.spent(result));
                         }
                         Pushback::Delay(delay) => {
                             self.backoffs = 0;
@@ -152,12 +156,15 @@ where
                         }
                     };
                     let scope = self.call.scope.as_ref();
-                    match self.call.core.permit(scope, self.call.path(), delay) {
+                    let core = &self.call.core;
+                    match core.permit(scope, self.call.path(), delay) {
                         Permit::Send => {}
                         // The answer is the attempt's, not a deadline that
                         // has not passed: its code tells what is known.
-                        Permit::NoTime => return self.finish(core::no_time_left(result)),
-                        Permit::Throttled => return self.finish(result),
+                        Permit::NoTime => {
+                            return self.finish(core.spent(core::no_time_left(result)));
+                        }
+                        Permit::Throttled => return self.finish(core.spent(result)),
                     }
                     self.backoff_started = Instant::now();
                     core::arm(&mut self.backoff, scope, delay);

@@ -616,3 +616,94 @@ async fn one_layer_shares_its_throttle_across_the_services_it_builds() {
         "the second connection sees the 2 tokens the first left: no retry"
     );
 }
+
+/// Calls `PATH` in `scope`: the code, and the `grpc-retry-pushback-ms` the
+/// caller is told (from a trailers-only answer, or an error's metadata).
+async fn pushback_told<S, RB>(service: &mut S, scope: &Scope) -> (Code, Option<String>)
+where
+    S: Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<RB>,
+            Error = crate::BoxError,
+        >,
+{
+    let mut req = super::request(PATH);
+    req.extensions_mut().insert(scope.clone());
+    let result = service.ready().await.expect("ready").call(req).await;
+    match result {
+        Ok(response) => (
+            code_of(&response),
+            response
+                .headers()
+                .get(core::PUSHBACK)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        ),
+        Err(err) => {
+            let status = err.downcast::<tonic::Status>().expect("a status");
+            (
+                status.code(),
+                status
+                    .metadata()
+                    .get(core::PUSHBACK)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+            )
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_retries_are_spent_tells_its_caller_not_to_retry() {
+    let server = Server::new(vec![fail(Code::Unavailable, 10); 5]);
+    let metrics = Metrics::new();
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid")
+        .metrics(&metrics);
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let told = pushback_told(&mut service, &scope).await;
+    assert_eq!(server.seen().len(), 5, "maxAttempts attempts were sent");
+    assert_eq!(
+        told,
+        (Code::Unavailable, Some("-1".to_owned())),
+        "the last failure, with gRPC's \"do not retry\""
+    );
+    assert_eq!(metrics.retries_spent(), 1);
+
+    // Told not to retry by its own server: spent, and said on.
+    let server = Server::new(vec![Step {
+        pushback: Some("-1"),
+        ..fail(Code::Unavailable, 10)
+    }]);
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid");
+    let mut service = stack(layer, &server);
+    let told = pushback_told(&mut service, &scope).await;
+    assert_eq!(server.seen().len(), 1);
+    assert_eq!(told, (Code::Unavailable, Some("-1".to_owned())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_the_policy_does_not_retry_or_a_per_hop_layer_tells_nothing() {
+    // Not listed: the caller's own policy decides, as it would without us.
+    let server = Server::new(vec![fail(Code::InvalidArgument, 10)]);
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid");
+    let mut service = stack(layer, &server);
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    assert_eq!(
+        pushback_told(&mut service, &scope).await,
+        (Code::InvalidArgument, None)
+    );
+    // Retries spent, but every hop retries for itself.
+    let server = Server::new(vec![fail(Code::Unavailable, 10); 5]);
+    let layer = ResilienceLayer::from_service_config(&config(false, r#""UNAVAILABLE""#, ""))
+        .expect("valid")
+        .chain_budget(false);
+    let mut service = stack(layer, &server);
+    assert_eq!(
+        pushback_told(&mut service, &scope).await,
+        (Code::Unavailable, None)
+    );
+}
