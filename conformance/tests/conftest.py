@@ -102,6 +102,22 @@ class Process:
                 return event
             self.backlog.append(event)
 
+    def events_until_quiet(self, kind, tag, quiet=0.5, timeout=10.0):
+        """Every event of `kind` for `tag` until none came for `quiet` s."""
+        found = [e for e in self.backlog if e.get("event") == kind and e.get("tag") == tag]
+        self.backlog = [e for e in self.backlog if e not in found]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=quiet)
+            except queue.Empty:
+                return found
+            if event.get("event") == kind and event.get("tag") == tag:
+                found.append(event)
+            else:
+                self.backlog.append(event)
+        pytest.fail(f"{self.name}: {kind!r} events for {tag} did not stop within {timeout} s", pytrace=False)
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
+use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tower_layer::Layer;
 
@@ -36,7 +37,14 @@ use crate::relay_pb::{ForwardReply, ForwardRequest, WorkRequest};
 /// The relay: a `Relay` service that forwards to one downstream address.
 #[derive(Debug, Clone)]
 pub struct Relay {
-    downstream: DownstreamClient<DeadlineChannel>,
+    downstream: Downstream,
+}
+
+/// The downstream stub: calls sent once, or through a resilience layer.
+#[derive(Debug, Clone)]
+enum Downstream {
+    Once(DownstreamClient<DeadlineChannel>),
+    Retried(DownstreamClient<Resilience<DeadlineChannel>>),
 }
 
 impl Relay {
@@ -46,11 +54,28 @@ impl Relay {
     ///
     /// When `addr` does not form a URI.
     pub fn connect_lazy(addr: &str) -> anyhow::Result<Self> {
-        let channel: Channel = Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy();
         Ok(Self {
-            downstream: DownstreamClient::new(ClientDeadlineLayer::new().layer(channel)),
+            downstream: Downstream::Once(DownstreamClient::new(deadline_channel(addr)?)),
         })
     }
+
+    /// A relay forwarding to `addr` through `resilience` (retries as its
+    /// service config says), connecting on first use.
+    ///
+    /// # Errors
+    ///
+    /// When `addr` does not form a URI.
+    pub fn connect_lazy_with(addr: &str, resilience: &ResilienceLayer) -> anyhow::Result<Self> {
+        let channel = resilience.layer(deadline_channel(addr)?);
+        Ok(Self {
+            downstream: Downstream::Retried(DownstreamClient::new(channel)),
+        })
+    }
+}
+
+fn deadline_channel(addr: &str) -> anyhow::Result<DeadlineChannel> {
+    let channel: Channel = Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy();
+    Ok(ClientDeadlineLayer::new().layer(channel))
 }
 
 fn micros(budget: Option<Duration>) -> i64 {
@@ -77,15 +102,17 @@ impl RelayService for Relay {
         // layer must stop it (and everything under it) by itself.
         tokio::time::sleep(Duration::from_millis(request.hop_ms.into())).await;
         let hop = entered.elapsed();
-        let downstream = self
-            .downstream
-            .clone()
-            .work(WorkRequest {
-                work_ms: request.work_ms,
-                tag: request.tag,
-            })
-            .await?
-            .into_inner();
+        let work = WorkRequest {
+            work_ms: request.work_ms,
+            tag: request.tag,
+        };
+        // The downstream's status is answered as it came, metadata and all
+        // (a `grpc-retry-pushback-ms` the resilience layer set with it).
+        let downstream = match &self.downstream {
+            Downstream::Once(stub) => stub.clone().work(work).await?,
+            Downstream::Retried(stub) => stub.clone().work(work).await?,
+        }
+        .into_inner();
         Ok(Response::new(ForwardReply {
             relay_remaining_us: micros(remaining),
             relay_hop_us: micros(Some(hop)),

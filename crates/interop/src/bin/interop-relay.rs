@@ -5,6 +5,9 @@
 //! ```
 //!
 //! Listens on loopback only. The first line on stdout is `listening on ADDR`.
+//! With `--service_config JSON` the relay's calls downstream go through a
+//! `ResilienceLayer` configured by it (one retry budget for the chain, or
+//! retries at this hop alone with `--per_hop_retries`).
 
 use clap::Parser;
 
@@ -18,12 +21,27 @@ struct Args {
     /// The downstream service, `host:port`.
     #[arg(long)]
     downstream: String,
+    /// A gRPC service config for the calls downstream (retries).
+    #[arg(long = "service_config")]
+    service_config: Option<String>,
+    /// With `--service_config`: retry at this hop without telling the
+    /// caller the retries were spent (`ResilienceLayer::chain_budget(false)`).
+    #[arg(long = "per_hop_retries")]
+    per_hop_retries: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let relay = interop::relay::Relay::connect_lazy(&args.downstream)?;
+    let relay = match &args.service_config {
+        None => interop::relay::Relay::connect_lazy(&args.downstream)?,
+        Some(json) => {
+            let resilience =
+                tonic_deadline::resilience::ResilienceLayer::from_service_config(json)?
+                    .chain_budget(!args.per_hop_retries);
+            interop::relay::Relay::connect_lazy_with(&args.downstream, &resilience)?
+        }
+    };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
     println!("listening on {}", listener.local_addr()?);
     interop::relay::serve(listener, relay, async {
