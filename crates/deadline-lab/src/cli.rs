@@ -250,6 +250,24 @@ enum Experiment {
     },
     #[command(about = about("retry"))]
     Retry,
+    #[command(about = about("metastable"))]
+    Metastable {
+        /// Milliseconds of load before the trigger.
+        #[arg(long, default_value_t = experiments::metastable::TIMELINE_MS[0])]
+        before_ms: u64,
+        /// How long the trigger lasts, in milliseconds.
+        #[arg(long, default_value_t = experiments::metastable::TIMELINE_MS[1])]
+        trigger_ms: u64,
+        /// Milliseconds of load after it.
+        #[arg(long, default_value_t = experiments::metastable::TIMELINE_MS[2])]
+        after_ms: u64,
+    },
+    #[command(about = about("amplification"))]
+    Amplification {
+        /// How long C is down in the fan-in case, in milliseconds.
+        #[arg(long, default_value_t = experiments::amplification::FAN_IN_MS)]
+        fan_in_ms: u64,
+    },
     #[command(about = about("hedge"))]
     Hedge,
     #[command(about = about("hosts"))]
@@ -277,6 +295,17 @@ impl Experiment {
             Experiment::Hosts { one_way_ms } => params.one_way_ms.clone_from(one_way_ms),
             Experiment::RapidReset { flood_ms } => {
                 params.flood = Duration::from_millis((*flood_ms).clamp(100, 60_000));
+            }
+            Experiment::Metastable {
+                before_ms,
+                trigger_ms,
+                after_ms,
+            } => {
+                params.timeline = [*before_ms, *trigger_ms, *after_ms]
+                    .map(|ms| Duration::from_millis(ms.clamp(1_000, 120_000)));
+            }
+            Experiment::Amplification { fan_in_ms } => {
+                params.fan_in = Duration::from_millis((*fan_in_ms).clamp(500, 60_000));
             }
             Experiment::HonestResets { window_ms } => {
                 params.window = Duration::from_millis((*window_ms).clamp(1_000, 60_000));

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::bench::overload::Overload;
 use crate::bench::soak::Soak;
+use crate::experiments::amplification::{self, Amplification};
 use crate::experiments::chain::Chain;
 use crate::experiments::drift::Drift;
 use crate::experiments::expired::Expired;
@@ -24,6 +25,7 @@ use crate::experiments::handler::Handler;
 use crate::experiments::hosts::Hosts;
 use crate::experiments::im::{self, Im};
 use crate::experiments::jobs::JobsRun;
+use crate::experiments::metastable::{self, Metastable};
 use crate::experiments::propagation::Propagation;
 use crate::experiments::proxy::Proxy;
 use crate::experiments::rapid_reset::RapidReset;
@@ -300,14 +302,20 @@ pub fn grouped(name: &str, title: &str, unit: &str, series: &[&str], groups: &[G
         );
         lx += 30.0 + 8.0 * name.chars().count() as f64;
     }
-    let _ = write!(
-        svg,
-        r#"<line class="seed" x1="{lx}" x2="{x2}" y1="{y}" y2="{y}"/><text class="legend" x="{tx}" y="{ty}">the seed's figure</text></svg>"#,
-        x2 = lx + 14.0,
-        y = H - 16.0,
-        tx = lx + 18.0,
-        ty = H - 12.0,
-    );
+    if groups
+        .iter()
+        .any(|(_, v)| v.iter().any(|(_, seed)| seed.is_some()))
+    {
+        let _ = write!(
+            svg,
+            r#"<line class="seed" x1="{lx}" x2="{x2}" y1="{y}" y2="{y}"/><text class="legend" x="{tx}" y="{ty}">the seed's figure</text>"#,
+            x2 = lx + 14.0,
+            y = H - 16.0,
+            tx = lx + 18.0,
+            ty = H - 12.0,
+        );
+    }
+    svg.push_str("</svg>");
     svg
 }
 
@@ -478,6 +486,78 @@ fn overload_plot(o: &Overload) -> String {
         r#"<p class="note">a pool of {} connections × {} ms queries; {} s open-loop windows per variant and load</p>"#,
         o.connections, o.query_ms, o.window_s
     );
+    html
+}
+
+/// `experiment amplification`: attempts that reached the failing leaf per
+/// call made at the root, every case and stack.
+fn amplification_chart(a: &Amplification) -> String {
+    let groups: Vec<Group> = amplification::CASES
+        .iter()
+        .map(|case| {
+            let values = amplification::STACKS
+                .iter()
+                .map(|stack| {
+                    let at_leaf = a
+                        .row(case, stack)
+                        .map_or(0.0, |r| r.attempts_at_leaf_per_root);
+                    ((at_leaf * 100.0).round() / 100.0, None)
+                })
+                .collect();
+            ((*case).to_owned(), values)
+        })
+        .collect();
+    grouped(
+        "amplification",
+        "Attempts at the failing leaf per call at the root: client → A → B → C, maxAttempts 3 on each",
+        "attempts",
+        &amplification::STACKS,
+        &groups,
+    )
+}
+
+/// `experiment metastable`: goodput second by second through the trigger,
+/// one chart per trigger, plain and ours, beside the load offered.
+fn metastable_plots(m: &Metastable) -> String {
+    let [before, during, _] = m.timeline_s;
+    let mut html = String::new();
+    for trigger in metastable::TRIGGERS {
+        let rows: Vec<&metastable::Row> = metastable::STACKS
+            .iter()
+            .filter_map(|stack| m.row(stack, trigger))
+            .collect();
+        let Some(seconds) = rows.iter().map(|r| r.goodput.len()).max() else {
+            continue;
+        };
+        // Each figure is the second that starts at its label.
+        let xs: Vec<String> = (0..seconds).map(|s| format!("{s} s")).collect();
+        let mut series: Vec<Series> = rows
+            .iter()
+            .map(|r| (r.stack.clone(), r.goodput.clone()))
+            .collect();
+        if let Some(first) = rows.first() {
+            series.push((
+                "offered".to_owned(),
+                first.offered.iter().map(|o| o / m.capacity_rps).collect(),
+            ));
+        }
+        let what = if trigger == "capacity" {
+            "capacity cut to 20 %"
+        } else {
+            "twice the load"
+        };
+        html.push_str(&lines(
+            &format!("metastable-{trigger}"),
+            &format!(
+                "Goodput ÷ capacity, each second from its start: {what} from {before:.1} s to {:.1} s",
+                before + during
+            ),
+            "of capacity",
+            &xs,
+            &series,
+            &[],
+        ));
+    }
     html
 }
 
@@ -1030,6 +1110,12 @@ pub fn render_with_skipped(steps: &[Step], skipped: &[Skipped], wall_seconds: f6
         body.push_str("</section>");
     }
 
+    if let Some(m) = typed::<Metastable>(steps, "metastable") {
+        body.push_str("<h2>Overload that outlives its trigger</h2><section>");
+        body.push_str(&metastable_plots(&m));
+        body.push_str("</section>");
+    }
+
     let hosts = typed::<Hosts>(steps, "hosts");
     let proxy = typed::<Proxy>(steps, "proxy");
     let faults = typed::<Faults>(steps, "faults");
@@ -1056,6 +1142,12 @@ pub fn render_with_skipped(steps: &[Step], skipped: &[Skipped], wall_seconds: f6
     if let Some(floods) = typed::<RapidReset>(steps, "rapid-reset") {
         body.push_str("<h2>Reset floods (HTTP/2 Rapid Reset)</h2><section>");
         body.push_str(&rapid_reset_section(&floods));
+        body.push_str("</section>");
+    }
+
+    if let Some(a) = typed::<Amplification>(steps, "amplification") {
+        body.push_str("<h2>Retries across hops</h2><section>");
+        body.push_str(&amplification_chart(&a));
         body.push_str("</section>");
     }
 

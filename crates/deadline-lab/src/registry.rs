@@ -109,6 +109,11 @@ pub struct Params {
     /// `experiment honest-resets --window-ms`: how long each pattern runs
     /// against each server.
     pub window: Duration,
+    /// `experiment amplification --fan-in-ms`: how long C is down in the
+    /// fan-in case.
+    pub fan_in: Duration,
+    /// `experiment metastable --before-ms --trigger-ms --after-ms`.
+    pub timeline: [Duration; 3],
 }
 
 impl Default for Params {
@@ -119,6 +124,8 @@ impl Default for Params {
             spans: Spans::ChildProcess,
             flood: experiments::rapid_reset::DEMO_FLOOD,
             window: experiments::honest_resets::DEMO_WINDOW,
+            fan_in: experiments::amplification::DEMO_FAN_IN,
+            timeline: experiments::metastable::DEMO_TIMELINE_MS.map(Duration::from_millis),
         }
     }
 }
@@ -308,6 +315,20 @@ pub static ENTRIES: &[Entry] = &[
         about: "Honest clients that end streams early (deadline storms, hedges, their own short timeouts, cancels, a flood's neighbours behind one address) against plain tonic, the layer alone and ours",
         needs: &[],
         run: |p| Box::pin(experiments::honest_resets::run(p.window)),
+    },
+    Entry {
+        name: "amplification",
+        kind: Kind::Experiment,
+        about: "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, and under fan-in: attempts reaching C per root call, one budget for the chain beside per-hop retries",
+        needs: &[],
+        run: |p| Box::pin(experiments::amplification::run(p.fan_in)),
+    },
+    Entry {
+        name: "metastable",
+        kind: Kind::Experiment,
+        about: "A service at 0.9 of capacity under retrying clients, hit by a capacity cut or a load spike that then ends: goodput per second and the time it takes to come back, plain tonic beside ours",
+        needs: &[],
+        run: |p| Box::pin(experiments::metastable::run(p.timeline)),
     },
     Entry {
         name: "retry",

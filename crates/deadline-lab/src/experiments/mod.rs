@@ -1,5 +1,6 @@
 //! Experiments: each runs real services on loopback and measures one claim.
 
+pub mod amplification;
 pub mod chain;
 pub mod db_cancel;
 pub mod drift;
@@ -12,6 +13,7 @@ pub mod honest_resets;
 pub mod hosts;
 pub mod im;
 pub mod jobs;
+pub mod metastable;
 pub mod orders;
 pub mod propagation;
 pub mod proxy;

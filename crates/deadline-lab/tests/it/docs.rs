@@ -20,10 +20,12 @@ use std::process::Command;
 
 use deadline_lab::bench::instructions::Case as InstructionCase;
 use deadline_lab::bench::retry_storm::{self, Storm};
+use deadline_lab::experiments::amplification::{self, Amplification};
 use deadline_lab::experiments::edge;
 use deadline_lab::experiments::faults::{self, Faults, KILL_DETECTED_WITHIN_MS};
 use deadline_lab::experiments::hedge::{self, HedgeRows};
 use deadline_lab::experiments::hosts::{COMPENSATED_EXCESS_MAX_MS, ONE_WAY_MS};
+use deadline_lab::experiments::metastable::{self, Metastable};
 use deadline_lab::experiments::rapid_reset::{
     self, CUT_WITHIN, HONEST_P50_VS_BEFORE, HONEST_P50_VS_PLAIN, RapidReset, SERVERS, SHAPES,
 };
@@ -44,15 +46,17 @@ use crate::common::{debug_lab, timed};
 
 /// The commands whose tables (or printed output) `docs/` shows, each checked
 /// by a test below.
-const CHECKED: [&str; 12] = [
+const CHECKED: [&str; 14] = [
     "bench instructions",
     "bench retry-storm",
     "bench soak",
+    "experiment amplification",
     "experiment edge",
     "experiment faults",
     "experiment hedge",
     "experiment honest-resets",
     "experiment hosts",
+    "experiment metastable",
     "experiment proxy",
     "experiment rapid-reset",
     "experiment retry",
@@ -206,6 +210,26 @@ impl Table {
             .find(|row| row[0] == label)
             .unwrap_or_else(|| panic!("{}: a row {label:?} must be shown", self.name));
         &row[column]
+    }
+
+    /// The cell of the row whose first two cells are `first` and
+    /// `second`, in column `column`.
+    fn cell2(&self, first: &str, second: &str, column: &str) -> &str {
+        let column = self.column(column);
+        let row = self
+            .rows
+            .iter()
+            .find(|row| row[0] == first && row.get(1).is_some_and(|c| c == second))
+            .unwrap_or_else(|| panic!("{}: a row {first:?} / {second:?} must be shown", self.name));
+        &row[column]
+    }
+
+    /// The first two cells of every row.
+    fn labels2(&self) -> Vec<(&str, &str)> {
+        self.rows
+            .iter()
+            .map(|row| (row[0].as_str(), row.get(1).map_or("", String::as_str)))
+            .collect()
     }
 
     /// The figure in the row labelled `label`, column `column`.
@@ -532,6 +556,73 @@ fn docs_retry_storm_table_holds_the_laws_bench_retry_storm_asserts() {
         table.figure("ours", "goodput") >= 0.9,
         "the bench's goal: ours keeps 0.9 of capacity"
     );
+}
+
+#[test]
+fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
+    let table = measured_table("experiment amplification");
+    let empty = Amplification {
+        rows: Vec::new(),
+        fan_in_ms: 0.0,
+    };
+    table.has_the_labs_columns(&amplification::outcome(&empty).columns);
+    let expected: Vec<(&str, &str)> = amplification::CASES
+        .iter()
+        .flat_map(|case| amplification::STACKS.map(|stack| (*case, stack)))
+        .collect();
+    assert_eq!(table.labels2(), expected, "{}: the lab's rows", table.name);
+    let at = |case: &str, stack: &str, column: &str| figure(table.cell2(case, stack, column));
+    let [outage, throttled, failures, fan_in] = amplification::CASES;
+    assert_eq!(at(outage, "ours", "at C per root"), 3.0, "maxAttempts at C");
+    assert_eq!(at(outage, "ours", "at A per root"), 1.0);
+    assert_eq!(at(outage, "ours", "at B per root"), 1.0);
+    assert_eq!(at(outage, "per-hop", "at C per root"), 27.0, "3 × 3 × 3");
+    assert!(at(throttled, "ours", "at C, first root call") <= 3.0);
+    assert!(
+        at(throttled, "per-hop", "at C, first root call")
+            > at(throttled, "ours", "at C, first root call")
+    );
+    assert!(at(failures, "ours", "root OK share") >= 0.995);
+    assert!(at(fan_in, "ours", "at C per root") <= 1.1);
+    assert!(at(fan_in, "ours", "at C per root") < at(fan_in, "per-hop", "at C per root"));
+}
+
+#[test]
+fn docs_metastable_table_holds_the_laws_experiment_metastable_asserts() {
+    let table = measured_table("experiment metastable");
+    let empty = Metastable {
+        rows: Vec::new(),
+        capacity_rps: 0.0,
+        offered_rps: 0.0,
+        timeline_s: [0.0; 3],
+    };
+    table.has_the_labs_columns(&metastable::outcome(&empty).columns);
+    let expected: Vec<(&str, &str)> = metastable::TRIGGERS
+        .iter()
+        .flat_map(|trigger| metastable::STACKS.map(|stack| (*trigger, stack)))
+        .collect();
+    assert_eq!(table.labels2(), expected, "{}: the lab's rows", table.name);
+    for trigger in metastable::TRIGGERS {
+        let cell = |stack: &str, column: &str| table.cell2(trigger, stack, column);
+        assert!(figure(cell("ours", "recovery s")) <= 1.0, "{trigger}");
+        assert!(
+            figure(cell("ours", "during / capacity left")) >= 0.9,
+            "{trigger}"
+        );
+        assert!(
+            figure(cell("ours", "work for callers gone")) <= 0.01,
+            "{trigger}"
+        );
+        assert!(
+            figure(cell("plain", "work for callers gone")) >= 0.1,
+            "{trigger}: the trigger hurts plain tonic"
+        );
+        let plain = cell("plain", "recovery s");
+        assert!(
+            plain == "never" || figure(plain) > figure(cell("ours", "recovery s")),
+            "{trigger}: plain tonic stays down longer: {plain}"
+        );
+    }
 }
 
 #[test]

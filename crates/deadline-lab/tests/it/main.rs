@@ -12,6 +12,7 @@ mod common;
 
 mod callgrind_output;
 mod capture;
+mod cascade;
 mod clock;
 mod docs;
 mod experiments;

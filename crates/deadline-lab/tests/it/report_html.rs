@@ -5,7 +5,9 @@ use serde_json::Value;
 
 use deadline_lab::bench::overload::Overload;
 use deadline_lab::bench::retry_storm::{self, Storm};
+use deadline_lab::experiments::amplification::{self, Amplification};
 use deadline_lab::experiments::hedge::{self, HedgeRows};
+use deadline_lab::experiments::metastable::{self, Metastable};
 use deadline_lab::experiments::retry::{self, RetryCases};
 use deadline_lab::experiments::waterfall::{Case, Hop, Waterfall};
 use deadline_lab::html::{
@@ -248,6 +250,93 @@ fn overload_plot_draws_one_line_per_variant_over_every_offered_load() {
         html.matches("<title>goal at").count(),
         2,
         "the goals at 2× and 4× are drawn"
+    );
+}
+
+#[test]
+fn the_report_plots_goodput_through_a_trigger_and_attempts_across_hops() {
+    let row = |stack: &str, trigger: &str, goodput: Vec<f64>| metastable::Row {
+        stack: stack.into(),
+        trigger: trigger.into(),
+        recovery_s: None,
+        during_share_of_remaining: 0.5,
+        expired_work_share: 0.1,
+        offered: vec![180.0; goodput.len()],
+        attempts: vec![180.0; goodput.len()],
+        expired_share: vec![0.0; goodput.len()],
+        goodput,
+    };
+    let m = Metastable {
+        rows: vec![
+            row("plain", "capacity", vec![0.9, 0.2, 0.0, 0.0]),
+            row("ours", "capacity", vec![0.9, 0.2, 0.9, 0.9]),
+            row("plain", "spike", vec![0.9, 0.9, 0.0, 0.0]),
+            row("ours", "spike", vec![0.9, 1.0, 0.9, 0.9]),
+        ],
+        capacity_rps: 200.0,
+        offered_rps: 180.0,
+        timeline_s: [1.0, 1.0, 2.0],
+    };
+    let a = Amplification {
+        rows: amplification::CASES
+            .iter()
+            .flat_map(|case| {
+                amplification::STACKS.map(|stack| amplification::Row {
+                    stack: stack.into(),
+                    case: (*case).into(),
+                    root_calls: 10,
+                    attempts_at_leaf_per_root: 3.0,
+                    attempts_at_b_per_root: 1.0,
+                    attempts_at_a_per_root: 1.0,
+                    first_attempts_at_leaf: 3.0,
+                    root_ok_share: 0.0,
+                })
+            })
+            .collect(),
+        fan_in_ms: 2000.0,
+    };
+    let steps = [
+        Step {
+            name: "metastable".into(),
+            outcome: Ok(metastable::outcome(&m)),
+            seconds: 0.0,
+        },
+        Step {
+            name: "amplification".into(),
+            outcome: Ok(amplification::outcome(&a)),
+            seconds: 0.0,
+        },
+    ];
+    let html = render(&steps, 1.0);
+    for chart in ["metastable-capacity", "metastable-spike"] {
+        let svg = html
+            .split("<svg ")
+            .find(|svg| svg.contains(&format!("data-chart=\"{chart}\"")))
+            .unwrap_or_else(|| panic!("the report must plot {chart}"));
+        assert_eq!(
+            svg.matches("<polyline class=\"line").count(),
+            3,
+            "plain, ours and the offered load in {chart}"
+        );
+        assert_eq!(
+            svg.matches("<circle class=\"point").count(),
+            3 * 4,
+            "a point per line and second in {chart}"
+        );
+    }
+    let bars = html
+        .split("<svg ")
+        .find(|svg| svg.contains("data-chart=\"amplification\""))
+        .expect("the report must chart experiment amplification");
+    let stacks = amplification::STACKS.len();
+    assert_eq!(
+        bars.matches("<rect class=\"bar s").count(),
+        amplification::CASES.len() * stacks + stacks,
+        "a bar per case and stack, and a key per stack"
+    );
+    assert!(
+        !bars.contains("the seed's figure"),
+        "no seed ticks, so no key for them"
     );
 }
 
