@@ -230,55 +230,6 @@ pub fn flood(
     }
 }
 
-/// What a TLS flood has read of the server so far.
-struct Incoming {
-    parser: FrameParser,
-    plain: Vec<u8>,
-    go_away: Option<(u32, u32)>,
-    /// The server closed the connection (or it failed).
-    closed: bool,
-}
-
-impl Incoming {
-    /// Reads what has come, without waiting; whether the server has cut
-    /// the connection off (a GOAWAY, or the close).
-    fn read(&mut self, conn: &mut rustls::ClientConnection, tcp: &mut TcpStream) -> bool {
-        loop {
-            match conn.read_tls(tcp) {
-                Ok(0) => self.closed = true,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(_) => self.closed = true,
-            }
-            if self.closed || conn.process_new_packets().is_err() {
-                self.closed = true;
-                break;
-            }
-            loop {
-                match conn.reader().read(&mut self.plain) {
-                    Ok(0) => {
-                        self.closed = true;
-                        break;
-                    }
-                    Ok(n) => {
-                        for parsed in self.parser.feed(&self.plain[..n]) {
-                            if parsed.frame.kind == GOAWAY && parsed.payload.len() >= 8 {
-                                let p = &parsed.payload;
-                                let last =
-                                    u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
-                                self.go_away =
-                                    Some((parsed.error_code().unwrap_or_default(), last));
-                            }
-                        }
-                    }
-                    Err(_) => break,
-                }
-            }
-        }
-        self.closed || self.go_away.is_some()
-    }
-}
-
 /// [`flood`] over TLS (`tls` trusts the server's certificate; the name asked
 /// for is [`crate::tls::SERVER_NAME`]): the same streams, written through a
 /// TLS session as the socket takes them. A connection the server holds
@@ -313,16 +264,52 @@ pub fn flood_tls(
             };
         }
     }
-    tcp.set_nonblocking(true).expect("non-blocking");
-    let mut incoming = Incoming {
-        parser: FrameParser::server_to_client(),
-        plain: vec![0; 64 * 1024],
-        go_away: None,
-        closed: false,
-    };
+    // As in `flood`: a thread reads the server while this one writes, so
+    // that a GOAWAY is read the moment it comes, before a reset of the
+    // connection could throw it away. The session is shared: the reader
+    // decrypts, the writer encrypts, each briefly under the lock.
+    tcp.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("a read timeout");
+    tcp.set_write_timeout(Some(Duration::from_millis(50)))
+        .expect("a write timeout");
+    let conn = std::sync::Arc::new(std::sync::Mutex::new(conn));
+    let cut = std::sync::Arc::new(AtomicBool::new(false));
+    let read_side = std::thread::spawn({
+        let (conn, cut) = (conn.clone(), cut.clone());
+        let mut reader = tcp.try_clone().expect("a second handle");
+        move || {
+            let mut parser = FrameParser::server_to_client();
+            let mut buf = vec![0; 64 * 1024];
+            let mut plain = vec![0; 64 * 1024];
+            let mut go_away = None;
+            'read: while let Ok(n @ 1..) = reader.read(&mut buf) {
+                let mut conn = conn.lock().expect("the session");
+                let mut ciphertext = &buf[..n];
+                while !ciphertext.is_empty() {
+                    if conn.read_tls(&mut ciphertext).is_err()
+                        || conn.process_new_packets().is_err()
+                    {
+                        break 'read;
+                    }
+                    while let Ok(n @ 1..) = conn.reader().read(&mut plain) {
+                        for parsed in parser.feed(&plain[..n]) {
+                            if parsed.frame.kind == GOAWAY && parsed.payload.len() >= 8 {
+                                let p = &parsed.payload;
+                                let last =
+                                    u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
+                                go_away = Some((parsed.error_code().unwrap_or_default(), last));
+                                cut.store(true, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            }
+            cut.store(true, Ordering::Relaxed);
+            go_away
+        }
+    });
     let mut start = PREFACE.to_vec();
     frame(&mut start, SETTINGS, 0, 0, &[]);
-    let _ = conn.writer().write_all(&start);
     let block = request_block(&addr.to_string(), path, shape.grpc_timeout);
     let (per_write, every) = match shape.rate {
         None => (512, Duration::ZERO),
@@ -336,37 +323,57 @@ pub fn flood_tls(
     };
     let flooding = Instant::now();
     let mut sent = 0u32;
-    let mut batch = Vec::new();
+    let mut closed = false;
+    let mut batch = start;
+    let mut ciphertext = Vec::new();
     let mut id = 1u32;
     let over = || stop.load(Ordering::Relaxed) || started.elapsed() >= give_up;
     'flood: while !over() {
-        if incoming.read(&mut conn, &mut tcp) {
+        if cut.load(Ordering::Relaxed) {
+            closed = true;
             break;
         }
-        batch.clear();
         for _ in 0..per_write {
             frame(&mut batch, HEADERS, END_HEADERS, id, &block);
             frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
             id += 2;
         }
-        let _ = conn.writer().write_all(&batch);
-        while conn.wants_write() {
-            match conn.write_tls(&mut tcp) {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    // The server reads no more for now: watch for its cut,
-                    // and give up when told.
-                    if incoming.read(&mut conn, &mut tcp) || over() {
+        {
+            let mut conn = conn.lock().expect("the session");
+            let _ = conn.writer().write_all(&batch);
+            while conn.wants_write() {
+                let _ = conn.write_tls(&mut ciphertext);
+            }
+        }
+        batch.clear();
+        let mut written = 0;
+        while written < ciphertext.len() {
+            match tcp.write(&ciphertext[written..]) {
+                Ok(0) => {
+                    closed = true;
+                    break 'flood;
+                }
+                Ok(n) => written += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    // The server reads no more for now: give up when told,
+                    // or when the reader has seen the cut.
+                    if over() || cut.load(Ordering::Relaxed) {
+                        closed = cut.load(Ordering::Relaxed);
                         break 'flood;
                     }
-                    std::thread::sleep(Duration::from_micros(200));
                 }
                 Err(_) => {
-                    incoming.closed = true;
+                    closed = true;
                     break 'flood;
                 }
             }
         }
+        ciphertext.clear();
         sent += per_write;
         if !every.is_zero() {
             let due = every.mul_f64(f64::from(sent / per_write));
@@ -376,18 +383,12 @@ pub fn flood_tls(
         }
     }
     let lasted = flooding.elapsed();
-    // The server's last bytes: its GOAWAY, if it is on its way.
-    let until = Instant::now() + Duration::from_secs(2);
-    while !incoming.closed && incoming.go_away.is_none() && Instant::now() < until {
-        if !incoming.read(&mut conn, &mut tcp) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    let _ = tcp.shutdown(Shutdown::Both);
+    // The write side only: the reader still takes the server's last bytes.
+    let _ = tcp.shutdown(Shutdown::Write);
     Flood {
         sent,
-        go_away: incoming.go_away,
-        closed: incoming.closed,
+        go_away: read_side.join().expect("the reading thread"),
+        closed,
         lasted,
     }
 }

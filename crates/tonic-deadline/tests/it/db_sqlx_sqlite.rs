@@ -301,8 +301,11 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
     let stats = pool.stats();
     eprintln!("after 100 000 cancelled calls: {stats:?}");
     assert_eq!(stats.idle, 2, "no connection leaked: {stats:?}");
+    // Most calls end while queued for one of the two connections (about
+    // 200 reach their statement on an idle machine, 40 on a loaded one):
+    // enough must have run to be interrupted for the leak check to mean it.
     assert!(
-        stats.cancels >= 50,
+        stats.cancels >= 10,
         "statements really ran and were interrupted: {stats:?}"
     );
     assert_eq!(stats.queued, 0, "no caller left queued");
