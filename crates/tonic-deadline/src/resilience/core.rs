@@ -26,7 +26,7 @@ use crate::service_config::{Codes, HedgingPolicy, Resolved, ServiceConfig};
 use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
 /// The header a server sets to ask for a pause before the next attempt.
-pub(crate) const PUSHBACK: &str = "grpc-retry-pushback-ms";
+pub(crate) use crate::wire::PUSHBACK;
 /// The header every attempt after the first carries.
 pub(crate) const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
@@ -310,8 +310,7 @@ fn mark_wait_for_ready<B>(request: &mut Request<B>, resolved: &Resolved<'_>) {
 /// message says why the call ended before its deadline.
 pub(crate) const NO_TIME_LEFT: &str = "no further attempt fitted before the deadline";
 
-/// `grpc-retry-pushback-ms: -1`, gRPC's "do not retry" (A6).
-const DO_NOT_RETRY: HeaderValue = HeaderValue::from_static("-1");
+use crate::wire::DO_NOT_RETRY;
 
 impl Core {
     /// The answer of a call whose retries (or hedges) this layer spent: the
@@ -319,8 +318,14 @@ impl Core {
     /// budget is on). A caller whose handler returns this status answers its
     /// own caller so, and the failure is retried once in the chain, at the
     /// hop above it, not at every hop.
+    ///
+    /// The mark is also noted on the root of the call's `scope` (the
+    /// request's, inside a handler): a handler that answers a failure of
+    /// its own making, without the mark, still tells its caller (the
+    /// server layer adds it).
     pub(crate) fn spent<B>(
         &self,
+        scope: Option<&Scope>,
         result: Result<Response<B>, BoxError>,
     ) -> Result<Response<B>, BoxError> {
         if !self.settings.chain_budget {
@@ -328,6 +333,9 @@ impl Core {
         }
         if let Some(o) = self.observer() {
             o.retries_spent();
+        }
+        if let Some(scope) = scope {
+            scope.note_retries_spent();
         }
         match result {
             Ok(mut response) => {
@@ -339,9 +347,10 @@ impl Core {
                     Ok(status) => *status,
                     Err(other) => tonic::Status::from_error(other),
                 };
-                status
-                    .metadata_mut()
-                    .insert(PUSHBACK, tonic::metadata::MetadataValue::from_static("-1"));
+                status.metadata_mut().insert(
+                    crate::wire::PUSHBACK_KEY,
+                    tonic::metadata::MetadataValue::from_static("-1"),
+                );
                 Err(Box::new(status))
             }
         }

@@ -230,7 +230,7 @@ where
             if self.in_flight.is_empty() && !self.may_send_more() {
                 // Every attempt failed as the policy allows: spent for
                 // the chain.
-                let spent = |last| self.call.core.spent(last);
+                let spent = |last| self.call.core.spent(self.call.scope.as_ref(), last);
                 let last = match self.last_failure.take() {
                     Some(last) if self.no_time => spent(core::no_time_left(last)),
                     Some(last) => spent(last),

@@ -24,7 +24,12 @@
 //!    [below](#whether-another-attempt-fits)), and none while throttling
 //!    or the [`RetryBudget`] says no;
 //! 4. reads the server's `grpc-retry-pushback-ms`: the next attempt waits
-//!    exactly that long; a negative or malformed one sends no more.
+//!    exactly that long; a negative or malformed one sends no more;
+//! 5. answers a failure the policy would retry but the layer no longer
+//!    does (`maxAttempts`, a pushback, the throttle, no time left) with
+//!    `grpc-retry-pushback-ms: -1`, so that the hop above, handed the
+//!    status by its handler, does not retry it again: one retry budget
+//!    for the whole chain ([`ResilienceLayer::chain_budget`]).
 //!
 //! A method without a policy is sent once, as it comes. Whatever its
 //! policy, a method's `timeout` and `waitForReady` hold: the call runs

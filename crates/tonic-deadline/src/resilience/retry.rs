@@ -135,16 +135,16 @@ where
                     }
                     // From here on a failure the policy would retry: one
                     // this call does not retry is spent for the chain.
-                    let core = &self.call.core;
+                    let (core, scope) = (&self.call.core, self.call.scope.as_ref());
                     if self.call.attempts >= self.policy.max_attempts {
-                        return self.finish(core.spent(result));
+                        return self.finish(core.spent(scope, result));
                     }
                     let delay = match pushback {
                         Pushback::Stop => {
                             if let Some(o) = core.observer() {
                                 o.pushback_stop();
                             }
-                            return self.finish(core.spent(result));
+                            return self.finish(core.spent(scope, result));
                         }
                         Pushback::Delay(delay) => {
                             self.backoffs = 0;
@@ -155,16 +155,14 @@ where
                             backoff(&self.call.core, &self.policy, self.backoffs)
                         }
                     };
-                    let scope = self.call.scope.as_ref();
-                    let core = &self.call.core;
                     match core.permit(scope, self.call.path(), delay) {
                         Permit::Send => {}
                         // The answer is the attempt's, not a deadline that
                         // has not passed: its code tells what is known.
                         Permit::NoTime => {
-                            return self.finish(core.spent(core::no_time_left(result)));
+                            return self.finish(core.spent(scope, core::no_time_left(result)));
                         }
-                        Permit::Throttled => return self.finish(core.spent(result)),
+                        Permit::Throttled => return self.finish(core.spent(scope, result)),
                     }
                     self.backoff_started = Instant::now();
                     core::arm(&mut self.backoff, scope, delay);

@@ -219,6 +219,9 @@ struct Data {
     /// Set once a child is made: an end then reads the clock, so that a
     /// child whose own deadline had passed first says so.
     has_children: AtomicBool,
+    /// Whether a call under this root spent its retries on a failure:
+    /// see [`Scope::note_retries_spent`].
+    retries_spent: AtomicBool,
     /// The token handed to libraries that take one, made on first use.
     bridge: OnceLock<CancellationToken>,
 }
@@ -706,6 +709,23 @@ impl Scope {
         }
     }
 
+    /// Notes on this scope's root that a call made under it spent its
+    /// retries on a failure (and told its caller so): the server layer
+    /// then tells the request's own caller the same when the handler
+    /// answers a failure of its own making.
+    #[cfg(feature = "service-config")]
+    pub(crate) fn note_retries_spent(&self) {
+        if let Some(root) = self.node.path().last() {
+            root.data().retries_spent.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether [`note_retries_spent`](Scope::note_retries_spent) was
+    /// called on this node (the server layer asks the request's root).
+    pub(crate) fn retries_spent(&self) -> bool {
+        self.node.data().retries_spent.load(Ordering::Relaxed)
+    }
+
     /// What the layer that made this scope's root attached, if anything.
     fn attachment(&self) -> Option<&dyn Attachment> {
         self.node
@@ -731,6 +751,7 @@ impl Data {
             limit,
             attached,
             has_children: AtomicBool::new(false),
+            retries_spent: AtomicBool::new(false),
             bridge: OnceLock::new(),
         }
     }

@@ -35,6 +35,11 @@ impl EndGuard {
         }
     }
 
+    /// The request's scope.
+    pub(crate) fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
     /// The request's span, to enter while the handler runs.
     pub(crate) fn span(&self) -> Option<&tracing::Span> {
         self.observed.as_deref().map(Observation::span)

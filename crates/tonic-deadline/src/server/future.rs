@@ -13,6 +13,7 @@ use super::observer::Observation;
 use super::protocol::{Answer, Grpc, Protocol};
 use super::timer::LazyTimer;
 use crate::scope::{Cause, Scope};
+use crate::wire;
 
 pin_project! {
     /// The response future of [`ServerDeadline`](super::ServerDeadline).
@@ -146,11 +147,18 @@ where
                     .take()
                     .expect("ResponseFuture polled after completion");
                 Poll::Ready(match result {
-                    Ok(response) => {
+                    Ok(mut response) => {
                         let web = if P::HTTP_STATUS {
                             guard.saw_http_status(response.status());
                             Web::No
                         } else {
+                            // A call the handler made spent its retries:
+                            // a failure the handler made of it (a new
+                            // status, another code) still tells the caller
+                            // not to retry.
+                            if guard.scope().retries_spent() {
+                                wire::mark_do_not_retry(response.headers_mut());
+                            }
                             guard.saw_status(response.headers());
                             // Only an answer the timer can cut needs to
                             // know how its trailers travel.

@@ -9,6 +9,7 @@ mod common;
 
 mod admission_layer;
 mod cancellation;
+mod chain_budget;
 mod compat;
 mod edges;
 mod failures;

@@ -645,7 +645,7 @@ where
                 status.code(),
                 status
                     .metadata()
-                    .get(core::PUSHBACK)
+                    .get(crate::wire::PUSHBACK_KEY)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned),
             )
