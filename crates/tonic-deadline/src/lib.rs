@@ -24,6 +24,9 @@ pub mod http_client;
 #[cfg(any(feature = "jobs", feature = "jobs-postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "jobs", feature = "jobs-postgres"))))]
 pub mod jobs;
+#[cfg(feature = "ledger")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
+pub mod ledger;
 pub mod observe;
 #[cfg(feature = "service-config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]

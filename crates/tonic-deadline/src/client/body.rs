@@ -76,7 +76,7 @@ impl<B> ClientBody<B> {
 /// ```
 impl<B: Default> Default for ClientBody<B> {
     fn default() -> Self {
-        Self::new(B::default(), Race::new(None, None, None, None))
+        Self::new(B::default(), Race::new(None, None, None, None, None, None))
     }
 }
 
@@ -144,8 +144,7 @@ where
                     this.cursor.feed(data);
                 }
                 if let Some(trailers) = frame.trailers_mut() {
-                    this.race.correct_late_cancel(trailers);
-                    this.race.as_mut().settle_from(trailers);
+                    this.race.as_mut().settle_answer(trailers);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -4,15 +4,11 @@ use std::task::{Context, Poll};
 
 use http::Response;
 use pin_project_lite::pin_project;
-use tokio::time::Instant;
 
 use super::WaitCheck;
-use super::abandon::Abandon;
 use super::body::ClientBody;
-use super::observer::Observation;
 use super::race::{Race, error_code};
 use crate::BoxError;
-use crate::scope::Scope;
 
 pin_project! {
     /// The response future of [`ClientDeadline`](super::ClientDeadline).
@@ -68,20 +64,9 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn running(
-        inner: F,
-        deadline: Option<Instant>,
-        scope: Option<Scope>,
-        abandon: Abandon,
-        observed: Option<Box<dyn Observation>>,
-        waits: Option<Box<WaitCheck>>,
-    ) -> Self {
+    pub(super) fn running(inner: F, race: Race, waits: Option<Box<WaitCheck>>) -> Self {
         Self {
-            state: State::Running {
-                inner,
-                race: Race::new(deadline, scope, Some(abandon), observed),
-                waits,
-            },
+            state: State::Running { inner, race, waits },
         }
     }
 }
@@ -137,8 +122,7 @@ where
                         return Poll::Ready(Err(err));
                     }
                     Poll::Ready(Ok(mut response)) => {
-                        race.correct_late_cancel(response.headers_mut());
-                        race.as_mut().settle_from(response.headers());
+                        race.as_mut().settle_answer(response.headers_mut());
                         let race = race.for_body();
                         return Poll::Ready(Ok(response.map(|body| ClientBody::new(body, race))));
                     }

@@ -375,12 +375,24 @@ where
             .get::<WaitForReady>()
             .is_some()
             .then(|| self.wait_check(&mut parts));
+        // A call under a scope with a deadline is kept for the ledger of
+        // the request it serves, should it fail.
+        #[cfg(feature = "ledger")]
+        let note = scope
+            .as_ref()
+            .zip(granted)
+            .zip(parts.uri.path_and_query())
+            .map(|((_, granted), path)| race::CallNote::new(path, granted));
+        #[cfg(not(feature = "ledger"))]
+        let note = None;
         let body = tonic::body::Body::new(RequestBody::new(body, abandoned, watch));
         let inner = {
             let _entered = observed.as_ref().map(|o| o.span().enter());
             self.inner.call(Request::from_parts(parts, body))
         };
-        ResponseFuture::running(inner, deadline, scope, abandon, observed, waits)
+        let told = granted.and_then(|g| now.checked_add(g));
+        let race = race::Race::new(deadline, scope, Some(abandon), observed, note, told);
+        ResponseFuture::running(inner, race, waits)
     }
 }
 

@@ -40,6 +40,43 @@ pin_project! {
         // Told once, with the first status seen (a layer with an observer
         // only).
         observed: Option<Box<dyn Observation>>,
+        // Kept until the call ends, for the request's ledger.
+        note: Option<CallNote>,
+        // When the budget told to the server (`grpc-timeout`) runs out.
+        told: Option<Instant>,
+    }
+
+    impl PinnedDrop for Race {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // Dropped before it ended: its hop gave up on it.
+            if let Some(note) = this.note.take()
+                && let Some(scope) = this.scope.as_ref()
+            {
+                let code = match scope.cause() {
+                    Some(Cause::DeadlineExceeded) => tonic::Code::DeadlineExceeded,
+                    _ => tonic::Code::Cancelled,
+                };
+                if let Some(told) = *this.told {
+                    note.ended(scope, code, None, told);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(feature = "ledger")]
+pub(crate) use crate::ledger::CallNote;
+
+/// Without the ledger, nothing is kept.
+#[cfg(not(feature = "ledger"))]
+#[derive(Debug)]
+pub(crate) enum CallNote {}
+
+#[cfg(not(feature = "ledger"))]
+impl CallNote {
+    pub(crate) fn ended(self, _: &Scope, _: tonic::Code, _: Option<&HeaderMap>, _: Instant) {
+        match self {}
     }
 }
 
@@ -49,6 +86,8 @@ impl Race {
         scope: Option<Scope>,
         abandon: Option<Abandon>,
         observed: Option<Box<dyn Observation>>,
+        note: Option<CallNote>,
+        told: Option<Instant>,
     ) -> Self {
         Self {
             deadline,
@@ -58,6 +97,8 @@ impl Race {
             scope,
             abandon,
             observed,
+            note,
+            told,
         }
     }
 
@@ -68,21 +109,50 @@ impl Race {
 
     /// Ends the call's report with `code` (the first status seen wins).
     pub(crate) fn settle(self: Pin<&mut Self>, code: tonic::Code) {
-        if let Some(observed) = self.project().observed.take() {
+        let this = self.project();
+        if let Some(observed) = this.observed.take() {
             observed.settle(code, None);
+        }
+        if let Some(note) = this.note.take()
+            && let Some(scope) = this.scope.as_ref()
+            && let Some(told) = *this.told
+        {
+            note.ended(scope, code, None, told);
         }
     }
 
-    /// Ends the call's report with the status of `headers`, if they carry
-    /// one (a trailers-only answer, or trailers): the server's answer.
-    pub(crate) fn settle_from(self: Pin<&mut Self>, headers: &HeaderMap) {
-        if self.observed.is_some()
-            && let Some(code) = status_code(headers)
+    /// The server's answer in `headers` (a trailers-only answer, or
+    /// trailers), read once: a `CANCELLED` that arrives after our deadline
+    /// is really ours expiring (gRPC spec, "Client Cancellation") and is
+    /// rewritten as such; the call's report and ledger note end with its
+    /// status.
+    pub(crate) fn settle_answer(self: Pin<&mut Self>, headers: &mut HeaderMap) {
+        if self.deadline.is_none() && self.observed.is_none() && self.note.is_none() {
+            return;
+        }
+        // An OK answer, the usual one, is read without parsing.
+        let mut code = match headers.get(GRPC_STATUS) {
+            None => return,
+            Some(ok) if ok == "0" => tonic::Code::Ok,
+            Some(_) => match status_code(headers) {
+                Some(code) => code,
+                None => return,
+            },
+        };
+        if code == tonic::Code::Cancelled && self.is_past_deadline() {
+            headers.insert(GRPC_STATUS, HeaderValue::from_static("4"));
+            headers.insert(GRPC_MESSAGE, HeaderValue::from_static("deadline exceeded"));
+            code = tonic::Code::DeadlineExceeded;
+        }
+        let this = self.project();
+        if let Some(observed) = this.observed.take() {
+            observed.settle(code, this.scope.as_ref());
+        }
+        if let Some(note) = this.note.take()
+            && let Some(scope) = this.scope.as_ref()
+            && let Some(told) = *this.told
         {
-            let this = self.project();
-            if let Some(observed) = this.observed.take() {
-                observed.settle(code, this.scope.as_ref());
-            }
+            note.ended(scope, code, Some(headers), told);
         }
     }
 
@@ -98,6 +168,8 @@ impl Race {
             scope: this.scope.take(),
             abandon: this.abandon.take(),
             observed: this.observed.take(),
+            note: this.note.take(),
+            told: *this.told,
         }
     }
 
@@ -174,18 +246,6 @@ impl Race {
         self.deadline.is_some_and(|d| d <= Instant::now())
     }
 
-    /// Our deadline passed, so a `CANCELLED` the server sent is really ours
-    /// expiring (gRPC spec, "Client Cancellation"): report it as such.
-    pub(crate) fn correct_late_cancel(&self, headers: &mut HeaderMap) {
-        if self.deadline.is_some()
-            && headers.get(GRPC_STATUS).is_some_and(|v| v == "1")
-            && self.is_past_deadline()
-        {
-            headers.insert(GRPC_STATUS, HeaderValue::from_static("4"));
-            headers.insert(GRPC_MESSAGE, HeaderValue::from_static("deadline exceeded"));
-        }
-    }
-
     /// Maps an error of the inner call: any failure after our deadline is the
     /// deadline's doing; a connection closed by a guard against reset
     /// streams says so; a call the connection closed before it was sent is
@@ -193,7 +253,15 @@ impl Race {
     /// when it broke off a response message (`mid_message`); the rest
     /// passes through for tonic to classify.
     pub(crate) fn map_error(&self, err: BoxError, mid_message: bool) -> BoxError {
-        if self.is_past_deadline() {
+        // tonic's channel times each call by the `grpc-timeout` it carries
+        // and fails it `CANCELLED` ("Timeout expired"): the budget told to
+        // the server ran out, which is the call's deadline.
+        // (`Endpoint::timeout`, shorter than the budget told, stays tonic's.)
+        let told_ran_out = || {
+            self.told.is_some_and(|told| told <= Instant::now())
+                && crate::status::chain(&*err).any(|e| e.is::<tonic::TimeoutExpired>())
+        };
+        if self.is_past_deadline() || told_ran_out() {
             Box::new(status_for(Cause::DeadlineExceeded))
         } else if let Some(status) = reset_guard_status(&*err) {
             Box::new(status)

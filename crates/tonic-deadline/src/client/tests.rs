@@ -450,7 +450,14 @@ async fn server_cancelled_after_our_deadline_is_deadline_exceeded() {
 
 #[tokio::test(start_paused = true)]
 async fn late_cancel_is_rewritten_only_past_the_deadline() {
-    let race = Race::new(Some(Instant::now() + 100 * MS), None, None, None);
+    let mut race = std::pin::pin!(Race::new(
+        Some(Instant::now() + 100 * MS),
+        None,
+        None,
+        None,
+        None,
+        None,
+    ));
     let cancelled = || {
         let mut headers = HeaderMap::new();
         headers.insert("grpc-status", HeaderValue::from_static("1"));
@@ -458,7 +465,7 @@ async fn late_cancel_is_rewritten_only_past_the_deadline() {
     };
 
     let mut early = cancelled();
-    race.correct_late_cancel(&mut early);
+    race.as_mut().settle_answer(&mut early);
     assert_eq!(
         early.get("grpc-status").map(HeaderValue::as_bytes),
         Some(&b"1"[..])
@@ -466,13 +473,13 @@ async fn late_cancel_is_rewritten_only_past_the_deadline() {
 
     advance(100 * MS).await;
     let mut late = cancelled();
-    race.correct_late_cancel(&mut late);
+    race.as_mut().settle_answer(&mut late);
     let status = tonic::Status::from_header_map(&late).expect("grpc-status present");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
 
     let mut ok = HeaderMap::new();
     ok.insert("grpc-status", HeaderValue::from_static("0"));
-    race.correct_late_cancel(&mut ok);
+    race.as_mut().settle_answer(&mut ok);
     assert_eq!(
         ok.get("grpc-status").map(HeaderValue::as_bytes),
         Some(&b"0"[..]),

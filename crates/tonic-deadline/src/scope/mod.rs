@@ -222,6 +222,10 @@ struct Data {
     /// Whether a call under this root spent its retries on a failure:
     /// see [`Scope::note_retries_spent`].
     retries_spent: AtomicBool,
+    /// Notes a layer keeps on a request's root, made on first use (the
+    /// ledger's record of calls that failed under it).
+    #[cfg_attr(not(feature = "ledger"), allow(dead_code))]
+    notes: OnceLock<Box<dyn Any + Send + Sync>>,
     /// The token handed to libraries that take one, made on first use.
     bridge: OnceLock<CancellationToken>,
 }
@@ -726,6 +730,23 @@ impl Scope {
         self.node.data().retries_spent.load(Ordering::Relaxed)
     }
 
+    /// The notes of type `T` on this scope's root, made on first use (a
+    /// root that holds notes of another type gives none).
+    #[cfg_attr(not(feature = "ledger"), allow(dead_code))]
+    pub(crate) fn root_notes<T: Any + Default + Send + Sync>(&self) -> Option<&T> {
+        let root = self.node.path().last()?;
+        root.data()
+            .notes
+            .get_or_init(|| Box::new(T::default()))
+            .downcast_ref()
+    }
+
+    /// The notes of type `T` on this node, if any were made.
+    #[cfg_attr(not(feature = "ledger"), allow(dead_code))]
+    pub(crate) fn notes<T: Any>(&self) -> Option<&T> {
+        self.node.data().notes.get()?.downcast_ref()
+    }
+
     /// What the layer that made this scope's root attached, if anything.
     fn attachment(&self) -> Option<&dyn Attachment> {
         self.node
@@ -752,6 +773,7 @@ impl Data {
             attached,
             has_children: AtomicBool::new(false),
             retries_spent: AtomicBool::new(false),
+            notes: OnceLock::new(),
             bridge: OnceLock::new(),
         }
     }

@@ -56,11 +56,42 @@ pin_project! {
             // the handler's future is dropped.
             guard: Option<EndGuard>,
             timer: Option<LazyTimer>,
+            // What the ledger says of this hop, should the call end
+            // `DEADLINE_EXCEEDED`.
+            entry: Option<Entry>,
             #[pin]
             inner: TaskLocalFuture<Scope, F>,
         },
     }
 }
+
+/// This hop as the ledger tells it: the method it serves, when it arrived
+/// and the budget it had.
+#[cfg(feature = "ledger")]
+#[derive(Debug)]
+pub(super) struct Entry {
+    pub(super) method: http::uri::PathAndQuery,
+    pub(super) arrived: Instant,
+    pub(super) budget: std::time::Duration,
+}
+
+#[cfg(feature = "ledger")]
+impl Entry {
+    fn answer(self, headers: &mut http::HeaderMap, scope: &Scope) {
+        crate::ledger::answer(
+            headers,
+            scope,
+            self.method.path(),
+            self.arrived,
+            Some(self.budget),
+        );
+    }
+}
+
+/// Without the ledger, nothing is kept.
+#[cfg(not(feature = "ledger"))]
+#[derive(Debug)]
+pub(super) enum Entry {}
 
 impl<F, P> std::fmt::Debug for ResponseFuture<F, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,12 +114,14 @@ impl<F, P> ResponseFuture<F, P> {
         scope: Scope,
         timer: Option<(Instant, Instant)>,
         observed: Option<Box<dyn Observation>>,
+        entry: Option<Entry>,
     ) -> Self {
         Self {
             state: State::Running {
                 inner,
                 timer: timer.map(|(at, now)| LazyTimer::new(at, now)),
                 guard: Some(EndGuard::new(scope, observed)),
+                entry,
             },
             protocol: PhantomData,
         }
@@ -104,7 +137,8 @@ where
     type Output = Result<Response<ServerBody<B, P>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
+        let mut state = self.project().state;
+        match state.as_mut().project() {
             StateProj::Answer { answer } => {
                 let answer = answer
                     .take()
@@ -115,7 +149,10 @@ where
                 inner,
                 timer,
                 guard,
+                entry,
             } => {
+                #[cfg(not(feature = "ledger"))]
+                let _ = entry;
                 let expired = timer.as_mut().is_some_and(LazyTimer::passed);
                 let polled = if expired {
                     Poll::Pending
@@ -132,12 +169,26 @@ where
                             .as_mut()
                             .is_some_and(|t| t.poll_pending(cx).is_ready())
                     {
-                        let answer = P::deadline_exceeded();
+                        #[cfg_attr(not(feature = "ledger"), allow(unused_mut))]
+                        let mut answer = P::deadline_exceeded();
+                        #[cfg(feature = "ledger")]
+                        let ledger = entry
+                            .take()
+                            .filter(|_| !P::HTTP_STATUS)
+                            .zip(guard.as_ref().map(|g| g.scope().clone()));
                         if let Some(mut guard) = guard.take() {
                             if P::HTTP_STATUS {
                                 guard.saw_http_status(answer.status());
                             }
                             guard.finish(Cause::DeadlineExceeded);
+                        }
+                        #[cfg(feature = "ledger")]
+                        if let Some((entry, scope)) = ledger {
+                            // The handler goes now, not when the answer is
+                            // taken: the calls it still waits for are
+                            // noted, as unanswered, for this hop's line.
+                            state.set(State::Answer { answer: None });
+                            entry.answer(answer.headers_mut(), &scope);
                         }
                         return Poll::Ready(Ok(answer.map(ServerBody::answer)));
                     }
@@ -158,6 +209,16 @@ where
                             // not to retry.
                             if guard.scope().retries_spent() {
                                 wire::mark_do_not_retry(response.headers_mut());
+                            }
+                            // A call the handler made failed, and so did
+                            // the handler, at the deadline: the ledger.
+                            #[cfg(feature = "ledger")]
+                            if let Some(entry) = entry.take()
+                                && guard.scope().notes::<crate::ledger::Book>().is_some()
+                                && wire::status_code(response.headers())
+                                    == Some(tonic::Code::DeadlineExceeded)
+                            {
+                                entry.answer(response.headers_mut(), guard.scope());
                             }
                             guard.saw_status(response.headers());
                             // Only an answer the timer can cut needs to

@@ -132,6 +132,9 @@ pub(crate) struct Config<P = Grpc> {
     pub(crate) protocol: P,
     pub(crate) default_timeout: Option<Duration>,
     pub(crate) max_timeout: Option<Duration>,
+    /// Kept of every budget for the answer's way back: the request's scope
+    /// ends this much before its deadline.
+    pub(crate) reply_reserve: Duration,
     pub(crate) forward: Vec<HeaderName>,
     /// Who observes the requests (metrics, spans); none by default.
     pub(crate) observer: Option<Arc<dyn Observer>>,
@@ -323,7 +326,19 @@ where
         // One clock reading, for the deadline and what observes it.
         let now = budget.map(|_| Instant::now());
         let observed = observer.map(|o| o.arrived(&arrival(requested, budget), now));
-        let deadline = budget.zip(now).and_then(|(b, now)| now.checked_add(b));
+        let deadline = budget
+            .zip(now)
+            .and_then(|(b, now)| now.checked_add(b - self.config.reply_reserve.min(b / 20)));
+        #[cfg(feature = "ledger")]
+        let entry = budget.zip(now).zip(request.uri().path_and_query()).map(
+            |((budget, arrived), method)| future::Entry {
+                method: method.clone(),
+                arrived,
+                budget,
+            },
+        );
+        #[cfg(not(feature = "ledger"))]
+        let entry = None;
         let scope = Scope::root_attached(deadline, self.config.attachment(request.headers()));
         request.extensions_mut().insert(scope.clone());
         let timer = deadline
@@ -333,7 +348,13 @@ where
             let _entered = observed.as_ref().map(|o| o.span().enter());
             CURRENT.sync_scope(scope.clone(), || self.inner.call(request))
         };
-        ResponseFuture::running(CURRENT.scope(scope.clone(), inner), scope, timer, observed)
+        ResponseFuture::running(
+            CURRENT.scope(scope.clone(), inner),
+            scope,
+            timer,
+            observed,
+            entry,
+        )
     }
 }
 

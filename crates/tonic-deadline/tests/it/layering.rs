@@ -18,6 +18,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("status", 2),
     ("deadline_headers", 2),
     ("service_config", 2),
+    ("ledger", 2),
     ("server", 3),
     ("client", 3),
     ("admission", 3),

@@ -36,6 +36,8 @@ mod http_client;
 mod http_server;
 #[cfg(feature = "jobs")]
 mod jobs_sigkill;
+#[cfg(feature = "ledger")]
+mod ledger;
 
 // The tests that need a live PostgreSQL server are in the lab's tests
 // (crates/deadline-lab/tests/it), beside its other tests that need a peer.
