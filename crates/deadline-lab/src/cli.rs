@@ -278,6 +278,12 @@ enum Experiment {
     },
     #[command(about = about("jobs"))]
     Jobs,
+    #[command(about = about("ledger"))]
+    Ledger {
+        /// Runs of each stall case.
+        #[arg(long, default_value_t = experiments::ledger::RUNS)]
+        runs: usize,
+    },
     #[command(about = about("waterfall"))]
     Waterfall,
 }
@@ -307,6 +313,7 @@ impl Experiment {
             Experiment::Amplification { fan_in_ms } => {
                 params.fan_in = Duration::from_millis((*fan_in_ms).clamp(500, 60_000));
             }
+            Experiment::Ledger { runs } => params.runs = (*runs).clamp(1, 100_000),
             Experiment::HonestResets { window_ms } => {
                 params.window = Duration::from_millis((*window_ms).clamp(1_000, 60_000));
             }

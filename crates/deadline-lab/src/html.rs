@@ -561,6 +561,25 @@ fn metastable_plots(m: &Metastable) -> String {
     html
 }
 
+/// `experiment ledger`: per stall case, how often the ledger reached the
+/// root and named the stalled hop, and one ledger as the root received it.
+fn ledger_section(result: &crate::experiments::ledger::LedgerResult) -> String {
+    let mut html = String::from(
+        "<h2>Where the budget went: the ledger</h2><section><p class=\"muted\">The ledger a root caller receives with a DEADLINE_EXCEEDED: every hop's line, the root's first (the waterfall above is the same IM case, traced).</p>",
+    );
+    html.push_str(&table(&crate::experiments::ledger::outcome(result)));
+    for row in &result.rows {
+        html.push_str(&format!(
+            "<h3>{}</h3><pre>{}\n{}</pre>",
+            escape(&row.case),
+            escape(&row.example),
+            escape(&row.example_lines.join("\n"))
+        ));
+    }
+    html.push_str("</section>");
+    html
+}
+
 fn table(outcome: &Outcome) -> String {
     let mut html = String::from("<table><thead><tr>");
     for c in &outcome.columns {
@@ -1164,6 +1183,10 @@ pub fn render_with_skipped(steps: &[Step], skipped: &[Skipped], wall_seconds: f6
 
     if let Some(w) = typed::<crate::experiments::waterfall::Waterfall>(steps, "waterfall") {
         body.push_str(&waterfall::section(&w));
+    }
+
+    if let Some(l) = typed::<crate::experiments::ledger::LedgerResult>(steps, "ledger") {
+        body.push_str(&ledger_section(&l));
     }
 
     body.push_str("<h2>On the wire</h2><section><p class=\"muted\">Frames decoded by the capture proxy (HPACK-decoded headers; RST_STREAM with its error code).</p>");

@@ -114,6 +114,8 @@ pub struct Params {
     pub fan_in: Duration,
     /// `experiment metastable --before-ms --trigger-ms --after-ms`.
     pub timeline: [Duration; 3],
+    /// `experiment ledger --runs`: runs of each stall case.
+    pub runs: usize,
 }
 
 impl Default for Params {
@@ -126,6 +128,7 @@ impl Default for Params {
             window: experiments::honest_resets::DEMO_WINDOW,
             fan_in: experiments::amplification::DEMO_FAN_IN,
             timeline: experiments::metastable::DEMO_TIMELINE_MS.map(Duration::from_millis),
+            runs: experiments::ledger::RUNS,
         }
     }
 }
@@ -228,6 +231,13 @@ pub static ENTRIES: &[Entry] = &[
         about: "The IM chain's per-hop budgets, normal and with route stalling",
         needs: &[],
         run: |_| Box::pin(experiments::im::run()),
+    },
+    Entry {
+        name: "ledger",
+        kind: Kind::Experiment,
+        about: "Where the budget of a DEADLINE_EXCEEDED went: the ledger the root caller receives for the IM chain with route stalled, the shop with pricing late and a retried call, over many runs",
+        needs: &[],
+        run: |p| Box::pin(experiments::ledger::run(p.runs)),
     },
     Entry {
         name: "waterfall",

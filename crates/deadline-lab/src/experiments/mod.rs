@@ -13,6 +13,7 @@ pub mod honest_resets;
 pub mod hosts;
 pub mod im;
 pub mod jobs;
+pub mod ledger;
 pub mod metastable;
 pub mod orders;
 pub mod propagation;

@@ -116,11 +116,7 @@ async fn case<T>(
 pub async fn measure() -> anyhow::Result<Shop> {
     let journal = Journal::new();
     let started = shop::start("127.0.0.1:0", &journal).await?;
-    let api = started
-        .iter()
-        .find(|s| s.role == "api")
-        .map(|s| s.addr)
-        .ok_or_else(|| anyhow::anyhow!("api started"))?;
+    let api = crate::systems::addr_of(&started, "api")?;
     let mut client = shop::client(api).await?;
     // Warm every connection.
     without_deadline(client.checkout(CheckoutReq::default())).await?;

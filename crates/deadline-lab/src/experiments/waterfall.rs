@@ -247,11 +247,7 @@ fn expected_spans(stalls: bool) -> usize {
 pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
     let journal = Journal::new();
     let started = im::start("127.0.0.1:0", &journal).await?;
-    let gateway = started
-        .iter()
-        .find(|s| s.role == "gateway")
-        .map(|s| s.addr)
-        .ok_or_else(|| anyhow::anyhow!("gateway started"))?;
+    let gateway = crate::systems::addr_of(&started, "gateway")?;
     let mut client = im::client(gateway).await?;
     // Warm every connection of the chain (untraced: no root span).
     Scope::background()

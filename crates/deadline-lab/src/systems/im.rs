@@ -172,7 +172,9 @@ pub async fn start_role(
 ) -> anyhow::Result<Started> {
     let journal = journal.clone();
     // Every IM service opens a span per request: the system's traces.
-    let layer = ServerDeadlineLayer::new().trace_spans();
+    let layer = ServerDeadlineLayer::new()
+        .trace_spans()
+        .reply_reserve(super::REPLY_RESERVE);
     let (role, routes, layer) = match role {
         "gateway" => (
             "gateway",

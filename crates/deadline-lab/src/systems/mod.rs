@@ -101,6 +101,19 @@ pub struct Started {
     pub addr: SocketAddr,
 }
 
+/// Where `role` of a started system listens.
+///
+/// # Errors
+///
+/// When no service of that role was started.
+pub fn addr_of(started: &[Started], role: &str) -> anyhow::Result<SocketAddr> {
+    started
+        .iter()
+        .find(|s| s.role == role)
+        .map(|s| s.addr)
+        .ok_or_else(|| anyhow::anyhow!("{role} started"))
+}
+
 /// Starts a system's `roles` in order (callees before callers), each
 /// learning the addresses of those started before it; `entry_role` listens
 /// on `entry`, the others on free loopback ports.
@@ -141,7 +154,8 @@ pub async fn serve_lab(
 
 /// Adds gRPC server reflection for `descriptors`, in both its versions:
 /// `v1`, and `v1alpha` for the tools that speak only that one (grpcurl
-/// before 1.9, grpcui, older Evans).
+/// before 1.9, grpcui, older Evans). `google.rpc`'s error details are
+/// served too, so that grpcurl decodes a ledger's `DebugInfo`.
 ///
 /// # Errors
 ///
@@ -149,12 +163,20 @@ pub async fn serve_lab(
 pub fn with_reflection(routes: Routes, descriptors: &[u8]) -> anyhow::Result<Routes> {
     let v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(descriptors)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(descriptors)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     Ok(routes.add_service(v1).add_service(v1alpha))
 }
+
+/// What each hop of the IM and shop systems keeps of its budget for its
+/// answer's way back (`ServerDeadlineLayer::reply_reserve`), so that a
+/// `DEADLINE_EXCEEDED` and its ledger reach the caller before the caller's
+/// own timer gives up on them.
+pub const REPLY_RESERVE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The milliseconds of a request field as a duration.
 pub fn millis(ms: u64) -> std::time::Duration {

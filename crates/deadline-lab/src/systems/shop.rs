@@ -212,7 +212,7 @@ pub async fn start_role(
         value,
         journal: journal.clone(),
     };
-    let layer = ServerDeadlineLayer::new();
+    let layer = ServerDeadlineLayer::new().reply_reserve(super::REPLY_RESERVE);
     let (role, routes, layer) = match role {
         "api" => (
             "api",

@@ -1,0 +1,397 @@
+//! Where the budget went: the ledger a root caller receives with a
+//! `DEADLINE_EXCEEDED`, for the lab's stall cases, over many runs.
+//!
+//! - `IM route stalls`: client → gateway → logic → route, route's lookup
+//!   stuck in a blocking call (the waterfall's case); route answers at its
+//!   200 ms cap.
+//! - `shop pricing late`: client → api → inventory (300 ms), then pricing,
+//!   which takes longer than what is left of the API's 900 ms.
+//! - `a retried call`: client → A → B, A retrying B from service config;
+//!   B fails the first attempt `UNAVAILABLE` and stalls on the second.
+//!
+//! Every hop keeps [`REPLY_RESERVE`] for its answer. For each case: the
+//! share of runs whose ledger reached the stalled hop's line, the share
+//! that named it (the hop that spent the most time itself), how far the
+//! ledger's account of the root hop's time is from what the client
+//! waited, and the longest line; one ledger is printed whole.
+
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_deadline::ledger::Ledger;
+use tonic_deadline::resilience::ResilienceLayer;
+use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
+
+use crate::pb::{CheckoutReq, PushReq};
+use crate::report::Outcome;
+use crate::systems::trace::Journal;
+use crate::systems::{REPLY_RESERVE, im, shop};
+
+/// Runs of each case by default.
+pub const RUNS: usize = 100;
+/// Calls in flight at once.
+const CONCURRENCY: usize = 25;
+
+/// The experiment's result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LedgerResult {
+    /// One row per case.
+    pub rows: Vec<Row>,
+}
+
+/// One stall case over many runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    /// `IM route stalls`, `shop pricing late`, `a retried call`.
+    pub case: String,
+    /// Runs made.
+    pub runs: usize,
+    /// The hop that stalls (its method's path).
+    pub stalled: String,
+    /// Share of runs ending `DEADLINE_EXCEEDED` whose ledger reached the
+    /// stalled hop's line.
+    pub arrived_share: f64,
+    /// Share of runs whose ledger named the stalled hop as the one that
+    /// spent the most time itself.
+    pub named_right_share: f64,
+    /// Mean of |the ledger's account of the root hop's time − what the
+    /// client waited| ÷ what the client waited.
+    pub sum_error_share: f64,
+    /// The longest line of one hop, in bytes.
+    pub max_bytes_per_hop: usize,
+    /// One ledger as received: the status message.
+    pub example: String,
+    /// Its lines, the root's first.
+    pub example_lines: Vec<String>,
+}
+
+/// What one run gave: its status, and how long the client waited.
+struct Run {
+    status: Option<Status>,
+    waited: Duration,
+}
+
+type Replies =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<probe::CallReply, Status>> + Send>>;
+
+type Retrying = probe::probe_client::ProbeClient<
+    tonic_deadline::resilience::Resilience<
+        tonic_deadline::client::ClientDeadline<tonic::transport::Channel>,
+    >,
+>;
+
+/// A hop of the retried case: A calls B with retries and passes its answer
+/// on; B fails a first attempt `UNAVAILABLE` and stalls on a retry.
+#[derive(Clone)]
+struct RetriedHop {
+    next: Option<Retrying>,
+}
+
+#[tonic::async_trait]
+impl probe::probe_server::Probe for RetriedHop {
+    async fn call(
+        &self,
+        request: Request<probe::CallRequest>,
+    ) -> Result<Response<probe::CallReply>, Status> {
+        if let Some(next) = &self.next {
+            return next.clone().call(request.into_inner()).await;
+        }
+        if request
+            .metadata()
+            .get("grpc-previous-rpc-attempts")
+            .is_none()
+        {
+            return Err(Status::unavailable("B: not yet"));
+        }
+        // Stuck until its scope ends (the layer answers then).
+        let scope = Scope::current();
+        scope.ended().await;
+        Err(scope
+            .check()
+            .err()
+            .map_or_else(|| Status::deadline_exceeded("stalled"), Status::from))
+    }
+
+    type WatchStream = Replies;
+
+    async fn watch(&self, _: Request<probe::CallRequest>) -> Result<Response<Replies>, Status> {
+        Err(Status::unimplemented("unary only"))
+    }
+
+    type ChatStream = Replies;
+
+    async fn chat(
+        &self,
+        _: Request<Streaming<probe::CallRequest>>,
+    ) -> Result<Response<Replies>, Status> {
+        Err(Status::unimplemented("unary only"))
+    }
+}
+
+/// A's retry policy for B.
+const RETRY: &str = r#"{"methodConfig": [{"name": [{"service": "probe.v1.Probe"}],
+    "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+                    "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
+
+/// Serves `service` on loopback with the server layer and the lab's reply
+/// reserve.
+async fn serve_probe<S>(service: S) -> anyhow::Result<std::net::SocketAddr>
+where
+    S: probe::probe_server::Probe,
+{
+    let routes = tonic::service::Routes::new(probe::probe_server::ProbeServer::new(service));
+    crate::net::serve(
+        "127.0.0.1:0",
+        routes,
+        Some(ServerDeadlineLayer::new().reply_reserve(REPLY_RESERVE)),
+    )
+    .await
+}
+
+fn channel(addr: std::net::SocketAddr) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy())
+}
+
+/// Runs `call` `runs` times, [`CONCURRENCY`] at once, each under a root
+/// scope of `budget`, once the chain's connections are made (by as many
+/// calls, not counted).
+async fn runs<F, Fut>(runs: usize, budget: Duration, call: F) -> Vec<Run>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), Status>>,
+{
+    let warm: Vec<_> = (0..CONCURRENCY)
+        .map(|_| Scope::background().with_timeout(budget).enter(call()))
+        .collect();
+    futures_util::future::join_all(warm).await;
+    futures_util::stream::iter(0..runs)
+        .map(|_| {
+            let call = call();
+            async move {
+                let started = Instant::now();
+                let status = Scope::background()
+                    .with_timeout(budget)
+                    .enter(call)
+                    .await
+                    .err();
+                Run {
+                    status,
+                    waited: started.elapsed(),
+                }
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// The row of a case from its runs: `stalled` is the path of the hop that
+/// stalls.
+fn row(case: &str, stalled: &str, runs: &[Run]) -> Row {
+    let mut arrived = 0;
+    let mut named = 0;
+    let mut errors = Vec::new();
+    let mut longest = 0;
+    let mut example = None;
+    for run in runs {
+        let Some(status) = &run.status else { continue };
+        let Some(ledger) = Ledger::from_status(status) else {
+            continue;
+        };
+        let hops = ledger.hops();
+        if hops.iter().any(|h| h.method == stalled) {
+            arrived += 1;
+        }
+        if ledger.stalled().is_some_and(|h| h.method == stalled) {
+            named += 1;
+        }
+        if let Some(root) = hops.first() {
+            let waited = run.waited.as_secs_f64();
+            errors.push((root.took.as_secs_f64() - waited).abs() / waited);
+        }
+        let lines = lines_of(status);
+        longest = longest.max(lines.iter().map(String::len).max().unwrap_or(0));
+        if example.is_none() && ledger.stalled().is_some_and(|h| h.method == stalled) {
+            example = Some((status.message().to_owned(), lines));
+        }
+    }
+    let share = |n: usize| n as f64 / runs.len().max(1) as f64;
+    let (example, example_lines) = example.unwrap_or_default();
+    Row {
+        case: case.to_owned(),
+        runs: runs.len(),
+        stalled: stalled.to_owned(),
+        arrived_share: share(arrived),
+        named_right_share: share(named),
+        sum_error_share: if errors.is_empty() {
+            1.0
+        } else {
+            errors.iter().sum::<f64>() / errors.len() as f64
+        },
+        max_bytes_per_hop: longest,
+        example,
+        example_lines,
+    }
+}
+
+/// The ledger's lines in `status`, as the wire carries them.
+fn lines_of(status: &Status) -> Vec<String> {
+    use prost::Message as _;
+    let Ok(details) = tonic_types::pb::Status::decode(status.details()) else {
+        return Vec::new();
+    };
+    details
+        .details
+        .iter()
+        .filter_map(|any| tonic_types::pb::DebugInfo::decode(&*any.value).ok())
+        .find(|info| info.detail == tonic_deadline::ledger::DETAIL)
+        .map(|info| info.stack_entries)
+        .unwrap_or_default()
+}
+
+/// Measures every case, `n` runs each.
+///
+/// # Errors
+///
+/// When a system cannot start.
+pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
+    let mut rows = Vec::new();
+
+    let journal = Journal::new();
+    let started = im::start("127.0.0.1:0", &journal).await?;
+    let gateway = crate::systems::addr_of(&started, "gateway")?;
+    let client = im::client(gateway).await?;
+    let push = |route_blocks| PushReq {
+        uid: 1,
+        text: "hi".into(),
+        route_ms: crate::experiments::waterfall::STALL_MS,
+        push_ms: 5,
+        route_blocks,
+    };
+    let im_runs = runs(n, im::CLIENT_BUDGET, || {
+        let mut client = client.clone();
+        let request = push(true);
+        async move { client.push(request).await.map(drop) }
+    })
+    .await;
+    journal.take();
+    rows.push(row("IM route stalls", "/lab.v1.Route/GetRoute", &im_runs));
+
+    let journal = Journal::new();
+    let started = shop::start("127.0.0.1:0", &journal).await?;
+    let api = crate::systems::addr_of(&started, "api")?;
+    let client = shop::client(api).await?;
+    let shop_runs = runs(n, Duration::from_secs(1), || {
+        let mut client = client.clone();
+        async move {
+            client
+                .checkout(CheckoutReq {
+                    sku: "sku-1".into(),
+                    inventory_ms: 300,
+                    pricing_ms: 2_000,
+                    cache_ms: 0,
+                    fixed_timeouts: false,
+                })
+                .await
+                .map(drop)
+        }
+    })
+    .await;
+    journal.take();
+    rows.push(row(
+        "shop pricing late",
+        "/lab.v1.Pricing/Quote",
+        &shop_runs,
+    ));
+
+    let b = serve_probe(RetriedHop { next: None }).await?;
+    let retrying = tower::ServiceBuilder::new()
+        .layer(ResilienceLayer::from_service_config(RETRY)?)
+        .layer(ClientDeadlineLayer::new())
+        .service(channel(b)?);
+    let a = serve_probe(RetriedHop {
+        next: Some(probe::probe_client::ProbeClient::new(retrying)),
+    })
+    .await?;
+    let root = probe::probe_client::ProbeClient::new(
+        tower::ServiceBuilder::new()
+            .layer(ClientDeadlineLayer::new())
+            .service(channel(a)?),
+    );
+    let retried_runs = runs(n, Duration::from_millis(300), || {
+        let mut root = root.clone();
+        async move { root.call(probe::CallRequest::default()).await.map(drop) }
+    })
+    .await;
+    let mut retried = row("a retried call", "/probe.v1.Probe/Call", &retried_runs);
+    // A and B serve the same method: B is the second line.
+    let named = retried_runs
+        .iter()
+        .filter_map(|r| r.status.as_ref().and_then(Ledger::from_status))
+        .filter(|l| {
+            l.hops().len() == 2
+                && l.stalled().is_some_and(|h| std::ptr::eq(h, &l.hops()[1]))
+                && l.hops()[0].calls.len() == 2
+        })
+        .count();
+    retried.named_right_share = named as f64 / retried_runs.len().max(1) as f64;
+    rows.push(retried);
+
+    Ok(LedgerResult { rows })
+}
+
+/// Runs the experiment, `n` runs of each case.
+///
+/// # Errors
+///
+/// As [`measure`].
+pub async fn run(n: usize) -> anyhow::Result<Outcome> {
+    Ok(outcome(&measure(n).await?))
+}
+
+/// The printed table of a result.
+pub fn outcome(result: &LedgerResult) -> Outcome {
+    let rows = result
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.case.clone(),
+                r.runs.to_string(),
+                r.stalled.clone(),
+                format!("{:.3}", r.arrived_share),
+                format!("{:.3}", r.named_right_share),
+                format!("{:.4}", r.sum_error_share),
+                r.max_bytes_per_hop.to_string(),
+            ]
+        })
+        .collect();
+    let mut notes = vec![format!(
+        "each hop keeps {} ms for its answer (ServerDeadlineLayer::reply_reserve); arrived: the ledger reached the stalled hop's line; named: that hop spent the most time itself; sum error: the root hop's time as the ledger tells it beside what the client waited",
+        REPLY_RESERVE.as_millis()
+    )];
+    for r in &result.rows {
+        notes.push(format!("{}: {}", r.case, r.example));
+        for line in &r.example_lines {
+            notes.push(format!("    {line}"));
+        }
+    }
+    Outcome {
+        title: "ledger: where the budget of a DEADLINE_EXCEEDED went, hop by hop, as the root caller receives it".into(),
+        json: crate::report::to_json(result),
+        columns: vec![
+            "case",
+            "runs",
+            "stalled hop",
+            "arrived",
+            "named right",
+            "sum error",
+            "longest line, bytes",
+        ],
+        rows,
+        notes,
+    }
+}

@@ -1,0 +1,29 @@
+//! `experiment ledger`: the ledger of a `DEADLINE_EXCEEDED` as the root
+//! caller receives it, for the lab's stall cases on real loopback services
+//! (the IM chain with route stalled, the shop with pricing late, a retried
+//! call), read back into the experiment's own type.
+
+use deadline_lab::experiments::ledger::LedgerResult;
+use tonic_deadline::ledger::MAX_ENTRY_BYTES;
+
+use crate::common::timed as lab;
+
+#[test]
+fn the_root_receives_the_ledger_and_it_names_the_stalled_hop() {
+    let result: LedgerResult = lab(&["experiment", "ledger", "--runs", "60", "--json"]);
+    assert_eq!(result.rows.len(), 3, "{result:?}");
+    for row in &result.rows {
+        assert_eq!(row.runs, 60, "{row:?}");
+        // The answers race their callers' timers; each hop's reserve wins
+        // the race for nearly all (the suite runs beside other tests).
+        assert!(row.arrived_share >= 0.9, "{}: {row:?}", row.case);
+        assert!(row.named_right_share >= 0.9, "{}: {row:?}", row.case);
+        assert!(row.sum_error_share < 0.05, "{}: {row:?}", row.case);
+        assert!(row.max_bytes_per_hop <= MAX_ENTRY_BYTES, "{row:?}");
+        assert!(
+            row.example.contains(" [ledger] ") && row.example.contains("(stalled here)"),
+            "{row:?}"
+        );
+        assert!(row.example_lines.len() >= 2, "{row:?}");
+    }
+}
