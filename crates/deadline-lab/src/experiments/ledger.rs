@@ -238,7 +238,7 @@ fn row(case: &str, stalled: &str, runs: &[Run]) -> Row {
 }
 
 /// The ledger's lines in `status`, as the wire carries them.
-fn lines_of(status: &Status) -> Vec<String> {
+pub fn lines_of(status: &Status) -> Vec<String> {
     use prost::Message as _;
     let Ok(details) = tonic_types::pb::Status::decode(status.details()) else {
         return Vec::new();

@@ -60,6 +60,11 @@ pub struct Case {
     pub client_ms: f64,
     /// Every span, parents before children, siblings by start.
     pub spans: Vec<Hop>,
+    /// The ledger the client received with its status, the root's line
+    /// first (empty when the call succeeded): the same call as the ledger
+    /// tells it.
+    #[serde(default)]
+    pub ledger: Vec<String>,
 }
 
 /// One span of the waterfall. Times are milliseconds from the request's
@@ -289,6 +294,11 @@ pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
             receiver.url()
         );
         let status = status_name(&result).to_owned();
+        let ledger = result
+            .as_ref()
+            .err()
+            .map(crate::experiments::ledger::lines_of)
+            .unwrap_or_default();
         let mut spans = hops(&spans);
         // The request's root is the client itself: it ended with the answer.
         for hop in spans.iter_mut().filter(|h| h.parent.is_none()) {
@@ -300,6 +310,7 @@ pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
             status,
             client_ms,
             spans,
+            ledger,
         });
     }
     Ok(Waterfall {
@@ -409,6 +420,19 @@ impl Waterfall {
                     bar(hop, width),
                 ]);
             }
+            for line in &case.ledger {
+                rows.push(vec![
+                    String::new(),
+                    "  ledger".to_owned(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    line.clone(),
+                    String::new(),
+                ]);
+            }
             rows.push(vec![
                 String::new(),
                 format!("→ client: {} after {} ms", case.status, case.client_ms),
@@ -434,6 +458,7 @@ impl Waterfall {
             notes: vec![
                 "every hop is a child span with its own id, parented through the traceparent its caller's call span wrote".into(),
                 format!("route stalls: route's lookup blocks for {STALL_MS} ms and ignores its scope; route answers at its 200 ms cap, its blocking work runs on and is flagged"),
+                "ledger: the lines the client received with the same call's DEADLINE_EXCEEDED, the root's first (experiment ledger runs it many times)".into(),
             ],
         })
     }

@@ -167,6 +167,12 @@ pub fn section(waterfall: &Waterfall) -> String {
     );
     for case in &waterfall.cases {
         out.push_str(&chart(case, waterfall.client_budget_ms));
+        if !case.ledger.is_empty() {
+            out.push_str(&format!(
+                "<p class=\"muted\">The ledger the client received with this call's status, the root's line first:</p><pre>{}</pre>",
+                crate::html::escape(&case.ledger.join("\n"))
+            ));
+        }
     }
     out.push_str("</section>");
     out

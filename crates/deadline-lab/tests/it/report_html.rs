@@ -471,9 +471,14 @@ fn waterfall_draws_a_bar_per_hop_with_deadlines_caps_reserves_and_ends() {
             status: "DEADLINE_EXCEEDED".into(),
             client_ms: 210.0,
             spans: vec![hop("route", 5.0, 205.0), work],
+            ledger: vec!["/lab.v1.Route/GetRoute budget=200.00 took=190.02".into()],
         }],
     };
     let html = waterfall::section(&waterfall);
+    assert!(
+        html.contains("<pre>/lab.v1.Route/GetRoute budget=200.00 took=190.02</pre>"),
+        "the call's ledger is shown under its waterfall"
+    );
     assert!(html.contains("data-chart=\"waterfall-route-stalls\""));
     assert_eq!(
         html.matches("<rect class=\"bar hop").count(),

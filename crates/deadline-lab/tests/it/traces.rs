@@ -350,6 +350,24 @@ async fn waterfall_draws_both_cases_and_also_exports_to_the_given_endpoint() {
         stall.spans.iter().all(|h| h.service != "push"),
         "push is never called when route stalls"
     );
+    // The same call as its ledger tells it: gateway, logic, route, and
+    // route is where the time went.
+    assert!(normal.ledger.is_empty(), "an OK call carries no ledger");
+    let methods: Vec<&str> = stall
+        .ledger
+        .iter()
+        .map(|line| line.split(' ').next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            "/lab.v1.Gateway/Push",
+            "/lab.v1.Logic/Push",
+            "/lab.v1.Route/GetRoute"
+        ],
+        "{:?}",
+        stall.ledger
+    );
 
     // The same spans went to --otlp-endpoint as well.
     let exported = receiver
