@@ -184,6 +184,11 @@ struct Split {
     /// on each peer's connection.
     #[arg(long)]
     transit_from_round_trip: bool,
+    /// What each service keeps of its budget for its answer's way back, in
+    /// milliseconds (`ServerDeadlineLayer::reply_reserve`; 0: none), so
+    /// that a DEADLINE_EXCEEDED and its ledger reach the caller in time.
+    #[arg(long, default_value_t = 0)]
+    reply_reserve_ms: u64,
 }
 
 impl Split {
@@ -590,10 +595,18 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                     &split.listen,
                                     &split.peers()?,
                                     &journal,
+                                    Duration::from_millis(split.reply_reserve_ms),
                                 )
                                 .await?,
                             ],
-                            None => systems::im::start(&split.listen, &journal).await?,
+                            None => {
+                                systems::im::start_with_reserve(
+                                    &split.listen,
+                                    &journal,
+                                    Duration::from_millis(split.reply_reserve_ms),
+                                )
+                                .await?
+                            }
                         };
                         entry(&started)?
                     }
@@ -606,10 +619,18 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                     &split.listen,
                                     &split.peers()?,
                                     &journal,
+                                    Duration::from_millis(split.reply_reserve_ms),
                                 )
                                 .await?,
                             ],
-                            None => systems::shop::start(&split.listen, &journal).await?,
+                            None => {
+                                systems::shop::start_with_reserve(
+                                    &split.listen,
+                                    &journal,
+                                    Duration::from_millis(split.reply_reserve_ms),
+                                )
+                                .await?
+                            }
                         };
                         entry(&started)?
                     }

@@ -261,7 +261,8 @@ pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
     let mut rows = Vec::new();
 
     let journal = Journal::new();
-    let started = im::start("127.0.0.1:0", &journal).await?;
+    let started =
+        im::start_with_reserve("127.0.0.1:0", &journal, crate::systems::REPLY_RESERVE).await?;
     let gateway = crate::systems::addr_of(&started, "gateway")?;
     let client = im::client(gateway).await?;
     let push = |route_blocks| PushReq {
@@ -281,7 +282,8 @@ pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
     rows.push(row("IM route stalls", "/lab.v1.Route/GetRoute", &im_runs));
 
     let journal = Journal::new();
-    let started = shop::start("127.0.0.1:0", &journal).await?;
+    let started =
+        shop::start_with_reserve("127.0.0.1:0", &journal, crate::systems::REPLY_RESERVE).await?;
     let api = crate::systems::addr_of(&started, "api")?;
     let client = shop::client(api).await?;
     let shop_runs = runs(n, Duration::from_secs(1), || {

@@ -251,7 +251,8 @@ fn expected_spans(stalls: bool) -> usize {
 /// (the process's subscriber must export there: [`crate::otlp::Telemetry`]).
 pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
     let journal = Journal::new();
-    let started = im::start("127.0.0.1:0", &journal).await?;
+    let started =
+        im::start_with_reserve("127.0.0.1:0", &journal, crate::systems::REPLY_RESERVE).await?;
     let gateway = crate::systems::addr_of(&started, "gateway")?;
     let mut client = im::client(gateway).await?;
     // Warm every connection of the chain (untraced: no root span).

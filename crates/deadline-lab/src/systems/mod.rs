@@ -173,9 +173,10 @@ pub fn with_reflection(routes: Routes, descriptors: &[u8]) -> anyhow::Result<Rou
 }
 
 /// What each hop of the IM and shop systems keeps of its budget for its
-/// answer's way back (`ServerDeadlineLayer::reply_reserve`), so that a
+/// answer's way back (`ServerDeadlineLayer::reply_reserve`) in the
+/// experiments that read ledgers (`ledger`, `waterfall`), so that a
 /// `DEADLINE_EXCEEDED` and its ledger reach the caller before the caller's
-/// own timer gives up on them.
+/// own timer gives up on them. The other experiments run without one.
 pub const REPLY_RESERVE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The milliseconds of a request field as a duration.

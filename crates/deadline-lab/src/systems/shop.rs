@@ -206,13 +206,14 @@ pub async fn start_role(
     listen: &str,
     peers: &Peers,
     journal: &Journal,
+    reply_reserve: std::time::Duration,
 ) -> anyhow::Result<Started> {
     let leaf = |name, value| Leaf {
         name,
         value,
         journal: journal.clone(),
     };
-    let layer = ServerDeadlineLayer::new().reply_reserve(super::REPLY_RESERVE);
+    let layer = ServerDeadlineLayer::new().reply_reserve(reply_reserve);
     let (role, routes, layer) = match role {
         "api" => (
             "api",
@@ -253,8 +254,22 @@ pub async fn start_role(
 ///
 /// A port that cannot be bound.
 pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started>> {
+    start_with_reserve(entry, journal, std::time::Duration::ZERO).await
+}
+
+/// [`start`], each service keeping `reply_reserve` of its budget for its
+/// answer's way back (`ServerDeadlineLayer::reply_reserve`).
+///
+/// # Errors
+///
+/// A port that cannot be bound.
+pub async fn start_with_reserve(
+    entry: &str,
+    journal: &Journal,
+    reply_reserve: std::time::Duration,
+) -> anyhow::Result<Vec<Started>> {
     start_in_order(&ROLES, "api", entry, async |role, listen, peers| {
-        start_role(role, listen, peers, journal).await
+        start_role(role, listen, peers, journal, reply_reserve).await
     })
     .await
 }

@@ -95,28 +95,32 @@ const BOUNDS: [Bound; 8] = [
     },
 ];
 // Today's figures at N = 200 (the test's), and at N = 1000 (the docs'):
-// the smaller run moves plain tonic's count by up to 0.4 %, so each bound
-// sits a little above the N = 200 figure.
+// the smaller run moves plain tonic's count by up to 0.4 %, and plain
+// tonic's count in the lab binary moves by up to 0.3 % from one build of
+// our crates to the next (shared generic code is compiled anew), so each
+// bound sits about 0.4 % above the N = 200 figure. The lab turns the
+// `ledger` feature on: it adds about 100 instructions to a server request
+// with a deadline and 260 to one hop (both layers), in every row below.
 
-/// `server layer, no header`: today 1.0437 (N = 1000: 1.0440); goal 1.02.
+/// `server layer, no header`: today 1.0455 (N = 1000: 1.0458); goal 1.02.
 const SERVER_RATIO: f64 = 1.049;
-/// `server layer, header`: today 1.0521 (N = 1000: 1.0518); goal 1.02.
-const SERVER_HEADER_RATIO: f64 = 1.057;
-/// `one hop, both layers`: today 1.0643 (N = 1000: 1.0650); goal 1.03.
-const ONE_HOP_RATIO: f64 = 1.069;
+/// `server layer, header`: today 1.0553 (N = 1000: 1.0522); goal 1.02.
+const SERVER_HEADER_RATIO: f64 = 1.060;
+/// `one hop, both layers`: today 1.0663 (N = 1000: 1.0651); goal 1.03.
+const ONE_HOP_RATIO: f64 = 1.071;
 /// `3-hop chain` (ours propagates the budget, plain tonic does not): today
-/// 1.0993 (N = 1000: 1.0983).
-const CHAIN_RATIO: f64 = 1.103;
+/// 1.1006 (N = 1000: 1.1000).
+const CHAIN_RATIO: f64 = 1.106;
 /// `3-hop chain, hand-written` (plain tonic passes the budget on by hand):
-/// today 1.0649 (N = 1000: 1.0637); goal 1.02.
-const CHAIN_BY_HAND_RATIO: f64 = 1.069;
+/// today 1.0666 (N = 1000: 1.0679); goal 1.02.
+const CHAIN_BY_HAND_RATIO: f64 = 1.071;
 /// `server streaming`, per message: today 1.0375 (N = 1000 and 200 alike:
 /// one call of 10 000 messages against five); goal 1.01.
 const STREAMING_RATIO: f64 = 1.040;
-/// `server layer and reset guard`: today 1.0488 (N = 1000: 1.0496).
-const SERVER_GUARD_RATIO: f64 = 1.054;
-/// `server layer and reset guard, header`: today 1.0588 (N = 1000: 1.0598).
-const SERVER_GUARD_HEADER_RATIO: f64 = 1.064;
+/// `server layer and reset guard`: today 1.0541 (N = 1000: 1.0536).
+const SERVER_GUARD_RATIO: f64 = 1.058;
+/// `server layer and reset guard, header`: today 1.0647 (N = 1000: 1.0637).
+const SERVER_GUARD_HEADER_RATIO: f64 = 1.068;
 /// What the reset guard may add to the layer alone per request, as a share
 /// of plain tonic's request: the README's server costs the layer alone plus
 /// at most 1 % (today +424 and +477 instructions against plain tonic's

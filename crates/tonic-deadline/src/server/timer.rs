@@ -36,11 +36,7 @@ impl LazyTimer {
     /// time, which follows the reading the deadline was made from.
     pub(crate) fn passed(&mut self) -> bool {
         match &self.sleep {
-            // The clock too: on a multi-threaded runtime the task can be
-            // woken by another timer due at the same tick (tonic's own
-            // `grpc-timeout` timer, which answers `CANCELLED`) and polled
-            // before the driver has fired this one.
-            Some(sleep) => sleep.is_elapsed() || self.at <= Instant::now(),
+            Some(sleep) => sleep.is_elapsed(),
             None if std::mem::take(&mut self.fresh) => false,
             None => self.at <= Instant::now(),
         }
