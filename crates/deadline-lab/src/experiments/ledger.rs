@@ -212,7 +212,7 @@ fn row(case: &str, stalled: &str, runs: &[Run]) -> Row {
             let waited = run.waited.as_secs_f64();
             errors.push((root.took.as_secs_f64() - waited).abs() / waited);
         }
-        let lines = lines_of(status);
+        let lines = Ledger::lines(status);
         longest = longest.max(lines.iter().map(String::len).max().unwrap_or(0));
         if example.is_none() && ledger.stalled().is_some_and(|h| h.method == stalled) {
             example = Some((status.message().to_owned(), lines));
@@ -235,21 +235,6 @@ fn row(case: &str, stalled: &str, runs: &[Run]) -> Row {
         example,
         example_lines,
     }
-}
-
-/// The ledger's lines in `status`, as the wire carries them.
-pub fn lines_of(status: &Status) -> Vec<String> {
-    use prost::Message as _;
-    let Ok(details) = tonic_types::pb::Status::decode(status.details()) else {
-        return Vec::new();
-    };
-    details
-        .details
-        .iter()
-        .filter_map(|any| tonic_types::pb::DebugInfo::decode(&*any.value).ok())
-        .find(|info| info.detail == tonic_deadline::ledger::DETAIL)
-        .map(|info| info.stack_entries)
-        .unwrap_or_default()
 }
 
 /// Measures every case, `n` runs each.

@@ -298,7 +298,7 @@ pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
         let ledger = result
             .as_ref()
             .err()
-            .map(crate::experiments::ledger::lines_of)
+            .map(tonic_deadline::ledger::Ledger::lines)
             .unwrap_or_default();
         let mut spans = hops(&spans);
         // The request's root is the client itself: it ended with the answer.

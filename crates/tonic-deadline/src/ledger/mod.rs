@@ -256,7 +256,24 @@ impl Ledger {
 
     /// The hop that spent the most time itself: where the budget went.
     pub fn stalled(&self) -> Option<&Hop> {
-        self.hops.iter().max_by_key(|hop| hop.own())
+        self.stalled_at().map(|i| &self.hops[i])
+    }
+
+    /// Where [`stalled`](Ledger::stalled) is in the chain.
+    fn stalled_at(&self) -> Option<usize> {
+        (0..self.hops.len()).max_by_key(|&i| self.hops[i].own())
+    }
+
+    /// The lines of the ledger `status` carries, as the wire carries them
+    /// (the root's first; empty without a ledger): what
+    /// [`from_status`](Ledger::from_status) reads.
+    ///
+    /// ```
+    /// use tonic_deadline::ledger::Ledger;
+    /// assert!(Ledger::lines(&tonic::Status::deadline_exceeded("late")).is_empty());
+    /// ```
+    pub fn lines(status: &tonic::Status) -> Vec<String> {
+        wire::entries_of_details(status.details()).map_or_else(Vec::new, |(lines, _)| lines)
     }
 
     /// The readable line: the first hop's budget, then each hop and the
@@ -267,13 +284,13 @@ impl Ledger {
         if let Some(budget) = self.hops.first().and_then(|h| h.budget) {
             let _ = write!(line, "{} ms budget: ", Ms(budget));
         }
-        let stalled = self.stalled().map(|h| h as *const Hop);
+        let stalled = self.stalled_at();
         for (i, hop) in self.hops.iter().enumerate() {
             if i > 0 {
                 line.push_str(" → ");
             }
             let _ = write!(line, "{} {} ms", short(&hop.method), Ms(hop.own()));
-            if stalled == Some(hop as *const Hop) {
+            if stalled == Some(i) {
                 line.push_str(" (stalled here)");
             }
             let last = i + 1 == self.hops.len();
@@ -439,19 +456,8 @@ pub(crate) fn answer(
     let took = arrived.elapsed();
     let entries = match scope.notes::<Book>() {
         Some(book) => book.entries(method, budget, took, below),
-        None => {
-            let hop = Hop {
-                method: method.to_owned(),
-                budget,
-                took,
-                calls: Vec::new(),
-                more_calls: 0,
-            };
-            std::iter::once(hop.to_line())
-                .chain(below)
-                .take(MAX_HOPS)
-                .collect()
-        }
+        // No call under it failed: its line alone, and those below.
+        None => Book::default().entries(method, budget, took, below),
     };
     attach(headers, entries);
 }
