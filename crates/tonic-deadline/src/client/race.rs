@@ -50,16 +50,12 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             // Dropped before it ended: its hop gave up on it.
-            if let Some(note) = this.note.take()
-                && let Some(scope) = this.scope.as_ref()
-            {
-                let code = match scope.cause() {
+            if this.note.is_some() {
+                let code = match this.scope.as_ref().and_then(Scope::cause) {
                     Some(Cause::DeadlineExceeded) => tonic::Code::DeadlineExceeded,
                     _ => tonic::Code::Cancelled,
                 };
-                if let Some(told) = *this.told {
-                    note.ended(scope, code, None, told);
-                }
+                end_note(this.note, this.scope.as_ref(), *this.told, code, None);
             }
         }
     }
@@ -77,6 +73,22 @@ pub(crate) enum CallNote {}
 impl CallNote {
     pub(crate) fn ended(self, _: &Scope, _: tonic::Code, _: Option<&HeaderMap>, _: Instant) {
         match self {}
+    }
+}
+
+/// Ends the call's ledger note, if it has one, with `code` (and the answer
+/// in `headers`, if one came).
+fn end_note(
+    note: &mut Option<CallNote>,
+    scope: Option<&Scope>,
+    told: Option<Instant>,
+    code: tonic::Code,
+    headers: Option<&HeaderMap>,
+) {
+    if let Some(note) = note.take()
+        && let (Some(scope), Some(told)) = (scope, told)
+    {
+        note.ended(scope, code, headers, told);
     }
 }
 
@@ -113,12 +125,7 @@ impl Race {
         if let Some(observed) = this.observed.take() {
             observed.settle(code, None);
         }
-        if let Some(note) = this.note.take()
-            && let Some(scope) = this.scope.as_ref()
-            && let Some(told) = *this.told
-        {
-            note.ended(scope, code, None, told);
-        }
+        end_note(this.note, this.scope.as_ref(), *this.told, code, None);
     }
 
     /// The server's answer in `headers` (a trailers-only answer, or
@@ -148,12 +155,13 @@ impl Race {
         if let Some(observed) = this.observed.take() {
             observed.settle(code, this.scope.as_ref());
         }
-        if let Some(note) = this.note.take()
-            && let Some(scope) = this.scope.as_ref()
-            && let Some(told) = *this.told
-        {
-            note.ended(scope, code, Some(headers), told);
-        }
+        end_note(
+            this.note,
+            this.scope.as_ref(),
+            *this.told,
+            code,
+            Some(headers),
+        );
     }
 
     /// The same race for the response body, armed anew when the body is
