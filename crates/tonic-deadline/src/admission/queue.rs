@@ -406,6 +406,12 @@ impl Admission {
             shared: &self.shared,
             id,
         };
+        // However the wait ends, the request's ledger gets its length.
+        #[cfg(feature = "ledger")]
+        let _waiting = Waiting {
+            scope,
+            since: Instant::now(),
+        };
         // Leave as soon as the work can no longer fit: waiting on would
         // only spend the caller's last milliseconds on a refusal.
         let give_up = self.give_up_at(scope);
@@ -501,6 +507,22 @@ async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A wait in the queue, noted on the request's ledger when it ends.
+#[cfg(feature = "ledger")]
+struct Waiting<'a> {
+    scope: &'a Scope,
+    since: Instant,
+}
+
+#[cfg(feature = "ledger")]
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(book) = self.scope.root_notes::<crate::ledger::Book>() {
+            book.queued(self.since.elapsed());
+        }
     }
 }
 

@@ -1,11 +1,13 @@
 //! The ledger: where a `DEADLINE_EXCEEDED` spent its budget.
 //!
-//! When a call ends `DEADLINE_EXCEEDED`, the server layer of each hop adds
-//! its line on the way back: the method, the budget it was given, how long
-//! it took, and the calls it made that failed or were cut off (what each
-//! was granted, how long it took, how it ended, and whether the hop below
-//! sent its own ledger back). The root caller gets the whole chain,
-//! outermost hop first:
+//! When a call ends `DEADLINE_EXCEEDED` (or `CANCELLED`, when a call under
+//! it ran out of time), the server layer of each hop adds its line on the
+//! way back: the method, the budget it was given, how long it took, how
+//! long it waited in an admission queue, and the calls it made that failed
+//! or were cut off (what each was granted, how long it took, how it ended,
+//! whether the hop below sent its own ledger back, and when it started: a
+//! retry's backoff is the gap before it). The root caller gets the whole
+//! chain, outermost hop first:
 //!
 //! - in `grpc-status-details-bin`, as a `google.rpc.DebugInfo` in a
 //!   well-formed `google.rpc.Status` beside any details the handler set
@@ -18,14 +20,18 @@
 //! A hop's line:
 //!
 //! ```text
-//! /im.Logic/Send budget=800.00 took=799.61 call=/im.Route/Deliver,799.30,799.42,4,l
+//! /im.Logic/Send budget=800.00 took=799.61 queued=0.20 call=/im.Route/Deliver,799.30,799.32,4,l,0.25
 //! ```
 //!
-//! milliseconds throughout; each `call=` is `method,granted (or -),took,
-//! code,reply`, where the reply is `l` (its ledger came back), `n` (an
-//! answer without a ledger: the chain was cut below here — a foreign hop, a
-//! proxy, a hop without the layer) or `u` (no answer before this hop gave
-//! up). A line is at most [`MAX_ENTRY_BYTES`]: calls that do not fit are
+//! milliseconds throughout; `queued` (left out when none) is the time spent
+//! waiting for an [`Admission`](crate::admission::Admission) permit; each
+//! `call=` is `method,granted (or -),took,code,reply,started`, where the
+//! reply is `l` (its ledger came back), `n` (an answer without a ledger:
+//! the chain was cut below here — a foreign hop, a proxy, a hop without the
+//! layer) or `u` (no answer before this hop gave up), and `started` is when
+//! it started after the hop's arrival. The time between a call and the
+//! next hop's line is the transit ([`Hop::transit`]): the call's time less
+//! the time the next hop took. A line is at most [`MAX_ENTRY_BYTES`]: calls that do not fit are
 //! counted as `more=N`. A ledger keeps at most [`MAX_HOPS`] lines; what a
 //! peer sends beyond the caps is dropped and the ledger says so
 //! ([`Ledger::capped`]), and the status's code and message stay as sent.
@@ -83,6 +89,12 @@ pub struct Hop {
     pub budget: Option<Duration>,
     /// From its arrival to its answer.
     pub took: Duration,
+    /// Time it waited in an admission queue.
+    pub queued: Duration,
+    /// The call above that brought this line took this much longer than
+    /// this hop: the network both ways and the layers' work (`None` for the
+    /// root, and where it cannot be told). Read, not sent.
+    pub transit: Option<Duration>,
     /// The calls it made that failed or were cut off, in the order they
     /// started.
     pub calls: Vec<Call>,
@@ -103,6 +115,9 @@ pub struct Call {
     pub code: tonic::Code,
     /// What came back.
     pub reply: Reply,
+    /// From the hop's arrival to this call's start (`None` when the line
+    /// does not say).
+    pub started: Option<Duration>,
 }
 
 /// What came back from a [`Call`].
@@ -120,11 +135,45 @@ pub enum Reply {
 }
 
 impl Hop {
-    /// The time it spent itself: [`took`](Hop::took) less its calls' time
-    /// (calls that overlapped count once at most as the hop's whole time).
+    /// The time it spent itself: [`took`](Hop::took) less its queue and
+    /// its calls' time (calls that overlapped count once at most as the
+    /// hop's whole time).
     pub fn own(&self) -> Duration {
         let calls: Duration = self.calls.iter().map(|c| c.took).sum();
-        self.took.saturating_sub(calls)
+        self.took.saturating_sub(self.queued).saturating_sub(calls)
+    }
+
+    /// What the budget lost here: its own time and its queue.
+    fn spent(&self) -> Duration {
+        self.own() + self.queued.min(self.took)
+    }
+
+    /// The waits between its calls: for each call after the first, the gap
+    /// since the end of the one before it that ended last (a retry's
+    /// backoff), where the line says when they started.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tonic_deadline::ledger::Ledger;
+    /// let status = tonic::Status::deadline_exceeded("late");
+    /// let gaps: Vec<Duration> = Ledger::from_status(&status)
+    ///     .map(|l| l.hops()[0].gaps())
+    ///     .unwrap_or_default();
+    /// assert!(gaps.is_empty());
+    /// ```
+    pub fn gaps(&self) -> Vec<Duration> {
+        let mut ended: Option<Duration> = None;
+        let mut gaps = Vec::new();
+        for call in &self.calls {
+            let Some(started) = call.started else {
+                return Vec::new();
+            };
+            if let Some(ended) = ended {
+                gaps.push(started.saturating_sub(ended));
+            }
+            ended = Some(ended.map_or(started + call.took, |e| e.max(started + call.took)));
+        }
+        gaps
     }
 
     /// Its line, at most [`MAX_ENTRY_BYTES`].
@@ -135,6 +184,9 @@ impl Hop {
             let _ = write!(line, " budget={}", Ms(budget));
         }
         let _ = write!(line, " took={}", Ms(self.took));
+        if !self.queued.is_zero() {
+            let _ = write!(line, " queued={}", Ms(self.queued));
+        }
         let mut more = self.more_calls;
         for call in &self.calls {
             let mut one = String::new();
@@ -152,6 +204,9 @@ impl Hop {
                     Reply::Unanswered => 'u',
                 }
             );
+            if let Some(started) = call.started {
+                let _ = write!(one, ",{}", Ms(started));
+            }
             // Room kept for " more=NN".
             if line.len() + one.len() + 9 > MAX_ENTRY_BYTES {
                 more += 1;
@@ -176,6 +231,8 @@ impl Hop {
             method,
             budget: None,
             took: Duration::ZERO,
+            queued: Duration::ZERO,
+            transit: None,
             calls: Vec::new(),
             more_calls: 0,
         };
@@ -184,6 +241,7 @@ impl Hop {
             match key {
                 "budget" => hop.budget = Some(ms(value)?),
                 "took" => hop.took = ms(value)?,
+                "queued" => hop.queued = ms(value)?,
                 "more" => hop.more_calls = value.parse().ok()?,
                 "call" => {
                     let mut fields = value.split(',');
@@ -200,12 +258,18 @@ impl Hop {
                         "u" => Reply::Unanswered,
                         _ => return None,
                     };
+                    // Fields a later version adds are skipped.
+                    let started = match fields.next() {
+                        Some(started) => Some(ms(started)?),
+                        None => None,
+                    };
                     hop.calls.push(Call {
                         method,
                         granted,
                         took,
                         code,
                         reply,
+                        started,
                     });
                 }
                 // Keys a later version adds are skipped.
@@ -236,7 +300,13 @@ impl Ledger {
         let mut capped = capped || entries.len() > MAX_HOPS;
         for entry in entries.iter().take(MAX_HOPS) {
             match Hop::from_line(entry) {
-                Some(hop) => hops.push(hop),
+                Some(mut hop) => {
+                    hop.transit = hops
+                        .last()
+                        .and_then(followed)
+                        .map(|call| call.took.saturating_sub(hop.took));
+                    hops.push(hop);
+                }
                 None => capped = true,
             }
         }
@@ -254,14 +324,45 @@ impl Ledger {
         self.capped
     }
 
-    /// The hop that spent the most time itself: where the budget went.
+    /// The hop that spent the most time itself (its own work and its
+    /// queue): where the budget went, unless it went in transit or below
+    /// where the chain was cut ([`cut`](Ledger::cut)), which
+    /// [`summary`](Ledger::summary) says.
     pub fn stalled(&self) -> Option<&Hop> {
-        self.stalled_at().map(|i| &self.hops[i])
+        (0..self.hops.len())
+            .max_by_key(|&i| self.hops[i].spent())
+            .map(|i| &self.hops[i])
     }
 
-    /// Where [`stalled`](Ledger::stalled) is in the chain.
-    fn stalled_at(&self) -> Option<usize> {
-        (0..self.hops.len()).max_by_key(|&i| self.hops[i].own())
+    /// The call the chain was cut at, if it was: the last hop's last call
+    /// that brought no ledger back (a foreign hop, a proxy, a hop without
+    /// the layer, or one that did not answer in time).
+    ///
+    /// ```
+    /// use tonic_deadline::ledger::Ledger;
+    /// let status = tonic::Status::deadline_exceeded("late");
+    /// assert!(Ledger::from_status(&status).and_then(|l| l.cut().cloned()).is_none());
+    /// ```
+    pub fn cut(&self) -> Option<&Call> {
+        let last = self.hops.last()?;
+        last.calls.iter().rev().find(|c| c.reply != Reply::Ledger)
+    }
+
+    /// The pieces of the root's time, in chain order, and which is the
+    /// largest.
+    fn pieces(&self) -> (Vec<Piece<'_>>, Option<usize>) {
+        let mut pieces = Vec::with_capacity(self.hops.len() * 2 + 1);
+        for hop in &self.hops {
+            if let Some(transit) = hop.transit.filter(|t| *t >= SHOWN_TRANSIT) {
+                pieces.push(Piece::Transit(transit));
+            }
+            pieces.push(Piece::Hop(hop));
+        }
+        if let Some(cut) = self.cut() {
+            pieces.push(Piece::Cut(cut));
+        }
+        let largest = (0..pieces.len()).max_by_key(|&i| pieces[i].time());
+        (pieces, largest)
     }
 
     /// The lines of the ledger `status` carries, as the wire carries them
@@ -277,34 +378,49 @@ impl Ledger {
     }
 
     /// The readable line: the first hop's budget, then each hop and the
-    /// time it spent itself, the one that spent the most named; where the
-    /// chain was cut, said.
+    /// time it spent itself (and queued; of its own time, what passed
+    /// between its calls, such as a retry's backoff), the transit between
+    /// hops, both where they are a millisecond or more, and where the chain
+    /// was cut; the largest of these is marked `(stalled here)`.
     pub fn summary(&self) -> String {
         let mut line = String::new();
         if let Some(budget) = self.hops.first().and_then(|h| h.budget) {
             let _ = write!(line, "{} ms budget: ", Ms(budget));
         }
-        let stalled = self.stalled_at();
-        for (i, hop) in self.hops.iter().enumerate() {
+        let (pieces, largest) = self.pieces();
+        for (i, piece) in pieces.iter().enumerate() {
             if i > 0 {
                 line.push_str(" → ");
             }
-            let _ = write!(line, "{} {} ms", short(&hop.method), Ms(hop.own()));
-            if stalled == Some(i) {
-                line.push_str(" (stalled here)");
-            }
-            let last = i + 1 == self.hops.len();
-            if last && let Some(cut) = hop.calls.iter().rev().find(|c| c.reply != Reply::Ledger) {
-                let _ = write!(
-                    line,
-                    " → {} {} ms, {}",
-                    short(&cut.method),
-                    Ms(cut.took),
-                    match cut.reply {
-                        Reply::NoLedger => "answered without a ledger",
-                        _ => "no answer in time",
+            match piece {
+                Piece::Hop(hop) => {
+                    let _ = write!(line, "{} {} ms", short(&hop.method), Ms(hop.own()));
+                    if !hop.queued.is_zero() {
+                        let _ = write!(line, " + {} ms queued", Ms(hop.queued));
                     }
-                );
+                    let between: Duration = hop.gaps().iter().sum();
+                    if between >= SHOWN_TRANSIT {
+                        let _ = write!(line, " ({} ms between calls)", Ms(between));
+                    }
+                }
+                Piece::Transit(transit) => {
+                    let _ = write!(line, "{} ms in transit", Ms(*transit));
+                }
+                Piece::Cut(cut) => {
+                    let _ = write!(
+                        line,
+                        "{} {} ms, {}",
+                        short(&cut.method),
+                        Ms(cut.took),
+                        match cut.reply {
+                            Reply::NoLedger => "answered without a ledger",
+                            _ => "no answer in time",
+                        }
+                    );
+                }
+            }
+            if largest == Some(i) {
+                line.push_str(" (stalled here)");
             }
         }
         if self.capped {
@@ -314,17 +430,58 @@ impl Ledger {
     }
 }
 
+/// Transit shorter than this is left out of the summary.
+const SHOWN_TRANSIT: Duration = Duration::from_millis(1);
+
+/// A piece of the root's time, as the summary tells it.
+enum Piece<'a> {
+    Hop(&'a Hop),
+    Transit(Duration),
+    Cut(&'a Call),
+}
+
+impl Piece<'_> {
+    fn time(&self) -> Duration {
+        match self {
+            Piece::Hop(hop) => hop.spent(),
+            Piece::Transit(transit) => *transit,
+            Piece::Cut(cut) => cut.took,
+        }
+    }
+}
+
+/// The call of `hop` whose ledger the next line is: the longest of those
+/// that brought one back (as [`Book::entries`] chooses it).
+fn followed(hop: &Hop) -> Option<&Call> {
+    hop.calls
+        .iter()
+        .filter(|c| c.reply == Reply::Ledger)
+        .fold(None, |longest: Option<&Call>, c| {
+            if longest.is_none_or(|l| c.took > l.took) {
+                Some(c)
+            } else {
+                longest
+            }
+        })
+}
+
 impl fmt::Display for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.summary())
     }
 }
 
-/// The calls under a request that failed or were cut off, kept on its
-/// root scope for its ledger.
+/// The calls under a request that failed or were cut off, and the time it
+/// waited in admission queues, kept on its root scope for its ledger.
 #[derive(Debug, Default)]
 pub(crate) struct Book {
-    calls: Mutex<Vec<Noted>>,
+    pages: Mutex<Pages>,
+}
+
+#[derive(Debug, Default)]
+struct Pages {
+    calls: Vec<Noted>,
+    queued: Duration,
 }
 
 /// A call as the client layer saw it end, with the ledger its answer
@@ -332,6 +489,7 @@ pub(crate) struct Book {
 #[derive(Debug)]
 pub(crate) struct Noted {
     pub(crate) call: Call,
+    pub(crate) started: tokio::time::Instant,
     pub(crate) below: Vec<String>,
 }
 
@@ -339,14 +497,32 @@ pub(crate) struct Noted {
 const MAX_NOTED: usize = 32;
 
 impl Book {
-    pub(crate) fn note(&self, noted: Noted) {
-        let mut calls = self
-            .calls
+    fn pages(&self) -> std::sync::MutexGuard<'_, Pages> {
+        self.pages
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if calls.len() < MAX_NOTED {
-            calls.push(noted);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn note(&self, noted: Noted) {
+        let mut pages = self.pages();
+        if pages.calls.len() < MAX_NOTED {
+            pages.calls.push(noted);
         }
+    }
+
+    /// Whether a call noted ran out of time: it ended
+    /// `DEADLINE_EXCEEDED`, or took all it was granted.
+    fn ran_out(&self) -> bool {
+        self.pages().calls.iter().any(|n| {
+            n.call.code == tonic::Code::DeadlineExceeded
+                || n.call.granted.is_some_and(|g| n.call.took >= g)
+        })
+    }
+
+    /// The request waited `waited` for an admission permit.
+    pub(crate) fn queued(&self, waited: Duration) {
+        let mut pages = self.pages();
+        pages.queued = pages.queued.saturating_add(waited);
     }
 
     /// This hop's line and the lines below it: those of the call that took
@@ -356,26 +532,26 @@ impl Book {
         &self,
         method: &str,
         budget: Option<Duration>,
-        took: Duration,
+        arrived: tokio::time::Instant,
         below: Vec<String>,
     ) -> Vec<String> {
-        let mut calls = self
-            .calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut pages = self.pages();
         let mut hop = Hop {
             method: method.to_owned(),
             budget,
-            took,
-            calls: Vec::with_capacity(calls.len()),
+            took: arrived.elapsed(),
+            queued: pages.queued,
+            transit: None,
+            calls: Vec::with_capacity(pages.calls.len()),
             more_calls: 0,
         };
         let mut longest: Option<(Duration, Vec<String>)> = None;
-        for noted in calls.drain(..) {
+        for mut noted in pages.calls.drain(..) {
             if !noted.below.is_empty() && longest.as_ref().is_none_or(|(t, _)| noted.call.took > *t)
             {
                 longest = Some((noted.call.took, noted.below));
             }
+            noted.call.started = Some(noted.started.saturating_duration_since(arrived));
             hop.calls.push(noted.call);
         }
         let below = longest.map_or(below, |(_, below)| below);
@@ -425,14 +601,17 @@ impl CallNote {
             Some(None) => (Reply::NoLedger, Vec::new()),
             Some(Some((entries, _))) => (Reply::Ledger, entries),
         };
+        let started = told - self.granted;
         book.note(Noted {
             call: Call {
                 method: self.path.path().to_owned(),
                 granted: Some(self.granted),
-                took: (told - self.granted).elapsed(),
+                took: started.elapsed(),
                 code,
                 reply,
+                started: None,
             },
+            started,
             below,
         });
     }
@@ -453,13 +632,27 @@ pub(crate) fn answer(
     let below = entries_of_headers(headers)
         .map(|(entries, _)| entries)
         .unwrap_or_default();
-    let took = arrived.elapsed();
     let entries = match scope.notes::<Book>() {
-        Some(book) => book.entries(method, budget, took, below),
+        Some(book) => book.entries(method, budget, arrived, below),
         // No call under it failed: its line alone, and those below.
-        None => Book::default().entries(method, budget, took, below),
+        None => Book::default().entries(method, budget, arrived, below),
     };
     attach(headers, entries);
+}
+
+/// Whether the handler's status in `headers` gets the ledger: a
+/// `DEADLINE_EXCEEDED`, or a `CANCELLED` after a call under it ran out of
+/// time, once something was noted under the request (a failed call, a
+/// queue).
+pub(crate) fn due(scope: &crate::Scope, headers: &http::HeaderMap) -> bool {
+    let Some(book) = scope.notes::<Book>() else {
+        return false;
+    };
+    match crate::wire::status_code(headers) {
+        Some(tonic::Code::DeadlineExceeded) => true,
+        Some(tonic::Code::Cancelled) => book.ran_out(),
+        _ => false,
+    }
 }
 
 /// A duration in milliseconds, two decimals.

@@ -15,6 +15,8 @@ fn hop(method: &str, budget: u64, took: u64, calls: Vec<Call>) -> Hop {
         method: method.into(),
         budget: Some(ms(budget)),
         took: ms(took),
+        queued: Duration::ZERO,
+        transit: None,
         calls,
         more_calls: 0,
     }
@@ -27,7 +29,13 @@ fn call(method: &str, granted: u64, took: u64, reply: Reply) -> Call {
         took: ms(took),
         code: Code::DeadlineExceeded,
         reply,
+        started: None,
     }
+}
+
+fn at(mut call: Call, started: u64) -> Call {
+    call.started = Some(ms(started));
+    call
 }
 
 /// What a handler's `Status` becomes on the wire.
@@ -110,15 +118,15 @@ fn the_ledger_goes_into_the_details_and_the_message_beside_what_the_handler_set(
             vec![call("/im.Route/Deliver", 798, 798, Reply::Ledger)],
         )
         .to_line(),
-        hop("/im.Route/Deliver", 798, 797, vec![]).to_line(),
+        hop("/im.Route/Deliver", 798, 798, vec![]).to_line(),
     ];
     attach(&mut headers, entries.clone());
     let status = status_of(&headers);
     assert_eq!(status.code(), Code::DeadlineExceeded);
     assert_eq!(
         status.message(),
-        "route: slow 100% [ledger] 800.00 ms budget: Logic/Send 1.00 ms → Deliver 797.00 ms (stalled here)"
-            .replace("Deliver 797", "Route/Deliver 797")
+        "route: slow 100% [ledger] 800.00 ms budget: Logic/Send 1.00 ms → Deliver 798.00 ms (stalled here)"
+            .replace("Deliver 798", "Route/Deliver 798")
     );
     let read = tonic_types::pb::Status::decode(status.details()).expect("well-formed details");
     assert_eq!(read.code, 4);
@@ -239,9 +247,87 @@ fn the_summary_names_where_the_chain_was_cut() {
     };
     assert_eq!(
         ledger.summary(),
-        "500.00 ms budget: Checkout/Buy 1.00 ms (stalled here) → Pricing/Quote 498.00 ms, \
-         answered without a ledger"
+        "500.00 ms budget: Checkout/Buy 1.00 ms → Pricing/Quote 498.00 ms, \
+         answered without a ledger (stalled here)"
+    );
+    assert_eq!(
+        ledger.cut().map(|c| c.method.as_str()),
+        Some("/shop.Pricing/Quote")
     );
     assert_eq!(short("/grpc.health.v1.Health/Check"), "Health/Check");
     assert_eq!(message_with("a [ledger] old", "new"), "a [ledger] new");
+}
+
+#[test]
+fn queue_time_and_when_calls_started_read_back_and_tell_the_backoff() {
+    let mut written = hop(
+        "/a.A/Call",
+        300,
+        290,
+        vec![
+            at(call("/b.B/Call", 290, 1, Reply::NoLedger), 2),
+            at(call("/b.B/Call", 277, 276, Reply::Ledger), 13),
+        ],
+    );
+    written.queued = ms(2);
+    let line = written.to_line();
+    assert_eq!(
+        line,
+        "/a.A/Call budget=300.00 took=290.00 queued=2.00 call=/b.B/Call,290.00,1.00,4,n,2.00 \
+         call=/b.B/Call,277.00,276.00,4,l,13.00"
+    );
+    assert_eq!(Hop::from_line(&line), Some(written.clone()));
+    assert_eq!(
+        written.gaps(),
+        vec![ms(10)],
+        "the backoff between the attempts"
+    );
+    assert_eq!(
+        Ledger::from_entries(std::slice::from_ref(&line), false).summary(),
+        "300.00 ms budget: A/Call 11.00 ms + 2.00 ms queued (10.00 ms between calls) \
+         (stalled here) → B/Call 1.00 ms, answered without a ledger"
+    );
+    assert_eq!(written.own(), ms(290 - 2 - 1 - 276));
+    // A line of the first version (no queue, no start) still reads.
+    let old = Hop::from_line("/a.A/Call budget=300.00 took=290.00 call=/b.B/Call,290.00,1.00,4,n")
+        .expect("a line");
+    assert_eq!(old.calls[0].started, None);
+    assert!(old.gaps().is_empty());
+}
+
+#[test]
+fn the_transit_is_the_call_less_the_next_hop_and_the_summary_tells_queue_and_transit() {
+    let mut route = hop("/im.Route/Get", 770, 760, vec![]);
+    route.queued = ms(700);
+    let entries = vec![
+        hop(
+            "/im.Logic/Send",
+            800,
+            799,
+            vec![
+                call("/im.Route/Get", 790, 5, Reply::NoLedger),
+                call("/im.Route/Get", 785, 790, Reply::Ledger),
+            ],
+        )
+        .to_line(),
+        route.to_line(),
+    ];
+    let ledger = Ledger::from_entries(&entries, false);
+    assert_eq!(ledger.hops()[0].transit, None, "the root has none");
+    assert_eq!(
+        ledger.hops()[1].transit,
+        Some(ms(30)),
+        "the call that brought the line back"
+    );
+    assert_eq!(
+        ledger.stalled().map(|h| h.method.as_str()),
+        Some("/im.Route/Get"),
+        "a queue is where the time went"
+    );
+    assert_eq!(
+        ledger.summary(),
+        "800.00 ms budget: Logic/Send 4.00 ms → 30.00 ms in transit → \
+         Route/Get 60.00 ms + 700.00 ms queued (stalled here)"
+    );
+    assert_eq!(ledger.cut(), None);
 }

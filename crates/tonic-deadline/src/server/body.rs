@@ -7,6 +7,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::future::Entry;
 use super::observer::Observation;
 use super::protocol::{Grpc, Protocol};
 use super::timer::LazyTimer;
@@ -118,6 +119,9 @@ pin_project! {
         unchecked: u8,
         // How the answer carries its trailers.
         web: Web,
+        // This hop for the ledger, should the stream end
+        // `DEADLINE_EXCEEDED`.
+        entry: Option<Entry>,
         #[pin]
         inner: Inner<B>,
         protocol: PhantomData<fn() -> P>,
@@ -147,6 +151,7 @@ impl<B, P> ServerBody<B, P> {
             timer: None,
             unchecked: 0,
             web: Web::No,
+            entry: None,
             guard: None,
             protocol: PhantomData,
         }
@@ -184,7 +189,13 @@ impl Web {
 }
 
 impl<B: Body, P> ServerBody<B, P> {
-    pub(super) fn new(body: B, guard: EndGuard, timer: Option<LazyTimer>, web: Web) -> Self {
+    pub(super) fn new(
+        body: B,
+        guard: EndGuard,
+        timer: Option<LazyTimer>,
+        web: Web,
+        entry: Option<Entry>,
+    ) -> Self {
         if body.is_end_stream() {
             // Nothing left to send (a gRPC trailers-only answer, an empty
             // HTTP body): the answer is complete.
@@ -194,6 +205,7 @@ impl<B: Body, P> ServerBody<B, P> {
                 timer: None,
                 unchecked: 0,
                 web,
+                entry: None,
                 guard: None,
                 protocol: PhantomData,
             };
@@ -203,6 +215,7 @@ impl<B: Body, P> ServerBody<B, P> {
             timer,
             unchecked: 0,
             web,
+            entry,
             guard: Some(guard),
             protocol: PhantomData,
         }
@@ -219,7 +232,9 @@ impl<B, P> std::fmt::Debug for ServerBody<B, P> {
 /// the deadline is told.
 enum Polled<T> {
     Frame(Poll<T>),
-    Deadline,
+    /// The deadline passed: with the trailers to send, if the layer made
+    /// them (with the ledger), or the protocol's own.
+    Deadline(Option<HeaderMap>),
 }
 
 impl<B, P> ServerBody<B, P>
@@ -234,8 +249,8 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Polled<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let mut inner = match this.inner.project() {
+        let mut this = self.project();
+        let mut inner = match this.inner.as_mut().project() {
             InnerProj::Handler { body } => body,
             InnerProj::Answer { text } => {
                 return Polled::Frame(Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))));
@@ -268,14 +283,21 @@ where
                     .is_some_and(|t| t.poll_pending(cx).is_ready())
             {
                 *this.timer = None;
+                let scope = this.guard.as_ref().map(|g| g.scope.clone());
                 if let Some(guard) = this.guard.take() {
                     guard.finish(Cause::DeadlineExceeded);
                 }
-                return Polled::Deadline;
+                // The handler's stream goes now, after its scope ended:
+                // nothing more of it is sent, and the calls it still waits
+                // for end (noted, as unanswered, for this hop's ledger).
+                this.inner.set(Inner::Answer { text: None });
+                let ledger = this.entry.take().filter(|_| !P::HTTP_STATUS);
+                return Polled::Deadline(ledger_trailers(ledger, scope));
             }
             return Polled::Frame(Poll::Pending);
         }
-        match &polled {
+        let mut polled = polled;
+        match &mut polled {
             Poll::Ready(None) => finish(this.guard, this.timer),
             Poll::Ready(Some(Err(_))) => {
                 if let Some(guard) = this.guard.as_mut() {
@@ -286,8 +308,9 @@ where
             Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
                 // Plain HTTP trailers carry no status.
                 if let (false, Some(guard), Some(trailers)) =
-                    (P::HTTP_STATUS, this.guard.as_mut(), frame.trailers_ref())
+                    (P::HTTP_STATUS, this.guard.as_mut(), frame.trailers_mut())
                 {
+                    Entry::answer_handler(this.entry, trailers, guard.scope());
                     guard.saw_status(trailers);
                 }
                 finish(this.guard, this.timer)
@@ -334,13 +357,14 @@ where
         let web = self.web;
         match self.poll_inner(cx) {
             Polled::Frame(polled) => polled,
-            Polled::Deadline if web == Web::No => {
-                Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))))
+            Polled::Deadline(trailers) => {
+                let trailers = trailers.unwrap_or_else(deadline_trailers);
+                Poll::Ready(Some(Ok(if web == Web::No {
+                    Frame::trailers(trailers)
+                } else {
+                    Frame::data(web_trailers(&trailers, web))
+                })))
             }
-            Polled::Deadline => Poll::Ready(Some(Ok(Frame::data(web_trailers(
-                &deadline_trailers(),
-                web,
-            ))))),
         }
     }
 
@@ -370,7 +394,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.poll_inner(cx) {
             Polled::Frame(polled) => polled.map(|frame| frame.map(|f| f.map_err(Into::into))),
-            Polled::Deadline => Poll::Ready(Some(Err(Box::new(crate::Ended::new(
+            Polled::Deadline(_) => Poll::Ready(Some(Err(Box::new(crate::Ended::new(
                 Cause::DeadlineExceeded,
             ))))),
         }
@@ -419,6 +443,22 @@ fn web_trailers(trailers: &HeaderMap, web: Web) -> Bytes {
         }
         _ => Bytes::from(frame),
     }
+}
+
+/// The deadline's trailers with this hop's ledger; `None` without an
+/// entry.
+#[cfg(feature = "ledger")]
+fn ledger_trailers(entry: Option<Entry>, scope: Option<Scope>) -> Option<HeaderMap> {
+    let (entry, scope) = entry.zip(scope)?;
+    let mut trailers = deadline_trailers();
+    entry.answer(&mut trailers, &scope);
+    Some(trailers)
+}
+
+/// Without the ledger, the protocol's own trailers.
+#[cfg(not(feature = "ledger"))]
+fn ledger_trailers(entry: Option<Entry>, _: Option<Scope>) -> Option<HeaderMap> {
+    entry.map(|entry| match entry {})
 }
 
 fn deadline_trailers() -> HeaderMap {

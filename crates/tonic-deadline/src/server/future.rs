@@ -77,7 +77,7 @@ pub(super) struct Entry {
 
 #[cfg(feature = "ledger")]
 impl Entry {
-    fn answer(self, headers: &mut http::HeaderMap, scope: &Scope) {
+    pub(super) fn answer(self, headers: &mut http::HeaderMap, scope: &Scope) {
         crate::ledger::answer(
             headers,
             scope,
@@ -86,12 +86,35 @@ impl Entry {
             Some(self.budget),
         );
     }
+
+    /// Puts the ledger on the handler's status in `headers` (a
+    /// trailers-only answer, or trailers) if it is due one, taking `entry`
+    /// then; a status that is not (the usual one) leaves it in place,
+    /// unmoved.
+    pub(super) fn answer_handler(
+        entry: &mut Option<Self>,
+        headers: &mut http::HeaderMap,
+        scope: &Scope,
+    ) {
+        if entry.is_some()
+            && crate::ledger::due(scope, headers)
+            && let Some(entry) = entry.take()
+        {
+            entry.answer(headers, scope);
+        }
+    }
 }
 
 /// Without the ledger, nothing is kept.
 #[cfg(not(feature = "ledger"))]
 #[derive(Debug)]
 pub(super) enum Entry {}
+
+#[cfg(not(feature = "ledger"))]
+impl Entry {
+    #[inline]
+    pub(super) fn answer_handler(_: &mut Option<Self>, _: &mut http::HeaderMap, _: &Scope) {}
+}
 
 impl<F, P> std::fmt::Debug for ResponseFuture<F, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,8 +174,6 @@ where
                 guard,
                 entry,
             } => {
-                #[cfg(not(feature = "ledger"))]
-                let _ = entry;
                 let expired = timer.as_mut().is_some_and(LazyTimer::passed);
                 let polled = if expired {
                     Poll::Pending
@@ -212,14 +233,7 @@ where
                             }
                             // A call the handler made failed, and so did
                             // the handler, at the deadline: the ledger.
-                            #[cfg(feature = "ledger")]
-                            if let Some(entry) = entry.take()
-                                && guard.scope().notes::<crate::ledger::Book>().is_some()
-                                && wire::status_code(response.headers())
-                                    == Some(tonic::Code::DeadlineExceeded)
-                            {
-                                entry.answer(response.headers_mut(), guard.scope());
-                            }
+                            Entry::answer_handler(entry, response.headers_mut(), guard.scope());
                             guard.saw_status(response.headers());
                             // Only an answer the timer can cut needs to
                             // know how its trailers travel.
@@ -229,7 +243,9 @@ where
                                 Web::No
                             }
                         };
-                        Ok(response.map(|body| ServerBody::new(body, guard, timer.take(), web)))
+                        let entry = entry.take();
+                        Ok(response
+                            .map(|body| ServerBody::new(body, guard, timer.take(), web, entry)))
                     }
                     Err(err) => {
                         guard.failed();

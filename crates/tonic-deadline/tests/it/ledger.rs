@@ -2,7 +2,9 @@
 //! sockets, D stalled in its handler. Each hop's server layer adds its
 //! line on the way back; the root reads the whole chain, and the hop that
 //! stalled is the one that spent the time. A hop without the layer cuts
-//! the chain, and the ledger says where.
+//! the chain, and the ledger says where. A queue's wait, a handler that
+//! answers `CANCELLED` after a call ran out, and a stream cut at the
+//! deadline carry their lines too.
 
 // Servers of these tests belong to no request.
 #![allow(clippy::disallowed_methods)]
@@ -24,6 +26,7 @@ use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use crate::common::loopback;
 
 type Next = ProbeClient<ClientDeadline<Channel>>;
+type Answer<T> = Result<Response<T>, Status>;
 type Replies = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
 
 /// The root's budget.
@@ -160,12 +163,16 @@ async fn the_root_reads_every_hops_line_and_the_stalled_hop_is_named() {
             root.took
         );
         let accounted: Duration = hops.iter().map(|h| h.own()).sum::<Duration>()
-            + hops
-                .iter()
-                .zip(&hops[1..])
-                .map(|(h, b)| h.calls.last().map_or(Duration::ZERO, |c| c.took - b.took))
-                .sum::<Duration>();
+            + hops.iter().filter_map(|h| h.transit).sum::<Duration>();
         assert_eq!(accounted, root.took);
+        assert!(hops[1..].iter().all(|h| h.transit.is_some()));
+        // Each call started after its hop arrived, within its time.
+        for hop in hops {
+            for call in &hop.calls {
+                let started = call.started.expect("each call says when it started");
+                assert!(started + call.took <= hop.took, "{hop:?}");
+            }
+        }
     }
     // The answers race their callers' timers; the reserve wins the race.
     assert!(arrived >= 4, "the whole ledger arrived in {arrived} of 5");
@@ -229,5 +236,193 @@ async fn a_budget_told_short_on_the_wire_still_ends_deadline_exceeded() {
             .await
             .expect_err("the server stalls");
         assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    }
+}
+
+/// What a hop of the tests below does.
+#[derive(Clone)]
+enum Does {
+    /// Stalls for an hour, holding what it holds.
+    Stall,
+    /// Calls `next`, and answers any failure `CANCELLED`.
+    CallAndCancel(Next),
+    /// Streams one reply, then calls `next` and streams its answer.
+    StreamThenCall(Next),
+}
+
+#[tonic::async_trait]
+impl Probe for Does {
+    async fn call(&self, request: Request<CallRequest>) -> Answer<CallReply> {
+        match self {
+            Does::CallAndCancel(next) => next
+                .clone()
+                .call(request.into_inner())
+                .await
+                .map_err(|failed| Status::cancelled(format!("gave up: {}", failed.message()))),
+            _ => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(Response::new(CallReply::default()))
+            }
+        }
+    }
+
+    type WatchStream = Replies;
+
+    async fn watch(&self, request: Request<CallRequest>) -> Answer<Replies> {
+        use futures_util::StreamExt as _;
+        let first = futures_util::stream::once(async { Ok(CallReply::default()) });
+        let next = match self {
+            Does::StreamThenCall(next) => next.clone(),
+            // One reply, then nothing more.
+            Does::Stall => {
+                return Ok(Response::new(Box::pin(
+                    first.chain(futures_util::stream::pending()),
+                )));
+            }
+            Does::CallAndCancel(_) => return Err(Status::unimplemented("unary only")),
+        };
+        let request = request.into_inner();
+        let then = async move { next.clone().call(request).await.map(Response::into_inner) };
+        let replies = first.chain(futures_util::stream::once(then));
+        Ok(Response::new(Box::pin(replies)))
+    }
+
+    type ChatStream = Replies;
+
+    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Answer<Replies> {
+        Err(Status::unimplemented("unary and server streams only"))
+    }
+}
+
+/// Serves `does` with the server layer (and the reserve), inside it an
+/// admission of `permits` when given.
+async fn serve_does(does: Does, permits: Option<usize>) -> std::net::SocketAddr {
+    use tonic_deadline::admission::{Admission, AdmissionLayer};
+    let (listener, addr) = loopback().await;
+    let incoming = TcpListenerStream::new(listener);
+    let layer = ServerDeadlineLayer::new().reply_reserve(RESERVE);
+    match permits {
+        Some(permits) => tokio::spawn(
+            Server::builder()
+                .layer(
+                    tower::ServiceBuilder::new()
+                        .layer(layer)
+                        .layer(AdmissionLayer::new(Admission::new(permits))),
+                )
+                .add_service(ProbeServer::new(does))
+                .serve_with_incoming(incoming),
+        ),
+        None => tokio::spawn(
+            Server::builder()
+                .layer(layer)
+                .add_service(ProbeServer::new(does))
+                .serve_with_incoming(incoming),
+        ),
+    };
+    addr
+}
+
+async fn call_within(client: &Next, budget: Duration) -> Status {
+    Scope::background()
+        .with_timeout(budget)
+        .enter(client.clone().call(CallRequest::default()))
+        .await
+        .expect_err("it stalls")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_a_request_queued_for_admission_is_its_own_field() {
+    // One permit, held by a request that stalls: the next one queues until
+    // its deadline, and its ledger says the queue took the time.
+    let x = next(serve_does(Does::Stall, Some(1)).await);
+    let holder = tokio::spawn({
+        let x = x.clone();
+        async move { call_within(&x, Duration::from_secs(5)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = call_within(&x, Duration::from_millis(300)).await;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let ledger = Ledger::from_status(&status).expect("a ledger");
+    let hop = &ledger.hops()[0];
+    assert!(
+        hop.queued >= hop.took * 9 / 10 && hop.queued <= hop.took,
+        "queued {:?} of {:?}",
+        hop.queued,
+        hop.took
+    );
+    assert!(
+        status.message().contains(" ms queued (stalled here)"),
+        "{}",
+        status.message()
+    );
+    holder.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_answers_cancelled_after_a_call_ran_out_still_sends_the_ledger() {
+    let b = serve_does(Does::Stall, None).await;
+    let a = next(serve_does(Does::CallAndCancel(next(b)), None).await);
+    let _ = call_within(&a, Duration::from_millis(50)).await;
+    let mut arrived = 0;
+    for _ in 0..5 {
+        let status = call_within(&a, BUDGET).await;
+        // Before the root's deadline: the handler's own code.
+        assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+        assert!(status.message().starts_with("gave up: "), "{status:?}");
+        let ledger = Ledger::from_status(&status).expect("a ledger on CANCELLED");
+        if ledger.hops().len() == 2 {
+            arrived += 1;
+            assert_eq!(
+                ledger.stalled().map(|h| h.method.as_str()),
+                ledger.hops().get(1).map(|h| h.method.as_str())
+            );
+        }
+    }
+    assert!(arrived >= 4, "B's line arrived in {arrived} of 5");
+}
+
+/// The second reply of a `watch` under `BUDGET`, after the first.
+async fn second_reply(a: &Next) -> Status {
+    use tokio_stream::StreamExt as _;
+    let mut replies = Scope::background()
+        .with_timeout(BUDGET)
+        .enter(a.clone().watch(CallRequest::default()))
+        .await
+        .expect("the stream starts")
+        .into_inner();
+    let first = replies.next().await;
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+    replies
+        .next()
+        .await
+        .expect("an end")
+        .expect_err("the stream stalls")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_at_the_deadline_carries_the_ledger_in_its_trailers() {
+    let a = next(serve_does(Does::Stall, None).await);
+    let status = second_reply(&a).await;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let ledger = Ledger::from_status(&status).expect("a ledger in the trailers");
+    assert_eq!(ledger.hops().len(), 1, "{ledger:?}");
+    assert_eq!(ledger.hops()[0].method, "/probe.v1.Probe/Watch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_fails_at_the_deadline_carries_the_ledger_in_its_trailers() {
+    let b = serve_does(Does::Stall, None).await;
+    let a = next(serve_does(Does::StreamThenCall(next(b)), None).await);
+    for _ in 0..5 {
+        let status = second_reply(&a).await;
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+        let ledger = Ledger::from_status(&status).expect("a ledger in the trailers");
+        let hop = &ledger.hops()[0];
+        assert_eq!(hop.method, "/probe.v1.Probe/Watch");
+        assert_eq!(
+            hop.calls.first().map(|c| c.method.as_str()),
+            Some("/probe.v1.Probe/Call"),
+            "{ledger:?}"
+        );
     }
 }
