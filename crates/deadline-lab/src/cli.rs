@@ -295,7 +295,7 @@ enum Experiment {
 
 impl Experiment {
     /// What the flags say; everything else as the demo runs it, except the
-    /// waterfall, which collects its spans in this process.
+    /// waterfall and the ledger, which collect their spans in this process.
     fn params(&self, spans: Option<&crate::otlp::Receiver>) -> Params {
         let mut params = Params {
             spans: Spans::Collected(spans.cloned()),
@@ -775,7 +775,8 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
 }
 
 /// The `service.name` spans are exported as, where to (`--otlp-endpoint`),
-/// and whether the command collects its own spans (`experiment waterfall`).
+/// and whether the command collects its own spans (`experiment waterfall`,
+/// `experiment ledger`).
 fn telemetry_plan(command: &Command) -> (String, Option<&str>, bool) {
     match command {
         Command::Serve {
@@ -790,7 +791,7 @@ fn telemetry_plan(command: &Command) -> (String, Option<&str>, bool) {
         } => (
             "deadline-lab experiment".to_owned(),
             otlp_endpoint.as_deref(),
-            matches!(which, Experiment::Waterfall),
+            matches!(which, Experiment::Waterfall | Experiment::Ledger { .. }),
         ),
         _ => (String::new(), None, false),
     }

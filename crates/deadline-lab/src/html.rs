@@ -562,12 +562,17 @@ fn metastable_plots(m: &Metastable) -> String {
 }
 
 /// `experiment ledger`: per stall case, how often the ledger reached the
-/// root and named the stalled hop, and one ledger as the root received it.
+/// root and named the stalled hop, one ledger as the root received it, and
+/// one call traced: its waterfall beside the ledger it brought back.
 fn ledger_section(result: &crate::experiments::ledger::LedgerResult) -> String {
     let mut html = String::from(
-        "<h2>Where the budget went: the ledger</h2><section><p class=\"muted\">The ledger a root caller receives with a DEADLINE_EXCEEDED: every hop's line, the root's first (the waterfall above is the same IM case, traced).</p>",
+        "<h2>Where the budget went: the ledger</h2><section><p class=\"muted\">The ledger a root caller receives with a DEADLINE_EXCEEDED: every hop's line, the root's first. For each case one more call is traced over OTLP; its waterfall is drawn from the spans every hop exported, and under it is the ledger the same call brought back.</p>",
     );
-    html.push_str(&table(&crate::experiments::ledger::outcome(result)));
+    let mut outcome = crate::experiments::ledger::outcome(result);
+    // The first note explains the columns; the rest print the examples and
+    // traced calls as text, drawn here instead.
+    outcome.notes.truncate(1);
+    html.push_str(&table(&outcome));
     for row in &result.rows {
         html.push_str(&format!(
             "<h3>{}</h3><pre>{}\n{}</pre>",
@@ -575,6 +580,18 @@ fn ledger_section(result: &crate::experiments::ledger::LedgerResult) -> String {
             escape(&row.example),
             escape(&row.example_lines.join("\n"))
         ));
+        if let Some(case) = &row.traced {
+            let budget_ms = case
+                .spans
+                .first()
+                .and_then(|h| h.budget_on_entry_ms)
+                .unwrap_or(case.client_ms);
+            html.push_str(&waterfall::chart(case, budget_ms));
+            html.push_str(&format!(
+                "<p class=\"muted\">The ledger this traced call brought back:</p><pre>{}</pre>",
+                escape(&case.ledger.join("\n"))
+            ));
+        }
     }
     html.push_str("</section>");
     html

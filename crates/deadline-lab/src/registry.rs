@@ -237,7 +237,12 @@ pub static ENTRIES: &[Entry] = &[
         kind: Kind::Experiment,
         about: "Where the budget of a DEADLINE_EXCEEDED went: the ledger the root caller receives for the IM chain with route stalled, the shop with pricing late and a retried call, over many runs",
         needs: &[],
-        run: |p| Box::pin(experiments::ledger::run(p.runs)),
+        run: |p| match p.spans {
+            Spans::ChildProcess => Box::pin(experiments::ledger::run_child(p.runs)),
+            Spans::Collected(receiver) => {
+                Box::pin(async move { experiments::ledger::run(p.runs, receiver.as_ref()).await })
+            }
+        },
     },
     Entry {
         name: "waterfall",

@@ -13,7 +13,10 @@
 //! share of runs whose ledger reached the stalled hop's line, the share
 //! that named it (the hop that spent the most time itself), how far the
 //! ledger's account of the root hop's time is from what the client
-//! waited, and the longest line; one ledger is printed whole.
+//! waited, and the longest line; one ledger is printed whole. Then one
+//! more call of each case is traced: its waterfall (the spans every hop
+//! exported, collected by an OTLP receiver in this process) is printed
+//! beside the ledger the same call brought back.
 
 use std::time::Duration;
 
@@ -25,6 +28,8 @@ use tonic_deadline::ledger::Ledger;
 use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
+use crate::experiments::waterfall::{self, Case};
+use crate::otlp::Receiver;
 use crate::pb::{CheckoutReq, PushReq};
 use crate::report::Outcome;
 use crate::systems::trace::Journal;
@@ -66,6 +71,10 @@ pub struct Row {
     pub example: String,
     /// Its lines, the root's first.
     pub example_lines: Vec<String>,
+    /// One more call, traced: its spans as the receiver got them, and the
+    /// ledger it brought back.
+    #[serde(default)]
+    pub traced: Option<Case>,
 }
 
 /// What one run gave: its status, and how long the client waited.
@@ -146,7 +155,11 @@ where
     crate::net::serve(
         "127.0.0.1:0",
         routes,
-        Some(ServerDeadlineLayer::new().reply_reserve(REPLY_RESERVE)),
+        Some(
+            ServerDeadlineLayer::new()
+                .trace_spans()
+                .reply_reserve(REPLY_RESERVE),
+        ),
     )
     .await
 }
@@ -234,15 +247,24 @@ fn row(case: &str, stalled: &str, runs: &[Run]) -> Row {
         max_bytes_per_hop: longest,
         example,
         example_lines,
+        traced: None,
     }
 }
 
-/// Measures every case, `n` runs each.
+/// Spans a traced call of each case makes, at least: the root's, and a
+/// client and a server span per call.
+const IM_SPANS: usize = 8;
+const SHOP_SPANS: usize = 6;
+const RETRIED_SPANS: usize = 7;
+
+/// Measures every case, `n` runs each, and traces one more call of each
+/// with its spans sent to `receiver`.
 ///
 /// # Errors
 ///
-/// When a system cannot start.
-pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
+/// When a system cannot start, or the traced call's spans do not reach
+/// `receiver`.
+pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResult> {
     let mut rows = Vec::new();
 
     let journal = Journal::new();
@@ -257,21 +279,32 @@ pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
         push_ms: 5,
         route_blocks,
     };
-    let im_runs = runs(n, im::CLIENT_BUDGET, || {
+    let im_call = || {
         let mut client = client.clone();
         let request = push(true);
         async move { client.push(request).await.map(drop) }
-    })
-    .await;
+    };
+    let im_runs = runs(n, im::CLIENT_BUDGET, im_call).await;
+    let mut im_row = row("IM route stalls", "/lab.v1.Route/GetRoute", &im_runs);
+    im_row.traced = Some(
+        waterfall::traced(
+            receiver,
+            &im_row.case,
+            im::CLIENT_BUDGET,
+            IM_SPANS,
+            im_call(),
+        )
+        .await?,
+    );
     journal.take();
-    rows.push(row("IM route stalls", "/lab.v1.Route/GetRoute", &im_runs));
+    rows.push(im_row);
 
     let journal = Journal::new();
     let started =
         shop::start_with_reserve("127.0.0.1:0", &journal, crate::systems::REPLY_RESERVE).await?;
     let api = crate::systems::addr_of(&started, "api")?;
     let client = shop::client(api).await?;
-    let shop_runs = runs(n, Duration::from_secs(1), || {
+    let shop_call = || {
         let mut client = client.clone();
         async move {
             client
@@ -285,19 +318,27 @@ pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
                 .await
                 .map(drop)
         }
-    })
-    .await;
+    };
+    let shop_budget = Duration::from_secs(1);
+    let shop_runs = runs(n, shop_budget, shop_call).await;
+    let mut shop_row = row("shop pricing late", "/lab.v1.Pricing/Quote", &shop_runs);
+    shop_row.traced = Some(
+        waterfall::traced(
+            receiver,
+            &shop_row.case,
+            shop_budget,
+            SHOP_SPANS,
+            shop_call(),
+        )
+        .await?,
+    );
     journal.take();
-    rows.push(row(
-        "shop pricing late",
-        "/lab.v1.Pricing/Quote",
-        &shop_runs,
-    ));
+    rows.push(shop_row);
 
     let b = serve_probe(RetriedHop { next: None }).await?;
     let retrying = tower::ServiceBuilder::new()
         .layer(ResilienceLayer::from_service_config(RETRY)?)
-        .layer(ClientDeadlineLayer::new())
+        .layer(ClientDeadlineLayer::new().trace_spans())
         .service(channel(b)?);
     let a = serve_probe(RetriedHop {
         next: Some(probe::probe_client::ProbeClient::new(retrying)),
@@ -305,14 +346,15 @@ pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
     .await?;
     let root = probe::probe_client::ProbeClient::new(
         tower::ServiceBuilder::new()
-            .layer(ClientDeadlineLayer::new())
+            .layer(ClientDeadlineLayer::new().trace_spans())
             .service(channel(a)?),
     );
-    let retried_runs = runs(n, Duration::from_millis(300), || {
+    let retried_call = || {
         let mut root = root.clone();
         async move { root.call(probe::CallRequest::default()).await.map(drop) }
-    })
-    .await;
+    };
+    let retried_budget = Duration::from_millis(300);
+    let retried_runs = runs(n, retried_budget, retried_call).await;
     let mut retried = row("a retried call", "/probe.v1.Probe/Call", &retried_runs);
     // A and B serve the same method: B is the second line.
     let named = retried_runs
@@ -325,18 +367,52 @@ pub async fn measure(n: usize) -> anyhow::Result<LedgerResult> {
         })
         .count();
     retried.named_right_share = named as f64 / retried_runs.len().max(1) as f64;
+    retried.traced = Some(
+        waterfall::traced(
+            receiver,
+            &retried.case,
+            retried_budget,
+            RETRIED_SPANS,
+            retried_call(),
+        )
+        .await?,
+    );
     rows.push(retried);
 
     Ok(LedgerResult { rows })
 }
 
-/// Runs the experiment, `n` runs of each case.
+/// Runs the experiment, `n` runs of each case, with the receiver the
+/// process exports to.
 ///
 /// # Errors
 ///
-/// As [`measure`].
-pub async fn run(n: usize) -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure(n).await?))
+/// Without a receiver, or as [`measure`].
+pub async fn run(n: usize, receiver: Option<&Receiver>) -> anyhow::Result<Outcome> {
+    let receiver = receiver.ok_or_else(|| {
+        anyhow::anyhow!("the ledger traces its calls with its own OTLP receiver; none runs")
+    })?;
+    Ok(outcome(&measure(n, receiver).await?))
+}
+
+/// Runs `deadline-lab experiment ledger --runs N --json` as a child
+/// process, so that its spans stay out of this process.
+///
+/// # Errors
+///
+/// When the child fails or prints something else than the result.
+pub async fn run_child(n: usize) -> anyhow::Result<Outcome> {
+    let out = tokio::process::Command::new(crate::process::lab_exe()?)
+        .args(["experiment", "ledger", "--runs", &n.to_string(), "--json"])
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "experiment ledger failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: LedgerResult = serde_json::from_slice(&out.stdout)?;
+    Ok(outcome(&result))
 }
 
 /// The printed table of a result.
@@ -366,6 +442,9 @@ pub fn outcome(result: &LedgerResult) -> Outcome {
             notes.push(format!("    {line}"));
         }
     }
+    for case in result.rows.iter().filter_map(|r| r.traced.as_ref()) {
+        notes.extend(traced_lines(case));
+    }
     Outcome {
         title: "ledger: where the budget of a DEADLINE_EXCEEDED went, hop by hop, as the root caller receives it".into(),
         json: crate::report::to_json(result),
@@ -381,4 +460,33 @@ pub fn outcome(result: &LedgerResult) -> Outcome {
         rows,
         notes,
     }
+}
+
+/// A traced call as text: its waterfall (a bar per span, one column per
+/// 20 ms) and, under it, the ledger the same call brought back.
+fn traced_lines(case: &Case) -> Vec<String> {
+    let width = case
+        .spans
+        .iter()
+        .map(|h| h.end_ms)
+        .fold(case.client_ms, f64::max) as usize
+        / 20
+        + 1;
+    let mut lines = vec![format!(
+        "{}, one call traced (trace {}): {} after {} ms",
+        case.case, case.trace_id, case.status, case.client_ms
+    )];
+    for hop in &case.spans {
+        lines.push(format!(
+            "    {:<34} {:>7.1} → {:>7.1} ms  {:<18} {}",
+            format!("{}{}", "  ".repeat(hop.depth), hop.service),
+            hop.start_ms,
+            hop.end_ms,
+            hop.outcome,
+            waterfall::bar(hop, width),
+        ));
+    }
+    lines.push("    the ledger it brought back:".to_owned());
+    lines.extend(case.ledger.iter().map(|l| format!("      {l}")));
+    lines
 }

@@ -243,6 +243,68 @@ fn expected_spans(stalls: bool) -> usize {
     if stalls { 8 } else { 9 }
 }
 
+/// Makes `call` under a root span and a scope of `budget`, and reads its
+/// trace back from `receiver` (at least `want` spans): the case `name`,
+/// with the status the call ended with and the ledger it carried.
+///
+/// # Errors
+///
+/// When spans are not exported, or fewer than `want` arrive.
+pub async fn traced<T>(
+    receiver: &Receiver,
+    name: &str,
+    budget: Duration,
+    want: usize,
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) -> anyhow::Result<Case> {
+    let root = tracing::info_span!(
+        target: "deadline_lab",
+        "request",
+        case = name,
+        budget_on_entry_ms = budget.as_secs_f64() * 1000.0,
+    );
+    let trace_id = root.context().span().span_context().trace_id();
+    if trace_id == opentelemetry::trace::TraceId::INVALID {
+        anyhow::bail!("spans are not exported: install crate::otlp::Telemetry first");
+    }
+    let trace_id = trace_id.to_string();
+    let t = Instant::now();
+    let result = Scope::background()
+        .with_timeout(budget)
+        .enter(call)
+        .instrument(root)
+        .await;
+    let client_ms = ms(t.elapsed());
+    let spans = receiver
+        .trace(&trace_id, COLLECT_WITHIN, |s| s.len() >= want)
+        .await;
+    anyhow::ensure!(
+        spans.len() >= want,
+        "{name}: {} of {want} spans reached the receiver at {}",
+        spans.len(),
+        receiver.url()
+    );
+    let status = status_name(&result).to_owned();
+    let ledger = result
+        .as_ref()
+        .err()
+        .map(tonic_deadline::ledger::Ledger::lines)
+        .unwrap_or_default();
+    let mut spans = hops(&spans);
+    // The request's root is the client itself: it ended with the answer.
+    for hop in spans.iter_mut().filter(|h| h.parent.is_none()) {
+        hop.outcome.clone_from(&status);
+    }
+    Ok(Case {
+        case: name.to_owned(),
+        trace_id,
+        status,
+        client_ms,
+        spans,
+        ledger,
+    })
+}
+
 /// Runs both cases on one in-process chain whose spans go to `receiver`.
 ///
 /// # Errors
@@ -265,54 +327,16 @@ pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
         ("normal", NORMAL_MS, false),
         ("route stalls", STALL_MS, true),
     ] {
-        let root = tracing::info_span!(
-            target: "deadline_lab",
-            "im request",
-            case = name,
-            budget_on_entry_ms = CLIENT_BUDGET.as_secs_f64() * 1000.0,
-        );
-        let trace_id = root.context().span().span_context().trace_id();
-        if trace_id == opentelemetry::trace::TraceId::INVALID {
-            anyhow::bail!("spans are not exported: install crate::otlp::Telemetry first");
-        }
-        let trace_id = trace_id.to_string();
-        let t = Instant::now();
-        let result = Scope::background()
-            .with_timeout(CLIENT_BUDGET)
-            .enter(client.push(push(route_ms, stalls)))
-            .instrument(root)
-            .await;
-        let client_ms = ms(t.elapsed());
+        let case = traced(
+            receiver,
+            name,
+            CLIENT_BUDGET,
+            expected_spans(stalls),
+            client.push(push(route_ms, stalls)),
+        )
+        .await?;
         journal.take();
-        let want = expected_spans(stalls);
-        let spans = receiver
-            .trace(&trace_id, COLLECT_WITHIN, |s| s.len() >= want)
-            .await;
-        anyhow::ensure!(
-            spans.len() >= want,
-            "{name}: {} of {want} spans reached the receiver at {}",
-            spans.len(),
-            receiver.url()
-        );
-        let status = status_name(&result).to_owned();
-        let ledger = result
-            .as_ref()
-            .err()
-            .map(tonic_deadline::ledger::Ledger::lines)
-            .unwrap_or_default();
-        let mut spans = hops(&spans);
-        // The request's root is the client itself: it ended with the answer.
-        for hop in spans.iter_mut().filter(|h| h.parent.is_none()) {
-            hop.outcome.clone_from(&status);
-        }
-        cases.push(Case {
-            case: name.to_owned(),
-            trace_id,
-            status,
-            client_ms,
-            spans,
-            ledger,
-        });
+        cases.push(case);
     }
     Ok(Waterfall {
         client_budget_ms: CLIENT_BUDGET.as_secs_f64() * 1000.0,

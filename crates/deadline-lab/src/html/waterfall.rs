@@ -18,7 +18,8 @@ pub(super) fn chart_name(case: &str) -> String {
     format!("waterfall-{}", case.replace(' ', "-"))
 }
 
-fn chart(case: &Case, budget_ms: f64) -> String {
+/// The chart of one traced call whose client had `budget_ms`.
+pub(super) fn chart(case: &Case, budget_ms: f64) -> String {
     let span_ms = case
         .spans
         .iter()

@@ -213,14 +213,18 @@ pub async fn start_role(
         value,
         journal: journal.clone(),
     };
-    let layer = ServerDeadlineLayer::new().reply_reserve(reply_reserve);
+    // Every shop service opens a span per request, as the IM chain does:
+    // the system's traces.
+    let layer = ServerDeadlineLayer::new()
+        .trace_spans()
+        .reply_reserve(reply_reserve);
     let (role, routes, layer) = match role {
         "api" => (
             "api",
             Routes::new(ShopServer::new(Api {
-                inventory: InventoryClient::new(peers.channel("inventory")?),
-                pricing: PricingClient::new(peers.channel("pricing")?),
-                cache: CacheClient::new(peers.channel("cache")?),
+                inventory: InventoryClient::new(peers.traced_channel("inventory")?),
+                pricing: PricingClient::new(peers.traced_channel("pricing")?),
+                cache: CacheClient::new(peers.traced_channel("cache")?),
                 journal: journal.clone(),
             })),
             // A public caller may send no deadline: the API's own applies.
@@ -280,5 +284,5 @@ pub async fn start_with_reserve(
 ///
 /// When the connection cannot be made.
 pub async fn client(addr: SocketAddr) -> anyhow::Result<ShopClient<Layered>> {
-    Ok(ShopClient::new(crate::net::connect_layered(addr).await?))
+    Ok(ShopClient::new(crate::net::connect_traced(addr).await?))
 }

@@ -25,5 +25,31 @@ fn the_root_receives_the_ledger_and_it_names_the_stalled_hop() {
             "{row:?}"
         );
         assert!(row.example_lines.len() >= 2, "{row:?}");
+        // One more call, traced: its waterfall beside its own ledger.
+        let traced = row.traced.as_ref().expect("a traced call");
+        assert_eq!(traced.status, "DEADLINE_EXCEEDED", "{traced:?}");
+        assert!(traced.ledger.len() >= 2, "{traced:?}");
+        let (_, method) = row.stalled.rsplit_once('.').expect("a path");
+        let service = method.split('/').next().expect("a service");
+        assert!(
+            traced
+                .spans
+                .iter()
+                .any(|h| h.kind == "server" && h.name.contains(service)),
+            "the stalled hop's span: {traced:?}"
+        );
     }
+    // The retried call's trace shows both attempts, as its ledger does.
+    let retried = result.rows[2].traced.as_ref().expect("a traced call");
+    let attempts = retried
+        .spans
+        .iter()
+        .filter(|h| h.kind == "client" && h.depth > 1)
+        .count();
+    assert_eq!(attempts, 2, "{retried:?}");
+    assert_eq!(
+        retried.ledger[0].matches(" call=").count(),
+        2,
+        "{retried:?}"
+    );
 }
