@@ -133,8 +133,22 @@ pub async fn serve(
     relay: Relay,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    serve_with(listener, relay, ServerDeadlineLayer::new(), shutdown).await
+}
+
+/// [`serve`] behind `layer` (a reply reserve, for the ledger to arrive).
+///
+/// # Errors
+///
+/// When the server fails to run.
+pub async fn serve_with(
+    listener: TcpListener,
+    relay: Relay,
+    layer: ServerDeadlineLayer,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     Server::builder()
-        .layer(ServerDeadlineLayer::new())
+        .layer(layer)
         .add_service(RelayServer::new(relay))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

@@ -7,7 +7,10 @@
 //! Listens on loopback only. The first line on stdout is `listening on ADDR`.
 //! With `--service_config JSON` the relay's calls downstream go through a
 //! `ResilienceLayer` configured by it (one retry budget for the chain, or
-//! retries at this hop alone with `--per_hop_retries`).
+//! retries at this hop alone with `--per_hop_retries`). With
+//! `--reply_reserve_ms N` it answers `N` ms before its deadline (at most a
+//! twentieth of the budget): its `DEADLINE_EXCEEDED`, with its ledger, then
+//! reaches the caller before the caller's own timer.
 
 use clap::Parser;
 
@@ -28,6 +31,10 @@ struct Args {
     /// caller the retries were spent (`ResilienceLayer::chain_budget(false)`).
     #[arg(long = "per_hop_retries")]
     per_hop_retries: bool,
+    /// Answer this many milliseconds before the deadline
+    /// (`ServerDeadlineLayer::reply_reserve`).
+    #[arg(long = "reply_reserve_ms", default_value_t = 0)]
+    reply_reserve_ms: u64,
 }
 
 #[tokio::main]
@@ -44,7 +51,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
     println!("listening on {}", listener.local_addr()?);
-    interop::relay::serve(listener, relay, async {
+    let layer = tonic_deadline::ServerDeadlineLayer::new()
+        .reply_reserve(std::time::Duration::from_millis(args.reply_reserve_ms));
+    interop::relay::serve_with(listener, relay, layer, async {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;

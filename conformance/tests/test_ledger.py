@@ -1,0 +1,78 @@
+"""The ledger, as a foreign caller reads it.
+
+A grpcio client calls our relay with a 1 s timeout; the relay (answering
+50 ms before its deadline: `--reply_reserve_ms 50`) calls a grpcio service
+that works for 5 s. The relay's DEADLINE_EXCEEDED carries its ledger line in
+`grpc-status-details-bin`; grpcio's own reader (`grpc_status.rpc_status`,
+which refuses details whose code or message differ from the call's) decodes
+it to a `google.rpc.Status` holding a `google.rpc.DebugInfo`, and the line
+names the relay's method, its budget, and the call to the foreign hop that
+brought no ledger back.
+"""
+
+import re
+import uuid
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from conftest import Process, bin_path, report
+
+RESERVE_MS = 50
+DETAIL = "tonic-deadline ledger/1"
+
+
+@pytest.fixture(scope="module")
+def reserving_relay(grpcio_peer):
+    argv = [bin_path("interop-relay"), "--port", "0", "--downstream", grpcio_peer.addr]
+    relay = Process("relay with a reply reserve", argv + ["--reply_reserve_ms", str(RESERVE_MS)])
+    yield relay
+    relay.stop()
+
+
+def call_until_late(relay, protos, timeout):
+    _, _, relay_pb2, relay_grpc = protos
+    with grpc.insecure_channel(relay.addr) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
+        stub = relay_grpc.RelayStub(channel)
+        stub.Forward(relay_pb2.ForwardRequest(tag="warm-up"), timeout=5)
+        request = relay_pb2.ForwardRequest(work_ms=5000, tag=str(uuid.uuid4()))
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.Forward(request, timeout=timeout)
+    return failed.value
+
+
+def test_a_grpcio_caller_decodes_the_ledger_with_its_own_status_reader(reserving_relay, protos):
+    error = call_until_late(reserving_relay, protos, timeout=1.0)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+    # Raises if the details are not a google.rpc.Status matching the call's
+    # code and message.
+    status = rpc_status.from_call(error)
+    assert status is not None, f"no grpc-status-details-bin: {error.trailing_metadata()}"
+    assert status.message == error.details()
+    infos = []
+    for detail in status.details:
+        info = error_details_pb2.DebugInfo()
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.detail == DETAIL:
+            infos.append(info)
+    assert len(infos) == 1, status
+    lines = list(infos[0].stack_entries)
+    report(figure="ledger read by grpcio", message=error.details(), lines=lines)
+    assert len(lines) == 1, f"the relay's line only; the foreign hop adds none: {lines}"
+    line = lines[0]
+    budget = re.search(r" budget=([\d.]+) ", line)
+    assert line.startswith("/conformance.relay.Relay/Forward budget="), line
+    # What grpcio wrote in grpc-timeout: gRPC core rounds its 1 s up (seen:
+    # 1010 ms).
+    assert budget and 900 <= float(budget.group(1)) <= 1100, line
+    # The call to the foreign hop: granted, took, DEADLINE_EXCEEDED (4),
+    # no ledger of its own back (`u`: cut off at the relay's deadline, or
+    # `n`: answered without one), started a moment after the relay's arrival.
+    call = re.search(r" call=/conformance\.relay\.Downstream/Work,([\d.]+),([\d.]+),4,([un]),([\d.]+)$", line)
+    assert call, line
+    granted, took = float(call.group(1)), float(call.group(2))
+    assert took <= granted + 5, line
+    assert " [ledger] " in error.details(), error.details()
+    assert "Downstream/Work" in error.details(), "the message says where the chain was cut"
