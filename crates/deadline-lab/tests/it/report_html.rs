@@ -554,3 +554,58 @@ fn rapid_reset_gets_its_own_section_with_every_flood_and_server() {
         "and how many streams the server took before the cut"
     );
 }
+
+#[test]
+fn the_ledger_section_draws_each_traced_call_beside_its_ledger() {
+    use deadline_lab::experiments::ledger::{self, LedgerResult, Row};
+    let mut root = hop("client", 0.0, 280.0);
+    root.budget_on_entry_ms = Some(300.0);
+    let traced = Case {
+        case: "a retried call".into(),
+        trace_id: "abc".into(),
+        status: "DEADLINE_EXCEEDED".into(),
+        client_ms: 280.5,
+        spans: vec![root, hop("Probe", 0.2, 280.0)],
+        ledger: vec![
+            "/probe.v1.Probe/Call budget=299.97 took=280.16 call=/probe.v1.Probe/Call,281.63,271.75,4,l,8.34".into(),
+            "/probe.v1.Probe/Call budget=281.63 took=271.38".into(),
+        ],
+    };
+    let result = LedgerResult {
+        rows: vec![Row {
+            case: "a retried call".into(),
+            runs: 10,
+            stalled: "/probe.v1.Probe/Call".into(),
+            arrived_share: 1.0,
+            named_right_share: 1.0,
+            sum_error_share: 0.003,
+            max_bytes_per_hop: 144,
+            example: "deadline exceeded [ledger] 300.00 ms budget: …".into(),
+            example_lines: vec!["/probe.v1.Probe/Call budget=300.00 took=281.31".into()],
+            traced: Some(traced),
+        }],
+    };
+    let steps = [Step {
+        name: "ledger".into(),
+        outcome: Ok(ledger::outcome(&result)),
+        seconds: 0.0,
+    }];
+    let html = render(&steps, 1.0);
+    let section = html
+        .split("<h2>")
+        .find(|s| s.starts_with("Where the budget went: the ledger"))
+        .expect("the report has the ledger's section");
+    assert!(
+        section.contains("data-chart=\"waterfall-a-retried-call\""),
+        "the traced call's waterfall"
+    );
+    assert_eq!(section.matches("<rect class=\"bar hop").count(), 2);
+    assert!(
+        section.contains("/probe.v1.Probe/Call budget=281.63 took=271.38</pre>"),
+        "the ledger the traced call brought back, under its waterfall"
+    );
+    assert!(
+        !section.contains("one call traced (trace abc)"),
+        "drawn, not printed as text notes"
+    );
+}
