@@ -1,4 +1,4 @@
-"""The ledger, as a foreign caller reads it.
+"""The ledger, as foreign callers read it.
 
 A grpcio client calls our relay with a 1 s timeout; the relay (answering
 50 ms before its deadline: `--reply_reserve_ms 50`) calls a grpcio service
@@ -7,10 +7,14 @@ that works for 5 s. The relay's DEADLINE_EXCEEDED carries its ledger line in
 which refuses details whose code or message differ from the call's) decodes
 it to a `google.rpc.Status` holding a `google.rpc.DebugInfo`, and the line
 names the relay's method, its budget, and the call to the foreign hop that
-brought no ledger back.
+brought no ledger back. grpcurl, given `google/rpc/error_details.proto`,
+prints the message's line and the decoded `DebugInfo`.
 """
 
+import json
+import os
 import re
+import subprocess
 import uuid
 
 import grpc
@@ -18,7 +22,8 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from conftest import Process, bin_path, report
+from conftest import CONFORMANCE, Process, bin_path, report
+from test_foreign_clients import PROTO_DIR, grpcurl
 
 RESERVE_MS = 50
 DETAIL = "tonic-deadline ledger/1"
@@ -76,3 +81,26 @@ def test_a_grpcio_caller_decodes_the_ledger_with_its_own_status_reader(reserving
     assert took <= granted + 5, line
     assert " [ledger] " in error.details(), error.details()
     assert "Downstream/Work" in error.details(), "the message says where the chain was cut"
+
+
+def test_grpcurl_prints_the_ledger_and_decodes_its_debug_info(reserving_relay):
+    # googleapis-common-protos ships the .proto beside its Python modules.
+    googleapis = os.path.dirname(os.path.dirname(os.path.dirname(error_details_pb2.__file__)))
+    argv = [
+        grpcurl(), "-plaintext", "-max-time", "1",
+        "-import-path", PROTO_DIR, "-import-path", googleapis,
+        "-proto", "relay.proto", "-proto", "google/rpc/error_details.proto",
+        "-d", json.dumps({"work_ms": 5000, "tag": str(uuid.uuid4())}),
+        reserving_relay.addr, "conformance.relay.Relay/Forward",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=CONFORMANCE)
+    report(figure="ledger printed by grpcurl", stderr=done.stderr.strip())
+    assert done.returncode != 0
+    assert "Code: DeadlineExceeded" in done.stderr, done.stderr
+    assert re.search(r"Message: deadline exceeded \[ledger\] [\d.]+ ms budget: Relay/Forward ", done.stderr), done.stderr
+    details = re.search(r"^\s*1\)\s*(\{.*\})\s*$", done.stderr, re.MULTILINE)
+    assert details, f"grpcurl decodes the details: {done.stderr}"
+    info = json.loads(details.group(1))
+    assert info["@type"] == "type.googleapis.com/google.rpc.DebugInfo", info
+    assert info["detail"] == DETAIL, info
+    assert info["stackEntries"][0].startswith("/conformance.relay.Relay/Forward budget="), info
