@@ -79,9 +79,26 @@ async fn deadline_excess_is_the_one_way_transit_and_compensation_removes_it() {
                 row.deadline_excess_min_ms <= COMPENSATED_EXCESS_MAX_MS,
                 "with compensation a hop must gain at most {COMPENSATED_EXCESS_MAX_MS} ms over its parent in its best call: {row:?}"
             );
+            // The links' delay is a userspace proxy when netem is missing:
+            // its timers run late on a loaded machine, in both runs alike.
+            // What the same hop gained beyond the one-way transit without
+            // compensation is that lateness (and processing), measured in
+            // this run; compensation must remove at least half the transit
+            // on top of it.
+            let late = hosts
+                .rows
+                .iter()
+                .find(|r| {
+                    !r.compensation
+                        && r.system == row.system
+                        && r.hop == row.hop
+                        && r.one_way_ms == row.one_way_ms
+                })
+                .map_or(0.0, |r| (r.deadline_excess_ms - one_way).max(0.0));
             assert!(
-                row.deadline_excess_ms <= one_way / 2.0,
-                "and at most half the one-way transit in the median call: {row:?}"
+                row.deadline_excess_ms <= one_way / 2.0 + late,
+                "and at most half the one-way transit in the median call, beyond the \
+                 {late:.2} ms the uncompensated run gained over the transit: {row:?}"
             );
             // Half a round trip measured on a busy machine can exceed the
             // true one-way transit; losing it a second time would not.
