@@ -1,7 +1,8 @@
 //! The ledger: where a `DEADLINE_EXCEEDED` spent its budget.
 //!
-//! When a call ends `DEADLINE_EXCEEDED` (or `CANCELLED`, when a call under
-//! it ran out of time), the server layer of each hop adds its line on the
+//! When a call ends `DEADLINE_EXCEEDED` (or with another failure the
+//! handler made after a call under it ran out of time: `CANCELLED`,
+//! `INTERNAL`, …), the server layer of each hop adds its line on the
 //! way back: the method, the budget it was given, how long it took, how
 //! long it waited in an admission queue, and the calls it made that failed
 //! or were cut off (what each was granted, how long it took, how it ended,
@@ -640,18 +641,18 @@ pub(crate) fn answer(
     attach(headers, entries);
 }
 
-/// Whether the handler's status in `headers` gets the ledger: a
-/// `DEADLINE_EXCEEDED`, or a `CANCELLED` after a call under it ran out of
-/// time, once something was noted under the request (a failed call, a
-/// queue).
+/// Whether the handler's status in `headers` gets the ledger, once
+/// something was noted under the request (a failed call, a queue): a
+/// `DEADLINE_EXCEEDED`, or any other failure after a call under it ran out
+/// of time (a handler that answers `CANCELLED`, `INTERNAL`, … of its own).
 pub(crate) fn due(scope: &crate::Scope, headers: &http::HeaderMap) -> bool {
     let Some(book) = scope.notes::<Book>() else {
         return false;
     };
     match crate::wire::status_code(headers) {
+        None | Some(tonic::Code::Ok) => false,
         Some(tonic::Code::DeadlineExceeded) => true,
-        Some(tonic::Code::Cancelled) => book.ran_out(),
-        _ => false,
+        Some(_) => book.ran_out(),
     }
 }
 

@@ -231,9 +231,9 @@ where
                             if guard.scope().retries_spent() {
                                 wire::mark_do_not_retry(response.headers_mut());
                             }
-                            // The handler failed at the deadline (or
-                            // cancelled after a call ran out) once something
-                            // was noted under it: the ledger.
+                            // The handler failed at the deadline (or after
+                            // a call under it ran out) once something was
+                            // noted under it: the ledger.
                             Entry::answer_handler(entry, response.headers_mut(), guard.scope());
                             guard.saw_status(response.headers());
                             // Only an answer the timer can cut needs to

@@ -244,8 +244,10 @@ async fn a_budget_told_short_on_the_wire_still_ends_deadline_exceeded() {
 enum Does {
     /// Stalls for an hour, holding what it holds.
     Stall,
-    /// Calls `next`, and answers any failure `CANCELLED`.
-    CallAndCancel(Next),
+    /// Fails at once, `UNAVAILABLE`.
+    Refuse,
+    /// Calls `next`, and answers any failure with a code of its own.
+    CallAndFail(Next, Code),
     /// Streams one reply, then calls `next` and streams its answer.
     StreamThenCall(Next),
 }
@@ -254,11 +256,12 @@ enum Does {
 impl Probe for Does {
     async fn call(&self, request: Request<CallRequest>) -> Answer<CallReply> {
         match self {
-            Does::CallAndCancel(next) => next
+            Does::CallAndFail(next, code) => next
                 .clone()
                 .call(request.into_inner())
                 .await
-                .map_err(|failed| Status::cancelled(format!("gave up: {}", failed.message()))),
+                .map_err(|failed| Status::new(*code, format!("gave up: {}", failed.message()))),
+            Does::Refuse => Err(Status::unavailable("not now")),
             _ => {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 Ok(Response::new(CallReply::default()))
@@ -279,7 +282,9 @@ impl Probe for Does {
                     first.chain(futures_util::stream::pending()),
                 )));
             }
-            Does::CallAndCancel(_) => return Err(Status::unimplemented("unary only")),
+            Does::CallAndFail(..) | Does::Refuse => {
+                return Err(Status::unimplemented("unary only"));
+            }
         };
         let request = request.into_inner();
         let then = async move { next.clone().call(request).await.map(Response::into_inner) };
@@ -359,26 +364,35 @@ async fn the_time_a_request_queued_for_admission_is_its_own_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_that_answers_cancelled_after_a_call_ran_out_still_sends_the_ledger() {
+async fn a_handler_that_answers_its_own_code_after_a_call_ran_out_still_sends_the_ledger() {
     let b = serve_does(Does::Stall, None).await;
-    let a = next(serve_does(Does::CallAndCancel(next(b)), None).await);
-    let _ = call_within(&a, Duration::from_millis(50)).await;
-    let mut arrived = 0;
-    for _ in 0..5 {
-        let status = call_within(&a, BUDGET).await;
-        // Before the root's deadline: the handler's own code.
-        assert_eq!(status.code(), Code::Cancelled, "{status:?}");
-        assert!(status.message().starts_with("gave up: "), "{status:?}");
-        let ledger = Ledger::from_status(&status).expect("a ledger on CANCELLED");
-        if ledger.hops().len() == 2 {
-            arrived += 1;
-            assert_eq!(
-                ledger.stalled().map(|h| h.method.as_str()),
-                ledger.hops().get(1).map(|h| h.method.as_str())
-            );
+    for code in [Code::Cancelled, Code::Internal, Code::Unavailable] {
+        let a = next(serve_does(Does::CallAndFail(next(b), code), None).await);
+        let _ = call_within(&a, Duration::from_millis(50)).await;
+        let mut arrived = 0;
+        for _ in 0..5 {
+            let status = call_within(&a, BUDGET).await;
+            // Before the root's deadline: the handler's own code.
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(status.message().starts_with("gave up: "), "{status:?}");
+            let ledger = Ledger::from_status(&status).expect("a ledger on the handler's code");
+            if ledger.hops().len() == 2 {
+                arrived += 1;
+                assert_eq!(
+                    ledger.stalled().map(|h| h.method.as_str()),
+                    ledger.hops().get(1).map(|h| h.method.as_str())
+                );
+            }
         }
+        assert!(arrived >= 4, "{code:?}: B's line arrived in {arrived} of 5");
     }
-    assert!(arrived >= 4, "B's line arrived in {arrived} of 5");
+    // A failure that owes nothing to time carries none.
+    let refuses = serve_does(Does::Refuse, None).await;
+    let a = next(serve_does(Does::CallAndFail(next(refuses), Code::Internal), None).await);
+    let status = call_within(&a, BUDGET).await;
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(Ledger::from_status(&status).is_none(), "{status:?}");
+    assert!(!status.message().contains("[ledger]"), "{status:?}");
 }
 
 /// The second reply of a `watch` under `BUDGET`, after the first.
