@@ -203,6 +203,8 @@ fn a_malformed_or_huge_ledger_is_capped_and_said_so_never_a_panic() {
         "/a.B/C took=1e300".into(),
         "/a.B/C call=/x,1,2".into(),
         "/a.B/C call=/x,1,2,99999999999,l".into(),
+        "/a.B/C queued=-1".into(),
+        "/a.B/C call=/x,1,2,4,l,NaN".into(),
         format!("/a.B/C {}", "x=1 ".repeat(100)),
     ] {
         let ledger = Ledger::from_status(&ledger_status(vec![good.clone(), bad.clone()]))
