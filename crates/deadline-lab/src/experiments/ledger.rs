@@ -463,15 +463,20 @@ pub fn outcome(result: &LedgerResult) -> Outcome {
 }
 
 /// A traced call as text: its waterfall (a bar per span, one column per
-/// 20 ms) and, under it, the ledger the same call brought back.
+/// [`waterfall::BAR_MS`], out to the client's deadline) and, under it, the
+/// ledger the same call brought back.
 fn traced_lines(case: &Case) -> Vec<String> {
-    let width = case
+    let budget_ms = case
+        .spans
+        .first()
+        .and_then(|h| h.budget_on_entry_ms)
+        .unwrap_or(case.client_ms);
+    let width = (case
         .spans
         .iter()
         .map(|h| h.end_ms)
-        .fold(case.client_ms, f64::max) as usize
-        / 20
-        + 1;
+        .fold(budget_ms, f64::max)
+        / waterfall::BAR_MS) as usize;
     let mut lines = vec![format!(
         "{}, one call traced (trace {}): {} after {} ms",
         case.case, case.trace_id, case.status, case.client_ms

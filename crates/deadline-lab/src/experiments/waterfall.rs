@@ -35,7 +35,7 @@ pub const STALL_MS: u64 = 400;
 /// How long to wait for a case's spans to reach the receiver.
 const COLLECT_WITHIN: Duration = Duration::from_secs(10);
 /// Columns of the printed bar: one per this many milliseconds.
-const BAR_MS: f64 = 20.0;
+pub const BAR_MS: f64 = 20.0;
 
 /// The experiment's result, shared by the table, `--json`, the report and
 /// the tests.
