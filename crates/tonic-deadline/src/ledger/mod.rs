@@ -32,10 +32,11 @@
 //! layer) or `u` (no answer before this hop gave up), and `started` is when
 //! it started after the hop's arrival. The time between a call and the
 //! next hop's line is the transit ([`Hop::transit`]): the call's time less
-//! the time the next hop took. A line is at most [`MAX_ENTRY_BYTES`]: calls that do not fit are
-//! counted as `more=N`. A ledger keeps at most [`MAX_HOPS`] lines; what a
-//! peer sends beyond the caps is dropped and the ledger says so
-//! ([`Ledger::capped`]), and the status's code and message stay as sent.
+//! the time the next hop took. A line is at most [`MAX_ENTRY_BYTES`]:
+//! calls that do not fit are counted as `more=N`. A ledger keeps at most
+//! [`MAX_HOPS`] lines; what a peer sends beyond the caps is dropped and the
+//! ledger says so ([`Ledger::capped`]), and the status's code and message
+//! stay as sent.
 //!
 //! ```
 //! use std::time::Duration;
@@ -259,7 +260,8 @@ impl Hop {
                         "u" => Reply::Unanswered,
                         _ => return None,
                     };
-                    // Fields a later version adds are skipped.
+                    // The sixth field, when there, is when it started;
+                    // fields a later version adds after it are skipped.
                     let started = match fields.next() {
                         Some(started) => Some(ms(started)?),
                         None => None,
