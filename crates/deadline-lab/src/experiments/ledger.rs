@@ -402,16 +402,10 @@ pub async fn run(n: usize, receiver: Option<&Receiver>) -> anyhow::Result<Outcom
 ///
 /// When the child fails or prints something else than the result.
 pub async fn run_child(n: usize) -> anyhow::Result<Outcome> {
-    let out = tokio::process::Command::new(crate::process::lab_exe()?)
-        .args(["experiment", "ledger", "--runs", &n.to_string(), "--json"])
-        .output()
-        .await?;
-    anyhow::ensure!(
-        out.status.success(),
-        "experiment ledger failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let result: LedgerResult = serde_json::from_slice(&out.stdout)?;
+    let runs = n.to_string();
+    let args = ["experiment", "ledger", "--runs", &runs, "--json"];
+    let out = crate::process::run(&crate::process::lab_exe()?, &args).await?;
+    let result: LedgerResult = serde_json::from_str(&out)?;
     Ok(outcome(&result))
 }
 

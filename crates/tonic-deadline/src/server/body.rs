@@ -283,7 +283,12 @@ where
                     .is_some_and(|t| t.poll_pending(cx).is_ready())
             {
                 *this.timer = None;
-                let scope = this.guard.as_ref().map(|g| g.scope.clone());
+                let ledger = this.entry.take().filter(|_| !P::HTTP_STATUS);
+                // Kept past the guard's end only for the ledger's line.
+                let scope = ledger
+                    .as_ref()
+                    .and(this.guard.as_ref())
+                    .map(|g| g.scope.clone());
                 if let Some(guard) = this.guard.take() {
                     guard.finish(Cause::DeadlineExceeded);
                 }
@@ -291,7 +296,6 @@ where
                 // nothing more of it is sent, and the calls it still waits
                 // for end (noted, as unanswered, for this hop's ledger).
                 this.inner.set(Inner::Answer { text: None });
-                let ledger = this.entry.take().filter(|_| !P::HTTP_STATUS);
                 return Polled::Deadline(ledger_trailers(ledger, scope));
             }
             return Polled::Frame(Poll::Pending);
