@@ -31,7 +31,6 @@ pub mod observe;
 #[cfg(feature = "service-config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
 pub mod resilience;
-pub mod scope;
 pub mod server;
 #[cfg(feature = "service-config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
@@ -41,9 +40,11 @@ mod warn_limit;
 mod wire;
 
 pub use client::ClientDeadlineLayer;
-pub use scope::{Cause, Ended, JoinSet, Scope, detach, spawn};
+/// The scope and the `grpc-timeout` codec are the core's
+/// ([`grpc_deadline`]), the same for every stack; re-exported here so that
+/// a tonic service needs one dependency.
+pub use grpc_deadline::{Cause, Code, Ended, JoinSet, Scope, detach, scope, spawn, timeout_header};
 pub use server::ServerDeadlineLayer;
-pub use wire::timeout_header;
 
 /// The error type that crosses service boundaries (as in tower and tonic).
 ///

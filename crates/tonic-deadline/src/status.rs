@@ -7,7 +7,6 @@
 //! details of which request and how much budget was left go to logs.
 
 use std::error::Error;
-use std::sync::LazyLock;
 
 use tonic::Status;
 
@@ -29,27 +28,11 @@ pub fn status_for(cause: Cause) -> Status {
 /// ended scope names one of these as (the end of) its
 /// [`source`](Error::source) chain, so tonic's `Status::from_error` finds
 /// the same code and message that [`status_for`] gives.
+///
+/// The table itself is the core's ([`grpc_deadline::tonic_status::of`]),
+/// so that `?` from an [`Ended`] gives the same status.
 pub(crate) fn cause_status(cause: Cause) -> &'static Status {
-    static STATUSES: LazyLock<[Status; 4]> = LazyLock::new(|| {
-        [
-            Cause::DeadlineExceeded,
-            Cause::Cancelled,
-            Cause::Abandoned,
-            Cause::Completed,
-        ]
-        .map(|cause| Status::new(cause.code(), cause.to_string()))
-    });
-    &STATUSES[index_of(cause)]
-}
-
-/// Where each cause sits in the per-cause tables. Exhaustive on purpose.
-const fn index_of(cause: Cause) -> usize {
-    match cause {
-        Cause::DeadlineExceeded => 0,
-        Cause::Cancelled => 1,
-        Cause::Abandoned => 2,
-        Cause::Completed => 3,
-    }
+    grpc_deadline::tonic_status::of(cause)
 }
 
 /// `err` and then each error in its source chain. The one walk of a source
@@ -59,31 +42,6 @@ pub(crate) fn chain<'a>(
     err: &'a (dyn Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
     std::iter::successors(Some(err), |&err| err.source())
-}
-
-impl Ended {
-    /// The `Ended` of `cause` as a constant, for errors that name it as
-    /// their [`source`](Error::source) without holding one.
-    pub(crate) fn of(cause: Cause) -> &'static Ended {
-        static ENDED: [Ended; 4] = [
-            Ended::new(Cause::DeadlineExceeded),
-            Ended::new(Cause::Cancelled),
-            Ended::new(Cause::Abandoned),
-            Ended::new(Cause::Completed),
-        ];
-        &ENDED[index_of(cause)]
-    }
-}
-
-/// An `Ended` names its status as its source, so anything that looks for a
-/// [`Status`] in an error's source chain finds the right one — tonic's own
-/// `Status::from_error` included. Without it, an `Ended` that travelled as a
-/// `Box<dyn Error>` (what `?` into a boxed error gives) would become
-/// `UNKNOWN`.
-impl Error for Ended {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(cause_status(self.cause()))
-    }
 }
 
 /// The status for any error, looking through its source chain: the first
@@ -146,12 +104,6 @@ pub(crate) fn code_for_http(status: http::StatusCode) -> tonic::Code {
         503 => Code::Unavailable,
         504 => Code::DeadlineExceeded,
         _ => Code::Unknown,
-    }
-}
-
-impl From<Ended> for Status {
-    fn from(ended: Ended) -> Status {
-        status_for(ended.cause())
     }
 }
 

@@ -190,7 +190,7 @@ impl Drop for WorkGuard<'_> {
         }
         let cause = Scope::try_current()
             .and_then(|s| s.cause())
-            .map_or("CANCELLED", |c| code_name(c.code()));
+            .map_or("CANCELLED", |c| c.code().name());
         self.tracer.record(Trace {
             service: self.tracer.service.to_owned(),
             target: "(work)".to_owned(),

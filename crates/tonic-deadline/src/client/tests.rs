@@ -640,9 +640,8 @@ async fn forwarded_metadata_is_copied_to_outbound_calls() {
     );
 
     let (channel, recorded) = recording_channel();
-    let detached = crate::scope::CURRENT.sync_scope(request_scope.clone(), || {
-        crate::detach(channel.oneshot(Request::new(Empty::new())))
-    });
+    let detached =
+        request_scope.enter_sync(|| crate::detach(channel.oneshot(Request::new(Empty::new()))));
     detached
         .await
         .expect("no panic")

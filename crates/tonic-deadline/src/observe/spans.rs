@@ -214,7 +214,7 @@ pub(crate) fn server_ended(span: &Span, scope: &Scope, cause: Cause) {
     if cause != Cause::Completed {
         // The layer answered for the handler at its deadline, or nobody
         // was left to answer: the status is the cause's.
-        span.record("outcome", code_name(cause.code()));
+        span.record("outcome", cause.code().name());
     }
     // The timer answers one tick before the deadline: an answer completed
     // after it was not stopped, and the caller had already given up.

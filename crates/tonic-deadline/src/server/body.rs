@@ -11,7 +11,7 @@ use super::future::Entry;
 use super::observer::Observation;
 use super::protocol::{Grpc, Protocol};
 use super::timer::LazyTimer;
-use crate::scope::{CURRENT, Cause, Scope};
+use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 
 /// Ends the request's scope when dropped: with the cause given to
@@ -270,9 +270,8 @@ where
         let polled = if expired {
             Poll::Pending
         } else {
-            let scope = guard.scope.clone();
             let _entered = guard.span().map(tracing::Span::enter);
-            CURRENT.sync_scope(scope, || inner.as_mut().poll_frame(cx))
+            guard.scope.enter_sync(|| inner.as_mut().poll_frame(cx))
         };
         if polled.is_pending() {
             *this.unchecked = 0;

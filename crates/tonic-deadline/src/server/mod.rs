@@ -107,7 +107,7 @@ use http::{HeaderMap, HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::scope::{Attachment, CURRENT, Cause, Scope};
+use crate::scope::{Attachment, Cause, Scope};
 use observer::{Arrival, Observer};
 
 pub use body::ServerBody;
@@ -346,15 +346,9 @@ where
             .map(|(d, now)| (d.checked_sub(P::TIMER_LEAD).unwrap_or(d), now));
         let inner = {
             let _entered = observed.as_ref().map(|o| o.span().enter());
-            CURRENT.sync_scope(scope.clone(), || self.inner.call(request))
+            scope.enter_sync(|| self.inner.call(request))
         };
-        ResponseFuture::running(
-            CURRENT.scope(scope.clone(), inner),
-            scope,
-            timer,
-            observed,
-            entry,
-        )
+        ResponseFuture::running(scope.enter(inner), scope, timer, observed, entry)
     }
 }
 

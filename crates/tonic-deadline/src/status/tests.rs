@@ -250,7 +250,7 @@ mod every_error {
             boxed_answers(
                 &format!("Status of {cause}"),
                 || status_for(cause),
-                cause.code(),
+                cause.code().into(),
             );
         }
         boxed_answers(

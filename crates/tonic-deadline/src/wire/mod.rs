@@ -6,7 +6,7 @@
 pub(crate) mod frames;
 #[cfg(feature = "server")]
 pub(crate) mod hpack;
-pub mod timeout_header;
+pub(crate) use grpc_deadline::timeout_header;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tonic::Code;
@@ -50,43 +50,16 @@ pub(crate) fn status_code(headers: &HeaderMap) -> Option<Code> {
     Some(Code::from_i32(n))
 }
 
-/// Every code, under its name in the gRPC spec.
-const NAMES: [(&str, Code); 17] = [
-    ("OK", Code::Ok),
-    ("CANCELLED", Code::Cancelled),
-    ("UNKNOWN", Code::Unknown),
-    ("INVALID_ARGUMENT", Code::InvalidArgument),
-    ("DEADLINE_EXCEEDED", Code::DeadlineExceeded),
-    ("NOT_FOUND", Code::NotFound),
-    ("ALREADY_EXISTS", Code::AlreadyExists),
-    ("PERMISSION_DENIED", Code::PermissionDenied),
-    ("RESOURCE_EXHAUSTED", Code::ResourceExhausted),
-    ("FAILED_PRECONDITION", Code::FailedPrecondition),
-    ("ABORTED", Code::Aborted),
-    ("OUT_OF_RANGE", Code::OutOfRange),
-    ("UNIMPLEMENTED", Code::Unimplemented),
-    ("INTERNAL", Code::Internal),
-    ("UNAVAILABLE", Code::Unavailable),
-    ("DATA_LOSS", Code::DataLoss),
-    ("UNAUTHENTICATED", Code::Unauthenticated),
-];
-
 /// The code named as in the gRPC spec (`"UNAVAILABLE"`); case-insensitive,
 /// as grpc-java accepts it. Service config names codes this way.
 #[cfg(any(test, feature = "service-config"))]
 pub(crate) fn code_from_name(name: &str) -> Option<Code> {
-    NAMES
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|&(_, code)| code)
+    grpc_deadline::Code::from_name(name).map(Code::from)
 }
 
 /// The gRPC spec's name of `code` (`DEADLINE_EXCEEDED`).
 pub(crate) fn code_name(code: Code) -> &'static str {
-    NAMES
-        .iter()
-        .find(|(_, c)| *c == code)
-        .map_or("UNKNOWN", |&(n, _)| n)
+    grpc_deadline::Code::from(code).name()
 }
 
 #[cfg(test)]

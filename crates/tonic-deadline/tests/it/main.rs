@@ -21,7 +21,6 @@ mod propagation;
 #[cfg(feature = "server")]
 mod reset_guards;
 mod round_trip;
-mod scope_tree;
 mod seams;
 mod wait_for_ready;
 mod wire;

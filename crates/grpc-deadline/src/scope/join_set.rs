@@ -19,7 +19,7 @@ use super::Scope;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::{Cause, JoinSet, Scope};
+/// use grpc_deadline::{Cause, JoinSet, Scope};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {

@@ -13,7 +13,7 @@ use std::task::{Poll, Wake, Waker};
 use loom::thread;
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../../src/scope/tree.rs"]
+#[path = "../src/scope/tree.rs"]
 mod tree;
 
 mod sync {

@@ -27,8 +27,8 @@ where
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let audit = tonic_deadline::detach(async {
-///     assert!(tonic_deadline::Scope::current().deadline().is_none());
+/// let audit = grpc_deadline::detach(async {
+///     assert!(grpc_deadline::Scope::current().deadline().is_none());
 ///     "written"
 /// });
 /// assert_eq!(audit.await.unwrap(), "written");
@@ -50,9 +50,15 @@ impl Scope {
     }
 }
 
-/// Logs work that finished after its scope had already ended, and tells
-/// the root's attachment (the server layer counts it).
-pub(crate) fn note_if_outlived(scope: &Scope, what: &'static str) {
+/// For layers: logs work that finished after its scope had already ended,
+/// and tells the root's [`Attachment`](super::Attachment) (a server layer
+/// counts it). Nothing happens while the scope is live.
+///
+/// ```
+/// let scope = grpc_deadline::Scope::background();
+/// grpc_deadline::scope::note_if_outlived(&scope, "a query"); // live: nothing to note
+/// ```
+pub fn note_if_outlived(scope: &Scope, what: &'static str) {
     let Some(cause) = scope.cause() else { return };
     let outlived = scope
         .deadline()

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tonic_deadline::timeout_header::{decode, encode};
+//! use grpc_deadline::timeout_header::{decode, encode};
 //!
 //! // The finest unit whose value, rounded up, fits in 8 digits.
 //! assert_eq!(encode(Duration::from_millis(50)), "50000000n");
@@ -22,7 +22,6 @@
 //! ```
 
 use std::fmt;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 /// The largest value the header may carry: eight decimal digits.
@@ -50,7 +49,7 @@ pub const MAX_DECODED: Duration = Duration::from_nanos(i64::MAX as u64);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::timeout_header::encode;
+/// use grpc_deadline::timeout_header::encode;
 ///
 /// assert_eq!(encode(Duration::from_nanos(49_994_167)), "49994167n");
 /// assert_eq!(encode(Duration::from_nanos(999_977_001)), "999978u");
@@ -64,12 +63,21 @@ pub fn encode(budget: Duration) -> String {
 }
 
 /// The longest encoded value: eight digits and a unit.
-pub(crate) const ENCODED_MAX: usize = 9;
+pub const ENCODED_MAX: usize = 9;
 
 /// Writes the encoded `budget` into `buf`; returns its length. The one
 /// encoder: [`encode`] and the client layer's header both use it, without
 /// `format!` on the request path.
-pub(crate) fn encode_into(budget: Duration, buf: &mut [u8; ENCODED_MAX]) -> usize {
+///
+/// ```
+/// use std::time::Duration;
+/// use grpc_deadline::timeout_header::{ENCODED_MAX, encode_into};
+///
+/// let mut buf = [0; ENCODED_MAX];
+/// let len = encode_into(Duration::from_millis(50), &mut buf);
+/// assert_eq!(&buf[..len], b"50000000n");
+/// ```
+pub fn encode_into(budget: Duration, buf: &mut [u8; ENCODED_MAX]) -> usize {
     let nanos = budget.as_nanos();
     let (value, unit) = if nanos == 0 {
         (0, b'n')
@@ -112,7 +120,7 @@ pub(crate) fn encode_into(budget: Duration, buf: &mut [u8; ENCODED_MAX]) -> usiz
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::timeout_header::decode;
+/// use grpc_deadline::timeout_header::decode;
 ///
 /// assert_eq!(decode(b"00000001S"), Ok(Duration::from_secs(1)));
 /// assert_eq!(decode(b"0n"), Ok(Duration::ZERO));
@@ -154,21 +162,22 @@ pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
 
 /// A `grpc-timeout` value that breaks the wire rules.
 ///
-/// Its `Display` names the header and the offending value. It converts into
-/// the `INTERNAL` status a gRPC server answers such a request with (as gRPC's
-/// own servers do), that text as the message; boxed, it still answers
-/// `INTERNAL` through tonic's `Status::from_error`, with a fixed message.
+/// Its `Display` names the header and the offending value. A gRPC server
+/// answers such a request [`INTERNAL`](crate::Code::Internal) (as gRPC's own
+/// servers do), that text as the message: [`code`](MalformedTimeout::code).
+/// With the `tonic` feature it converts into that `tonic::Status`; boxed,
+/// it still answers `INTERNAL` through tonic's `Status::from_error`, with a
+/// fixed message.
 ///
 /// ```
-/// use tonic_deadline::timeout_header::decode;
+/// use grpc_deadline::timeout_header::decode;
 ///
 /// let malformed = decode(b"1a").unwrap_err();
 /// assert_eq!(
 ///     malformed.to_string(),
 ///     "malformed grpc-timeout \"1a\": unit is not one of H M S m u n"
 /// );
-/// let status = tonic::Status::from(malformed);
-/// assert_eq!(status.code(), tonic::Code::Internal);
+/// assert_eq!(malformed.code(), grpc_deadline::Code::Internal);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedTimeout {
@@ -187,8 +196,13 @@ enum Reason {
 }
 
 impl MalformedTimeout {
+    /// The code a server answers a request carrying it with: `INTERNAL`.
+    pub const fn code(&self) -> crate::Code {
+        crate::Code::Internal
+    }
+
     /// The header was sent more than once; the budget is ambiguous.
-    pub(crate) fn duplicated() -> Self {
+    fn duplicated() -> Self {
         Self {
             reason: Reason::Duplicated,
             value: String::new(),
@@ -196,7 +210,7 @@ impl MalformedTimeout {
     }
 
     /// The header value is not visible ASCII.
-    pub(crate) fn not_ascii(value: &[u8]) -> Self {
+    fn not_ascii(value: &[u8]) -> Self {
         Self {
             reason: Reason::NotAscii,
             value: String::from_utf8_lossy(value).into_owned(),
@@ -224,19 +238,15 @@ impl fmt::Display for MalformedTimeout {
     }
 }
 
-/// The status a boxed `MalformedTimeout` names as its source, so tonic's
-/// `Status::from_error` answers `INTERNAL`, not `UNKNOWN`.
+/// With the `tonic` feature, the status a boxed `MalformedTimeout` names
+/// as its source, so tonic's `Status::from_error` answers `INTERNAL`, not
+/// `UNKNOWN`.
 impl std::error::Error for MalformedTimeout {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        static MALFORMED: LazyLock<tonic::Status> =
-            LazyLock::new(|| tonic::Status::internal("malformed grpc-timeout"));
-        Some(&*MALFORMED)
-    }
-}
-
-impl From<MalformedTimeout> for tonic::Status {
-    fn from(malformed: MalformedTimeout) -> tonic::Status {
-        tonic::Status::internal(malformed.to_string())
+        #[cfg(feature = "tonic")]
+        return Some(crate::tonic_status::malformed_timeout());
+        #[cfg(not(feature = "tonic"))]
+        None
     }
 }
 
@@ -244,9 +254,23 @@ impl From<MalformedTimeout> for tonic::Status {
 ///
 /// `Ok(None)` means the caller set no deadline. Several values, non-ASCII
 /// bytes and anything [`decode`] refuses are errors.
-pub(crate) fn from_headers(
-    headers: &http::HeaderMap,
-) -> Result<Option<Duration>, MalformedTimeout> {
+///
+/// # Errors
+///
+/// [`MalformedTimeout`] naming what is wrong with the header.
+///
+/// ```
+/// use std::time::Duration;
+/// use grpc_deadline::timeout_header::{GRPC_TIMEOUT, from_headers};
+///
+/// let mut headers = http::HeaderMap::new();
+/// assert_eq!(from_headers(&headers), Ok(None), "no deadline");
+/// headers.insert(GRPC_TIMEOUT, http::HeaderValue::from_static("250m"));
+/// assert_eq!(from_headers(&headers), Ok(Some(Duration::from_millis(250))));
+/// headers.append(GRPC_TIMEOUT, http::HeaderValue::from_static("1S"));
+/// assert!(from_headers(&headers).is_err(), "two budgets are ambiguous");
+/// ```
+pub fn from_headers(headers: &http::HeaderMap) -> Result<Option<Duration>, MalformedTimeout> {
     let mut values = headers.get_all(GRPC_TIMEOUT).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -261,7 +285,7 @@ pub(crate) fn from_headers(
 }
 
 /// The header's name.
-pub(crate) const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 #[cfg(test)]
 mod tests {

@@ -7,8 +7,9 @@
 //! rule* — a child's deadline is never later than its parent's — and
 //! cancelling a parent ends every descendant with the parent's cause.
 //!
-//! The server layer installs a scope as the task-local *current scope* around
-//! every handler, and the client layer reads it for every outbound call, so a
+//! A stack's server layer installs a scope as the task-local *current scope*
+//! around every handler, and its client layer reads it for every outbound
+//! call, so a
 //! handler that calls another service passes its remaining budget on with no
 //! code at all. Work that must outlive the request has to say so with
 //! [`detach`]; nothing else breaks the chain.
@@ -21,7 +22,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tonic_deadline::{Cause, Scope};
+//! use grpc_deadline::{Cause, Scope};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -54,7 +55,7 @@ mod current;
 mod join_set;
 mod sync;
 mod task;
-pub(crate) mod tree;
+mod tree;
 
 use std::any::Any;
 use std::fmt;
@@ -64,16 +65,15 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::Code;
 use tree::{Node, Wait};
 
-pub(crate) use current::CURRENT;
 pub use join_set::JoinSet;
-#[cfg(feature = "sqlite")]
-pub(crate) use task::note_if_outlived;
-pub use task::{detach, spawn};
+pub use task::{detach, note_if_outlived, spawn};
 
 /// Why a scope ended.
 ///
@@ -84,15 +84,17 @@ pub use task::{detach, spawn};
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// use tonic_deadline::{Cause, Scope};
+/// use grpc_deadline::{Cause, Scope};
 /// let scope = Scope::background();
 /// scope.cancel();
 /// assert_eq!(scope.cause(), Some(Cause::Cancelled));
-/// assert_eq!(Cause::DeadlineExceeded.code(), tonic::Code::DeadlineExceeded);
+/// assert_eq!(Cause::DeadlineExceeded.code(), grpc_deadline::Code::DeadlineExceeded);
 /// # }
 /// ```
+///
+/// Not `non_exhaustive`, on purpose: every layer maps each cause, and a new
+/// one must make each of them choose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum Cause {
     /// The deadline this scope obeys (its own or an inherited one) passed.
     DeadlineExceeded,
@@ -101,16 +103,16 @@ pub enum Cause {
     /// The server dropped the request before answering it, for a reason
     /// this process cannot see: the caller reset the stream (its own
     /// deadline or cancel) or closed the connection — or a layer outside
-    /// [`ServerDeadlineLayer`](crate::ServerDeadlineLayer) gave up on it,
-    /// such as tonic's `Server::timeout`.
+    /// the stack's deadline layer gave up on it, such as tonic's
+    /// `Server::timeout`.
     ///
-    /// hyper drops the request's future in all of these cases and says
-    /// nothing more, so the cause is not named after the caller: with
-    /// tonic's own timer in front it would be wrong. Use
-    /// [`ServerDeadlineLayer::max_timeout`](crate::ServerDeadlineLayer::max_timeout)
-    /// instead of `Server::timeout`, and an ended scope says
-    /// [`DeadlineExceeded`](Cause::DeadlineExceeded) when the server's own
-    /// limit is the reason.
+    /// An HTTP/2 server drops the request's future in all of these cases
+    /// and says nothing more, so the cause is not named after the caller:
+    /// with another timer in front it would be wrong. Let the deadline
+    /// layer enforce the server's own limit (tonic-deadline's
+    /// `ServerDeadlineLayer::max_timeout` rather than `Server::timeout`),
+    /// and an ended scope says [`DeadlineExceeded`](Cause::DeadlineExceeded)
+    /// when that limit is the reason.
     Abandoned,
     /// The request this scope served has been answered; work still tied to it
     /// is no longer wanted (Go cancels a handler's context the same way).
@@ -121,15 +123,36 @@ impl Cause {
     /// The gRPC status code this cause is reported as.
     ///
     /// ```
-    /// use tonic_deadline::Cause;
-    /// assert_eq!(Cause::DeadlineExceeded.code(), tonic::Code::DeadlineExceeded);
-    /// assert_eq!(Cause::Abandoned.code(), tonic::Code::Cancelled);
+    /// use grpc_deadline::{Cause, Code};
+    /// assert_eq!(Cause::DeadlineExceeded.code(), Code::DeadlineExceeded);
+    /// assert_eq!(Cause::Abandoned.code(), Code::Cancelled);
     /// ```
-    pub fn code(self) -> tonic::Code {
+    pub const fn code(self) -> Code {
         // Exhaustive on purpose: a new cause must pick one.
         match self {
-            Cause::DeadlineExceeded => tonic::Code::DeadlineExceeded,
-            Cause::Cancelled | Cause::Abandoned | Cause::Completed => tonic::Code::Cancelled,
+            Cause::DeadlineExceeded => Code::DeadlineExceeded,
+            Cause::Cancelled | Cause::Abandoned | Cause::Completed => Code::Cancelled,
+        }
+    }
+}
+
+impl Cause {
+    /// Every cause, each at its [`index`](Cause::index).
+    pub const ALL: [Cause; 4] = [
+        Cause::DeadlineExceeded,
+        Cause::Cancelled,
+        Cause::Abandoned,
+        Cause::Completed,
+    ];
+
+    /// Where this cause sits in [`Cause::ALL`], for tables kept per cause.
+    /// Exhaustive on purpose.
+    pub const fn index(self) -> usize {
+        match self {
+            Cause::DeadlineExceeded => 0,
+            Cause::Cancelled => 1,
+            Cause::Abandoned => 2,
+            Cause::Completed => 3,
         }
     }
 }
@@ -147,19 +170,18 @@ impl fmt::Display for Cause {
 
 /// The error of work stopped because its scope ended.
 ///
-/// Converts into [`tonic::Status`] with the right code, so `?` in a handler is
-/// always correct — the Go pitfall of returning `ctx.Err()` and answering
-/// `UNKNOWN` has no Rust equivalent here.
+/// It knows its code ([`Cause::code`]), and converts into each stack's
+/// status with that code (with the `tonic` feature, `tonic::Status`), so
+/// `?` in a handler is always correct — the Go pitfall of returning
+/// `ctx.Err()` and answering `UNKNOWN` has no Rust equivalent here.
 ///
 /// ```
-/// use tonic_deadline::{Cause, Ended};
-/// fn handler_step(ended: Ended) -> Result<(), tonic::Status> {
-///     Err(ended)?
-/// }
-/// # let scope = tonic_deadline::Scope::background();
-/// # scope.cancel();
-/// let status = handler_step(scope.check().unwrap_err()).unwrap_err();
-/// assert_eq!(status.code(), tonic::Code::Cancelled);
+/// use grpc_deadline::{Code, Scope};
+/// let scope = Scope::background();
+/// scope.cancel();
+/// let ended = scope.check().unwrap_err();
+/// assert_eq!(ended.cause().code(), Code::Cancelled);
+/// assert_eq!(ended.to_string(), "scope ended: cancelled");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ended {
@@ -167,8 +189,22 @@ pub struct Ended {
 }
 
 impl Ended {
-    pub(crate) const fn new(cause: Cause) -> Self {
+    /// The error of a scope that ended with `cause`: what a layer returns
+    /// for work it stopped.
+    pub const fn new(cause: Cause) -> Self {
         Self { cause }
+    }
+
+    /// The `Ended` of `cause` as a constant, for errors that name it as
+    /// their [`source`](std::error::Error::source) without holding one.
+    pub fn of(cause: Cause) -> &'static Ended {
+        static ENDED: [Ended; 4] = [
+            Ended::new(Cause::DeadlineExceeded),
+            Ended::new(Cause::Cancelled),
+            Ended::new(Cause::Abandoned),
+            Ended::new(Cause::Completed),
+        ];
+        &ENDED[cause.index()]
     }
 
     /// Why the scope ended.
@@ -183,6 +219,20 @@ impl fmt::Display for Ended {
     }
 }
 
+/// With the `tonic` feature an `Ended` names its `tonic::Status` as its
+/// source, so anything that looks for a status in an error's source chain
+/// finds the right one — tonic's own `Status::from_error` included. Without
+/// it, an `Ended` that travelled as a `Box<dyn Error>` (what `?` into a
+/// boxed error gives) would become `UNKNOWN`.
+impl std::error::Error for Ended {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        #[cfg(feature = "tonic")]
+        return Some(crate::tonic_status::of(self.cause));
+        #[cfg(not(feature = "tonic"))]
+        None
+    }
+}
+
 /// A deadline plus a node in the cancellation tree. Cheap to clone: clones
 /// share the same node.
 ///
@@ -192,7 +242,7 @@ impl fmt::Display for Ended {
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::time::Duration;
-/// use tonic_deadline::{Cause, Scope};
+/// use grpc_deadline::{Cause, Scope};
 /// let request = Scope::background().with_timeout(Duration::from_millis(300));
 /// let pricing = request.with_timeout(Duration::from_millis(100));
 /// assert_eq!(pricing.remaining(), Some(Duration::from_millis(100)));
@@ -224,7 +274,6 @@ struct Data {
     retries_spent: AtomicBool,
     /// Notes a layer keeps on a request's root, made on first use (the
     /// ledger's record of calls that failed under it).
-    #[cfg_attr(not(feature = "ledger"), allow(dead_code))]
     notes: OnceLock<Box<dyn Any + Send + Sync>>,
     /// The token handed to libraries that take one, made on first use.
     bridge: OnceLock<CancellationToken>,
@@ -234,7 +283,10 @@ struct Data {
 /// type anywhere under that root ([`Scope::attached`]), and told of the
 /// work under it that the scope cannot stop by itself. The scope knows
 /// nothing else of the layers above it.
-pub(crate) trait Attachment: Any + Send + Sync + fmt::Debug {
+///
+/// For layers: a stack's server layer implements it to count and trace
+/// what the scope reports.
+pub trait Attachment: Any + Send + Sync + fmt::Debug {
     /// Work tied to a scope under this root returned after that scope had
     /// ended (`by`: how long after its deadline, when it had one).
     fn outlived(&self, what: &'static str, by: Option<Duration>) {
@@ -277,7 +329,7 @@ impl Scope {
     /// # async fn main() {
     /// use std::time::Duration;
     /// use tokio::time::Instant;
-    /// let scope = tonic_deadline::Scope::root(Some(Instant::now() + Duration::from_secs(1)));
+    /// let scope = grpc_deadline::Scope::root(Some(Instant::now() + Duration::from_secs(1)));
     /// assert_eq!(scope.remaining(), Some(Duration::from_secs(1)));
     /// # }
     /// ```
@@ -285,8 +337,10 @@ impl Scope {
         Scope::root_attached(deadline, None)
     }
 
-    /// A root scope carrying what its layer attaches (see [`Attachment`]).
-    pub(crate) fn root_attached(
+    /// For layers: a root scope carrying what its layer attaches (see
+    /// [`Attachment`]), found again with [`attached`](Scope::attached)
+    /// anywhere under it.
+    pub fn root_attached(
         deadline: Option<Instant>,
         attached: Option<Arc<dyn Attachment>>,
     ) -> Scope {
@@ -295,9 +349,10 @@ impl Scope {
         }
     }
 
-    /// Whether this node was cancelled (by itself or an ancestor): one
-    /// atomic load per node up to the root.
-    pub(crate) fn is_cancelled(&self) -> bool {
+    /// Whether this node was ended by a cancel or an [`end`](Scope::end)
+    /// (of itself or an ancestor), not by its deadline passing: one atomic
+    /// load per node up to the root, no clock read.
+    pub fn is_cancelled(&self) -> bool {
         self.node.is_ended()
     }
 
@@ -352,18 +407,19 @@ impl Scope {
     }
 
     /// `Ok(())` while live; the reason as an error once ended. The error
-    /// converts into the right [`tonic::Status`], so `scope.check()?` in a
-    /// handler answers `DEADLINE_EXCEEDED` or `CANCELLED`, never `UNKNOWN`.
+    /// converts into the right status of the stack (`tonic::Status` with the
+    /// `tonic` feature), so `scope.check()?` in a handler answers
+    /// `DEADLINE_EXCEEDED` or `CANCELLED`, never `UNKNOWN`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// use std::time::Duration;
-    /// let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(5));
+    /// use grpc_deadline::Code;
+    /// let scope = grpc_deadline::Scope::background().with_timeout(Duration::from_millis(5));
     /// assert!(scope.check().is_ok());
     /// tokio::time::advance(Duration::from_millis(5)).await;
-    /// let status: tonic::Status = scope.check().unwrap_err().into();
-    /// assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+    /// assert_eq!(scope.check().unwrap_err().cause().code(), Code::DeadlineExceeded);
     /// # }
     /// ```
     pub fn check(&self) -> Result<(), Ended> {
@@ -379,8 +435,11 @@ impl Scope {
         self.end(Cause::Cancelled);
     }
 
-    /// Ends the scope with `cause` unless it already ended.
-    pub(crate) fn end(&self, cause: Cause) {
+    /// For layers: ends the scope and its descendants with `cause` unless
+    /// it already ended. A server layer ends a request's scope with
+    /// [`Cause::Abandoned`] when the request is dropped unanswered, and with
+    /// [`Cause::Completed`] once the answer is handed over.
+    pub fn end(&self, cause: Cause) {
         if self.is_cancelled() {
             return;
         }
@@ -418,9 +477,11 @@ impl Scope {
         self.cause().unwrap_or(Cause::DeadlineExceeded)
     }
 
-    /// A future ready once this scope is cancelled (by itself or an
-    /// ancestor); it does not watch the deadline.
-    pub(crate) fn cancelled(&self) -> Cancelled {
+    /// A future ready once this scope is cancelled or
+    /// [ended](Scope::end) (by itself or an ancestor); it does not watch the
+    /// deadline, so it needs no timer (see [`ended`](Scope::ended) for
+    /// both).
+    pub fn cancelled(&self) -> Cancelled {
         Cancelled(Wait::new(self.node.clone()))
     }
 
@@ -442,7 +503,7 @@ impl Scope {
     /// ```
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
-    /// use tonic_deadline::{Cause, Scope};
+    /// use grpc_deadline::{Cause, Scope};
     /// let request = Scope::background();
     /// let cleanup = request.on_end(|cause| async move { format!("released after: {cause}") });
     /// request.cancel();
@@ -470,7 +531,7 @@ impl Scope {
     /// deadline by itself (pair it with [`deadline`](Scope::deadline)).
     ///
     /// ```
-    /// let scope = tonic_deadline::Scope::background();
+    /// let scope = grpc_deadline::Scope::background();
     /// let token = scope.cancellation_token();
     /// scope.cancel();
     /// assert!(token.is_cancelled());
@@ -500,10 +561,11 @@ impl Scope {
         }
     }
 
-    /// The nearest cap and the nearest reserve on the way from this scope
-    /// up to its root, each with whether it was what set this scope's
-    /// deadline (the tightest limit on the way).
-    pub(crate) fn limits(&self) -> Limits {
+    /// The nearest cap ([`with_timeout`](Scope::with_timeout)) and the
+    /// nearest [`reserve`](Scope::reserve) on the way from this scope up to
+    /// its root, each with whether it was what set this scope's deadline
+    /// (the tightest limit on the way): what a call's span reports.
+    pub fn limits(&self) -> Limits {
         let own = self.deadline();
         let mut found = Limits::default();
         for node in self.node.path() {
@@ -546,14 +608,14 @@ impl Scope {
     ///
     /// When `now + timeout` is the tighter of the two, the child remembers
     /// the timeout as a local cap: a call span under it reports it as
-    /// `cap_ms` (see [`observe`](crate::observe)). A timeout the parent's
+    /// `cap_ms` (see [`Scope::limits`]). A timeout the parent's
     /// deadline already beats changes nothing and is not reported.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// use std::time::Duration;
-    /// use tonic_deadline::Scope;
+    /// use grpc_deadline::Scope;
     /// let request = Scope::background().with_timeout(Duration::from_millis(300));
     /// let lookup = request.with_timeout(Duration::from_millis(20));
     /// assert_eq!(lookup.remaining(), Some(Duration::from_millis(20)));
@@ -587,7 +649,7 @@ impl Scope {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// use std::time::Duration;
-    /// let hop = tonic_deadline::Scope::background().with_timeout(Duration::from_millis(300));
+    /// let hop = grpc_deadline::Scope::background().with_timeout(Duration::from_millis(300));
     /// let push = hop.reserve(Duration::from_millis(50)).expect("250 ms are left for push");
     /// assert_eq!(push.remaining(), Some(Duration::from_millis(250)));
     /// assert!(hop.reserve(Duration::from_millis(300)).is_err(), "nothing would be left");
@@ -611,9 +673,24 @@ impl Scope {
     ///
     /// The future returned holds its own clone of the scope, and wraps
     /// `future` where it is: no state machine around it, so a large future
-    /// (a call's) is not moved once more on its first poll.
-    pub fn enter<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
+    /// (a call's) is not moved once more on its first poll. It is tokio's
+    /// task-local future, named so that a layer can keep it in a field.
+    pub fn enter<F: Future>(&self, future: F) -> TaskLocalFuture<Scope, F> {
         current::CURRENT.scope(self.clone(), future)
+    }
+
+    /// Runs `f` with this scope as the current scope, synchronously: for a
+    /// layer that polls the work of a request (a service's `call`, a body's
+    /// `poll_frame`) inside the request's scope.
+    ///
+    /// ```
+    /// let scope = grpc_deadline::Scope::background();
+    /// let seen = scope.enter_sync(|| grpc_deadline::Scope::try_current().is_some());
+    /// assert!(seen);
+    /// assert!(grpc_deadline::Scope::try_current().is_none());
+    /// ```
+    pub fn enter_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        current::CURRENT.sync_scope(self.clone(), f)
     }
 
     /// Runs `future` as the current scope and stops it when the scope ends.
@@ -641,7 +718,7 @@ impl Scope {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// let scope = tonic_deadline::Scope::background();
+    /// let scope = grpc_deadline::Scope::background();
     /// let task = scope.spawn(async { 40 + 2 });
     /// assert_eq!(task.await.unwrap().unwrap(), 42);
     /// # }
@@ -663,9 +740,9 @@ impl Scope {
     /// Threads cannot be stopped from outside, so `work` receives the scope
     /// and should call [`check`](Scope::check) between steps. Work that is
     /// still running after the scope ended is logged with how long it
-    /// outlived its scope, and counted in the
-    /// [`Metrics`](crate::observe::Metrics) of the server layer that made the
-    /// request's scope (`tonic_deadline_outlived_total`).
+    /// outlived its scope, and told to the [`Attachment`] of the layer that
+    /// made the request's scope (tonic-deadline's server layer counts it as
+    /// `tonic_deadline_outlived_total`).
     ///
     /// # Errors
     ///
@@ -717,8 +794,10 @@ impl Scope {
     /// retries on a failure (and told its caller so): the server layer
     /// then tells the request's own caller the same when the handler
     /// answers a failure of its own making.
-    #[cfg(feature = "service-config")]
-    pub(crate) fn note_retries_spent(&self) {
+    ///
+    /// This is the chain budget's rule: a hop that spent its retries says
+    /// so, and the hops above it do not retry again.
+    pub fn note_retries_spent(&self) {
         if let Some(root) = self.node.path().last() {
             root.data().retries_spent.store(true, Ordering::Relaxed);
         }
@@ -726,14 +805,14 @@ impl Scope {
 
     /// Whether [`note_retries_spent`](Scope::note_retries_spent) was
     /// called on this node (the server layer asks the request's root).
-    pub(crate) fn retries_spent(&self) -> bool {
+    pub fn retries_spent(&self) -> bool {
         self.node.data().retries_spent.load(Ordering::Relaxed)
     }
 
-    /// The notes of type `T` on this scope's root, made on first use (a
-    /// root that holds notes of another type gives none).
-    #[cfg_attr(not(feature = "ledger"), allow(dead_code))]
-    pub(crate) fn root_notes<T: Any + Default + Send + Sync>(&self) -> Option<&T> {
+    /// For layers: the notes of type `T` on this scope's root, made on
+    /// first use (a root that holds notes of another type gives none). The
+    /// ledger keeps its record of the calls made under a request here.
+    pub fn root_notes<T: Any + Default + Send + Sync>(&self) -> Option<&T> {
         let root = self.node.path().last()?;
         root.data()
             .notes
@@ -741,9 +820,8 @@ impl Scope {
             .downcast_ref()
     }
 
-    /// The notes of type `T` on this node, if any were made.
-    #[cfg_attr(not(feature = "ledger"), allow(dead_code))]
-    pub(crate) fn notes<T: Any>(&self) -> Option<&T> {
+    /// For layers: the notes of type `T` on this node, if any were made.
+    pub fn notes<T: Any>(&self) -> Option<&T> {
         self.node.data().notes.get()?.downcast_ref()
     }
 
@@ -754,8 +832,8 @@ impl Scope {
             .find_map(|node| node.data().attached.as_deref())
     }
 
-    /// The root's attachment, if it is a `T`.
-    pub(crate) fn attached<T: Attachment>(&self) -> Option<&T> {
+    /// For layers: the root's [`Attachment`], if it is a `T`.
+    pub fn attached<T: Attachment>(&self) -> Option<&T> {
         let attached: &dyn Any = self.attachment()?;
         attached.downcast_ref()
     }
@@ -785,7 +863,8 @@ impl Data {
 ///
 /// Safe: dropping it only stops the wait.
 #[derive(Debug)]
-pub(crate) struct Cancelled(Wait<Data, End>);
+#[must_use = "futures do nothing unless polled"]
+pub struct Cancelled(Wait<Data, End>);
 
 impl Future for Cancelled {
     type Output = ();
@@ -810,10 +889,15 @@ impl Wake for CancelOnEnd {
 }
 
 /// See [`Scope::limits`]: each limit found, and whether it bound.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Limits {
-    pub(crate) cap: Option<(Duration, bool)>,
-    pub(crate) reserve: Option<(Duration, bool)>,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// The nearest [`Scope::with_timeout`] that set a deadline, and
+    /// whether it is the one this scope still has.
+    pub cap: Option<(Duration, bool)>,
+    /// The nearest [`Scope::reserve`], and whether it set this scope's
+    /// deadline.
+    pub reserve: Option<(Duration, bool)>,
 }
 
 impl fmt::Debug for Scope {
