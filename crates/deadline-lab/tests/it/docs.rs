@@ -12,7 +12,9 @@
 //!
 //! Beside them: the metrics page against what the layers export, the lab
 //! page against the lab's commands, the code the READMEs show against the
-//! crate's doc tests, and every relative link against its file and heading.
+//! crate's doc tests, every relative link against its file and heading, and
+//! the front door: a top-level README read in a minute, and no table cell
+//! longer than a sentence.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -98,6 +100,7 @@ fn docs_pages() -> Vec<String> {
 fn pages() -> Vec<String> {
     let mut pages: Vec<String> = [
         "README.md",
+        "crates/grpc-deadline/README.md",
         "crates/tonic-deadline/README.md",
         "crates/tonic-deadline/docs/propagation.md",
         "crates/tonic-deadline/CHANGELOG.md",
@@ -1361,6 +1364,68 @@ fn every_relative_link_in_the_markdown_reaches_its_file_and_heading() {
                     anchors(&text).contains(heading),
                     "{page}: the link {target} must reach a heading of {}",
                     file.display()
+                );
+            }
+        }
+    }
+}
+
+/// The most the top-level README may hold: what a reader takes in within a
+/// minute. The detail lives in `docs/`, behind links.
+const README_MAX_CHARS: usize = 8_000;
+
+/// The line by which the top-level README's first Rust code has begun.
+const README_FIRST_RUST_BY_LINE: usize = 40;
+
+/// The most a table cell may hold: one sentence.
+const TABLE_CELL_MAX_CHARS: usize = 300;
+
+#[test]
+fn the_readme_is_read_in_a_minute() {
+    let readme = read("README.md");
+    let chars = readme.chars().count();
+    assert!(
+        chars < README_MAX_CHARS,
+        "README.md must stay under {README_MAX_CHARS} characters, to be read in a minute; \
+         it has {chars}: move the detail into a page of docs/ and link it"
+    );
+    let first_rust = readme
+        .lines()
+        .position(|line| line.starts_with("```rust"))
+        .map(|index| index + 1)
+        .expect("README.md must show the quick start's code in a ```rust block");
+    assert!(
+        first_rust <= README_FIRST_RUST_BY_LINE,
+        "README.md's first ```rust block must start within its first \
+         {README_FIRST_RUST_BY_LINE} lines, so that the code comes before the detail; \
+         it starts on line {first_rust}"
+    );
+    assert!(
+        link_targets(&readme)
+            .iter()
+            .any(|target| target.split('#').next() == Some("docs/chain-breaks.md")),
+        "README.md must link docs/chain-breaks.md, where every way a chain breaks is told in full"
+    );
+}
+
+#[test]
+fn no_table_cell_in_the_readmes_or_docs_runs_over_300_characters() {
+    for page in pages() {
+        let text = read(&page);
+        for row in prose(&text)
+            .into_iter()
+            .filter(|line| line.starts_with('|'))
+            .map(cells)
+        {
+            for cell in &row {
+                let chars = cell.chars().count();
+                let start: String = cell.chars().take(60).collect();
+                assert!(
+                    chars <= TABLE_CELL_MAX_CHARS,
+                    "{page}: a table cell is a sentence of at most {TABLE_CELL_MAX_CHARS} \
+                     characters, its detail below the table or in a section it links to; \
+                     the cell \"{start}…\" in the row {:?} has {chars}",
+                    row[0]
                 );
             }
         }
