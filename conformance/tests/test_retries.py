@@ -11,6 +11,9 @@ import pytest
 
 from conftest import CONFORMANCE, Process, bin_path, report
 
+# The pause the flaky server asks for between attempts.
+PUSHBACK_MS = 150
+
 
 @pytest.fixture(scope="module")
 def flaky():
@@ -39,7 +42,7 @@ def attempts(server, name, count):
 
 
 def test_pushback_paces_the_retries_and_every_attempt_carries_less(flaky):
-    result = call(flaky, "paced/2/150", timeout_ms=2000)
+    result = call(flaky, f"paced/2/{PUSHBACK_MS}", timeout_ms=2000)
     seen = attempts(flaky, "paced", 3)
     report(figure="retry against grpcio", result=result, attempts=seen)
     assert result["status"] == "OK", result
@@ -50,10 +53,18 @@ def test_pushback_paces_the_retries_and_every_attempt_carries_less(flaky):
     assert all(0 < b <= 2_000_000 for b in budgets), budgets
     assert budgets[0] > budgets[1] > budgets[2], f"each attempt carries what is left of one deadline: {budgets}"
     gaps_ms = [(b["t_ns"] - a["t_ns"]) / 1e6 for a, b in zip(seen, seen[1:])]
-    assert all(g >= 150 for g in gaps_ms), f"the server's 150 ms pushback replaces the backoff: {gaps_ms}"
+    assert all(g >= PUSHBACK_MS for g in gaps_ms), f"the server's {PUSHBACK_MS} ms pushback replaces the backoff: {gaps_ms}"
     shrink_ms = [(a - b) / 1000 for a, b in zip(budgets, budgets[1:])]
+    # The budget shrinks by the time between attempts. What separates the two
+    # figures is the difference between the attempts' transits (our header's
+    # clock reading to grpcio's deadline on arrival), which a busy core
+    # stretches by tens of ms; a budget that did not shrink, or shrank twice,
+    # would be off by a whole gap (at least the pushback). Half of it splits
+    # the two.
     for gap, shrink in zip(gaps_ms, shrink_ms):
-        assert abs(gap - shrink) < 20, f"the budget shrinks by the time between attempts: {gaps_ms} vs {shrink_ms}"
+        assert abs(gap - shrink) < PUSHBACK_MS / 2, (
+            f"the budget shrinks by the time between attempts: {gaps_ms} vs {shrink_ms}"
+        )
 
 
 def test_a_negative_pushback_stops_retrying(flaky):
