@@ -8,22 +8,12 @@
 
 pub mod admission;
 pub mod client;
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "sqlx-postgres",
-    feature = "sqlx-sqlite"
-))]
-pub mod db;
 #[cfg(any(feature = "http", feature = "reqwest"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "reqwest"))))]
 pub mod deadline_headers;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod http_client;
-#[cfg(any(feature = "jobs", feature = "jobs-postgres"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "jobs", feature = "jobs-postgres"))))]
-pub mod jobs;
 #[cfg(feature = "ledger")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
 pub mod ledger;

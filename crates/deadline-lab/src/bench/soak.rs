@@ -49,9 +49,9 @@ use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::admission::Admission;
 use tonic_deadline::client::{ReadyChannel, ReadyChannelBuilder};
-use tonic_deadline::db::sqlite::SqlitePool;
 use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
+use tonic_deadline_db::sqlite::SqlitePool;
 
 use crate::net::{self, Layered};
 use crate::report::{Outcome, code_name};

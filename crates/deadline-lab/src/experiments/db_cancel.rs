@@ -17,8 +17,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
-use tonic_deadline::db::postgres::{PgPool, tokio_postgres};
-use tonic_deadline::db::sqlite::SqlitePool;
+use tonic_deadline_db::postgres::{PgPool, tokio_postgres};
+use tonic_deadline_db::sqlite::SqlitePool;
 
 use crate::report::{Outcome, ms};
 

@@ -25,10 +25,10 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
-use tonic_deadline::db::sqlx_postgres::{SqlxPgPool, sqlx};
 use tonic_deadline::deadline_headers::DeadlineHeader;
 use tonic_deadline::http_client::DeadlineMiddleware;
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
+use tonic_deadline_db::sqlx_postgres::{SqlxPgPool, sqlx};
 
 use sqlx::{Connection, Executor, Row};
 

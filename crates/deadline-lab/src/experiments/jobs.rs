@@ -32,8 +32,8 @@ use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
-use tonic_deadline::db::postgres::{PgPool, tokio_postgres};
-use tonic_deadline::jobs::JobState;
+use tonic_deadline_db::postgres::{PgPool, tokio_postgres};
+use tonic_deadline_jobs::JobState;
 
 use crate::experiments::db_cancel;
 use crate::netns::{self, Host, Network};

@@ -101,6 +101,8 @@ fn pages() -> Vec<String> {
     let mut pages: Vec<String> = [
         "README.md",
         "crates/grpc-deadline/README.md",
+        "crates/tonic-deadline-db/README.md",
+        "crates/tonic-deadline-jobs/README.md",
         "crates/tonic-deadline/README.md",
         "crates/tonic-deadline/docs/propagation.md",
         "crates/tonic-deadline/CHANGELOG.md",

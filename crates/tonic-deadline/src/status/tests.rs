@@ -165,41 +165,6 @@ mod every_error {
         );
     }
 
-    #[cfg(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "sqlx-postgres",
-        feature = "sqlx-sqlite"
-    ))]
-    #[test]
-    fn db_error_answers_its_cause_refusal_or_internal() {
-        use crate::db::Error as DbError;
-        for (cause, code) in CAUSES {
-            let name = format!("db::Error stopped by {cause}");
-            answers(&name, || DbError::ended(cause), code, true);
-        }
-        for (reason, code) in [
-            (
-                Reason::Ended(Cause::DeadlineExceeded),
-                Code::DeadlineExceeded,
-            ),
-            (Reason::Ended(Cause::Cancelled), Code::Cancelled),
-            (Reason::WouldNotFinish, Code::DeadlineExceeded),
-            (Reason::QueueFull, Code::ResourceExhausted),
-        ] {
-            let name = format!("db::Error not admitted: {reason:?}");
-            answers(&name, || DbError::from(Refused::new(reason)), code, true);
-        }
-        let database = || DbError::database(std::io::Error::other("disk full"));
-        answers("db::Error database", database, Code::Internal, true);
-        let err = database();
-        assert!(
-            chain(&err).any(|err| err.downcast_ref::<std::io::Error>().is_some()),
-            "the database's own error must stay in the source chain"
-        );
-        assert!(err.database_error().is_some());
-    }
-
     #[test]
     fn malformed_grpc_timeout_answers_internal() {
         let malformed = || crate::wire::timeout_header::decode(b"1x").expect_err("x is no unit");

@@ -24,8 +24,6 @@ const FLOORS: &[(&str, u8)] = &[
     ("client", 3),
     ("admission", 3),
     ("resilience", 3),
-    ("db", 3),
-    ("jobs", 3),
     ("http_client", 3),
     ("observe", 4),
 ];

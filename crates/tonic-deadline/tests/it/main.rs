@@ -25,16 +25,10 @@ mod seams;
 mod wait_for_ready;
 mod wire;
 
-#[cfg(feature = "sqlite")]
-mod db_sqlite;
-#[cfg(feature = "sqlx-sqlite")]
-mod db_sqlx_sqlite;
 #[cfg(all(feature = "reqwest", feature = "http"))]
 mod http_client;
 #[cfg(feature = "http")]
 mod http_server;
-#[cfg(feature = "jobs")]
-mod jobs_sigkill;
 #[cfg(feature = "ledger")]
 mod ledger;
 

@@ -24,8 +24,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tonic_deadline::jobs::postgres::{PgStore, PgStoreOptions};
-//! use tonic_deadline::jobs::{JobQueue, Worker};
+//! use tonic_deadline_jobs::postgres::{PgStore, PgStoreOptions};
+//! use tonic_deadline_jobs::{JobQueue, Worker};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let options = PgStoreOptions::default().lease(Duration::from_secs(10));
@@ -44,9 +44,9 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{Job, JobId, JobState, Store};
-use crate::db::Error;
-use crate::db::postgres::PgPool;
-use crate::scope::Scope;
+use tonic_deadline::scope::Scope;
+use tonic_deadline_db::Error;
+use tonic_deadline_db::postgres::PgPool;
 
 /// How long one statement of the queue may take before it is stopped.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
@@ -55,7 +55,7 @@ const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::jobs::postgres::PgStoreOptions;
+/// use tonic_deadline_jobs::postgres::PgStoreOptions;
 /// let options = PgStoreOptions::default().table("receipts").lease(Duration::from_secs(10));
 /// # let _ = options;
 /// ```
@@ -104,9 +104,9 @@ impl Default for PgStoreOptions {
 /// it. See the [module docs](self). Cheap to clone.
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), tonic_deadline::db::Error> {
-/// use tonic_deadline::jobs::JobQueue;
-/// use tonic_deadline::jobs::postgres::{PgStore, PgStoreOptions};
+/// # async fn run() -> Result<(), tonic_deadline_db::Error> {
+/// use tonic_deadline_jobs::JobQueue;
+/// use tonic_deadline_jobs::postgres::{PgStore, PgStoreOptions};
 /// let options = PgStoreOptions::default().table("receipts");
 /// let store = PgStore::connect("postgres://localhost/app", options).await?;
 /// let queue = JobQueue::new(store);

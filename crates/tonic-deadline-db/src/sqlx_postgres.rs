@@ -53,7 +53,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use tonic_deadline::Scope;
-//! use tonic_deadline::db::sqlx_postgres::SqlxPgPool;
+//! use tonic_deadline_db::sqlx_postgres::SqlxPgPool;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = SqlxPgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
@@ -92,8 +92,8 @@ use super::{
     BoxQuery, DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, sqlx_size,
     statement_timeout_ms,
 };
-use crate::admission::{Admission, Permit};
-use crate::scope::{Cause, Scope};
+use tonic_deadline::admission::{Admission, Permit};
+use tonic_deadline::scope::{Cause, Scope};
 
 pub use sqlx;
 
@@ -112,8 +112,8 @@ const QUERY_CANCELED: &str = "57014";
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
-/// use tonic_deadline::db::sqlx_postgres::SqlxPgPool;
+/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
+/// use tonic_deadline_db::sqlx_postgres::SqlxPgPool;
 /// // Connections open on first use.
 /// let pool = SqlxPgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
 /// assert_eq!(pool.stats().max_size, 8);
@@ -147,9 +147,9 @@ impl fmt::Debug for SqlxPgPool {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
 /// use std::time::Duration;
-/// use tonic_deadline::db::sqlx_postgres::{SqlxPgPool, sqlx};
+/// use tonic_deadline_db::sqlx_postgres::{SqlxPgPool, sqlx};
 ///
 /// let connect: sqlx::postgres::PgConnectOptions =
 ///     "postgresql://postgres@127.0.0.1:5432/postgres".parse().expect("valid");
@@ -329,8 +329,8 @@ impl SqlxPgPool {
 /// was dropped mid-way.
 ///
 /// ```no_run
-/// # async fn run(pool: tonic_deadline::db::sqlx_postgres::SqlxPgPool) -> Result<(), tonic_deadline::db::Error> {
-/// use tonic_deadline::db::sqlx_postgres::sqlx;
+/// # async fn run(pool: tonic_deadline_db::sqlx_postgres::SqlxPgPool) -> Result<(), tonic_deadline_db::Error> {
+/// use tonic_deadline_db::sqlx_postgres::sqlx;
 /// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
 /// conn.execute(sqlx::query("UPDATE stock SET n = n - 1 WHERE item = $1").bind(42_i64)).await?;
 /// let rows = conn.fetch_all(sqlx::query("SELECT n FROM stock")).await?;
@@ -597,7 +597,7 @@ impl SqlxPgConn {
     /// connection's scope (see the module docs).
     ///
     /// ```no_run
-    /// # async fn run(pool: tonic_deadline::db::sqlx_postgres::SqlxPgPool) -> Result<(), tonic_deadline::db::Error> {
+    /// # async fn run(pool: tonic_deadline_db::sqlx_postgres::SqlxPgPool) -> Result<(), tonic_deadline_db::Error> {
     /// let scope = tonic_deadline::Scope::current();
     /// let mut conn = pool.acquire(&scope).await?;
     /// let (n,): (i64,) = conn

@@ -29,7 +29,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tonic_deadline::Scope;
-//! use tonic_deadline::db::sqlx_sqlite::SqlxSqlitePool;
+//! use tonic_deadline_db::sqlx_sqlite::SqlxSqlitePool;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -66,8 +66,8 @@ use sqlx::sqlite::{
 use sqlx::{Executor, Sqlite};
 
 use super::{BoxQuery, DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, sqlx_size};
-use crate::admission::{Admission, Permit};
-use crate::scope::{Cause, Scope};
+use tonic_deadline::admission::{Admission, Permit};
+use tonic_deadline::scope::{Cause, Scope};
 
 pub use sqlx;
 
@@ -86,8 +86,8 @@ const SQLITE_INTERRUPT: &str = "9";
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
-/// use tonic_deadline::db::sqlx_sqlite::SqlxSqlitePool;
+/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
+/// use tonic_deadline_db::sqlx_sqlite::SqlxSqlitePool;
 /// let pool = SqlxSqlitePool::open_in_memory(2)?;
 /// assert_eq!(pool.stats().max_size, 2);
 /// # Ok(())
@@ -118,9 +118,9 @@ impl fmt::Debug for SqlxSqlitePool {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
 /// use std::time::Duration;
-/// use tonic_deadline::db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
+/// use tonic_deadline_db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
 ///
 /// let connect = sqlx::sqlite::SqliteConnectOptions::new()
 ///     .filename("orders.db")
@@ -345,8 +345,8 @@ impl Drop for DropMark<'_> {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
-/// use tonic_deadline::db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
+/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
+/// use tonic_deadline_db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
 /// let pool = SqlxSqlitePool::open_in_memory(1)?;
 /// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
 /// conn.execute(sqlx::query("CREATE TABLE t (x INTEGER)")).await?;
@@ -498,7 +498,7 @@ impl SqlxSqliteConn {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use tonic_deadline::db::sqlx_sqlite::SqlxSqlitePool;
+    /// use tonic_deadline_db::sqlx_sqlite::SqlxSqlitePool;
     /// let pool = SqlxSqlitePool::open_in_memory(1).unwrap();
     /// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await.unwrap();
     /// let (n,): (i64,) = conn

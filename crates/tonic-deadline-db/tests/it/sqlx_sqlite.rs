@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use sqlx::{Connection, Executor, Row};
 use tokio::time::Instant;
-use tonic_deadline::db::sqlx_sqlite::{SqlxSqliteConn, SqlxSqlitePool, sqlx};
 use tonic_deadline::{Cause, Scope};
+use tonic_deadline_db::sqlx_sqlite::{SqlxSqliteConn, SqlxSqlitePool, sqlx};
 
 /// Counts forever: far more than any budget in these tests.
 const ENDLESS: &str =

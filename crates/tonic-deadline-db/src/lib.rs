@@ -35,7 +35,7 @@
 //! - every failure is an [`Error`], which converts into the right
 //!   `tonic::Status`, boxed or not.
 //!
-//! Every pool waits for a connection through an [`Admission`], so time
+//! Every pool waits for a connection through an [`Admission`](tonic_deadline::admission::Admission), so time
 //! spent waiting for a connection spends the caller's budget, and a caller
 //! that cannot finish in time is refused before it takes one.
 //!
@@ -44,10 +44,10 @@
 //! ```
 //! # #[cfg(feature = "sqlite")]
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tonic_deadline::db::Error> {
+//! # async fn main() -> Result<(), tonic_deadline_db::Error> {
 //! use std::time::Duration;
 //! use tonic_deadline::Scope;
-//! use tonic_deadline::db::sqlite::SqlitePool;
+//! use tonic_deadline_db::sqlite::SqlitePool;
 //!
 //! let pool = SqlitePool::open_in_memory(2)?;
 //! let scope = Scope::background().with_timeout(Duration::from_secs(1));
@@ -78,10 +78,10 @@ pub mod sqlx_sqlite;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::BoxError;
-use crate::admission::{Admission, Refused};
-use crate::scope::Cause;
-use crate::status::status_for;
+use tonic_deadline::BoxError;
+use tonic_deadline::admission::Refused;
+use tonic_deadline::scope::Cause;
+use tonic_deadline::status::status_for;
 
 /// The error of a pooled query.
 ///
@@ -93,7 +93,7 @@ use crate::status::status_for;
 /// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tonic_deadline::db::sqlite::SqlitePool;
+/// use tonic_deadline_db::sqlite::SqlitePool;
 /// let pool = SqlitePool::open_in_memory(1).unwrap();
 /// let scope = tonic_deadline::Scope::background();
 /// scope.cancel();
@@ -125,7 +125,15 @@ impl Error {
         }
     }
 
-    pub(crate) fn database(err: impl Into<BoxError>) -> Self {
+    /// The error of a database (or a store built on one, such as a job
+    /// queue's) that failed for a reason of its own: it answers `INTERNAL`
+    /// with a fixed message, and keeps `err` as its source.
+    ///
+    /// ```
+    /// let err = tonic_deadline_db::Error::database("INSERT returned no id");
+    /// assert_eq!(tonic::Status::from(err).code(), tonic::Code::Internal);
+    /// ```
+    pub fn database(err: impl Into<BoxError>) -> Self {
         let err: Arc<dyn std::error::Error + Send + Sync> = Arc::from(err.into());
         let mut status = tonic::Status::internal("database error");
         status.set_source(err.clone());
@@ -140,7 +148,7 @@ impl Error {
         match &self.kind {
             Kind::Ended(cause) => Some(*cause),
             Kind::NotAdmitted(refused) => match refused.reason() {
-                crate::admission::Reason::Ended(cause) => Some(cause),
+                tonic_deadline::admission::Reason::Ended(cause) => Some(cause),
                 _ => None,
             },
             Kind::Database(..) => None,
@@ -172,8 +180,8 @@ impl From<Refused> for Error {
     }
 }
 
-impl From<crate::Ended> for Error {
-    fn from(ended: crate::Ended) -> Self {
+impl From<tonic_deadline::Ended> for Error {
+    fn from(ended: tonic_deadline::Ended) -> Self {
         Self::ended(ended.cause())
     }
 }
@@ -191,14 +199,14 @@ impl fmt::Display for Error {
 /// Every kind names its status in its source chain, so an `Error` boxed by
 /// `?` answers the same code through tonic's `Status::from_error` as through
 /// `From`: a refusal is its [`Refused`], a stopped query the
-/// [`Ended`](crate::Ended) of its cause, a database failure an `INTERNAL`
+/// [`Ended`](tonic_deadline::Ended) of its cause, a database failure an `INTERNAL`
 /// status whose own source is the database's error (so that error is still
 /// in the chain, one step further, and in [`Error::database_error`]).
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             Kind::NotAdmitted(refused) => Some(refused),
-            Kind::Ended(cause) => Some(crate::Ended::of(*cause)),
+            Kind::Ended(cause) => Some(tonic_deadline::Ended::of(*cause)),
             Kind::Database(_, status) => Some(status),
         }
     }
@@ -222,9 +230,9 @@ impl From<Error> for tonic::Status {
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")]
-/// # fn main() -> Result<(), tonic_deadline::db::Error> {
-/// use tonic_deadline::db::PoolStats;
-/// use tonic_deadline::db::sqlite::SqlitePool;
+/// # fn main() -> Result<(), tonic_deadline_db::Error> {
+/// use tonic_deadline_db::PoolStats;
+/// use tonic_deadline_db::sqlite::SqlitePool;
 ///
 /// let pool = SqlitePool::open_in_memory(2)?;
 /// let stats: PoolStats = pool.stats();
@@ -267,8 +275,8 @@ pub struct PoolStats {
 /// ```
 /// # #[cfg(feature = "sqlx-sqlite")]
 /// # mod example {
-/// use tonic_deadline::db::BoxQuery;
-/// use tonic_deadline::db::sqlx_sqlite::sqlx;
+/// use tonic_deadline_db::BoxQuery;
+/// use tonic_deadline_db::sqlx_sqlite::sqlx;
 ///
 /// fn answer<'c>(c: &'c mut sqlx::SqliteConnection) -> BoxQuery<'c, (i64,)> {
 ///     Box::pin(async move { sqlx::query_as("SELECT 42").fetch_one(c).await })
@@ -284,16 +292,31 @@ pub type BoxQuery<'c, T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
 
 /// A builder's size when none is given.
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "sqlx-postgres",
+    feature = "sqlx-sqlite"
+))]
 pub(crate) const DEFAULT_SIZE: usize = 10;
 
 /// The admission in front of a pool of `size` connections: `given`, which
 /// must have one permit per connection, or an adaptive-LIFO queue.
-pub(crate) fn admission_for(size: usize, given: Option<Admission>) -> Result<Admission, Error> {
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "sqlx-postgres",
+    feature = "sqlx-sqlite"
+))]
+pub(crate) fn admission_for(
+    size: usize,
+    given: Option<tonic_deadline::admission::Admission>,
+) -> Result<tonic_deadline::admission::Admission, Error> {
     if size == 0 {
         return Err(Error::database("a pool needs at least one connection"));
     }
     match given {
-        None => Ok(Admission::new(size)),
+        None => Ok(tonic_deadline::admission::Admission::new(size)),
         Some(admission) if admission.stats().permits == size => Ok(admission),
         Some(admission) => Err(Error::database(format!(
             "the admission has {} permits for a pool of {size} connections: give it one per connection",
@@ -316,7 +339,7 @@ pub(crate) fn sqlx_size(size: usize) -> Result<u32, Error> {
 /// rounded up, at least 1 (0 would mean "no timeout"); 0 (none) without a
 /// deadline.
 #[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
-pub(crate) fn statement_timeout_ms(scope: &crate::Scope) -> u128 {
+pub(crate) fn statement_timeout_ms(scope: &tonic_deadline::Scope) -> u128 {
     match scope.remaining() {
         None => 0,
         Some(left) => left.as_micros().div_ceil(1000).max(1),
@@ -352,7 +375,66 @@ pub(crate) fn spawn_cleanup(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Code;
+    use tonic_deadline::Scope;
+    use tonic_deadline::admission::Admission;
 
+    /// `make()` answers `code` converted, boxed by `?` through tonic's
+    /// `Status::from_error`, and through the library's own walk.
+    #[track_caller]
+    fn answers<E>(name: &str, make: impl Fn() -> E, code: Code)
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        tonic::Status: From<E>,
+    {
+        assert_eq!(
+            tonic::Status::from(make()).code(),
+            code,
+            "{name}: converted"
+        );
+        let boxed: BoxError = Box::new(make());
+        assert_eq!(
+            tonic::Status::from_error(boxed).code(),
+            code,
+            "{name}: boxed"
+        );
+        assert_eq!(
+            tonic_deadline::status::from_error(&make()).code(),
+            code,
+            "{name}: status::from_error"
+        );
+    }
+
+    #[test]
+    fn an_error_answers_its_cause_its_refusal_or_internal() {
+        for cause in Cause::ALL {
+            let code = cause.code().into();
+            answers(&format!("stopped by {cause}"), || Error::ended(cause), code);
+        }
+        let scope = Scope::background();
+        scope.cancel();
+        let refused = Admission::new(1)
+            .try_acquire(&scope)
+            .expect_err("an ended scope is refused");
+        answers("not admitted", || Error::from(refused), Code::Cancelled);
+        let database = || Error::database(std::io::Error::other("disk full"));
+        answers("database", database, Code::Internal);
+        let err = database();
+        assert!(
+            std::iter::successors(Some(&err as &(dyn std::error::Error + 'static)), |e| e
+                .source())
+            .any(|e| e.downcast_ref::<std::io::Error>().is_some()),
+            "the database's own error must stay in the source chain"
+        );
+        assert!(err.database_error().is_some());
+    }
+
+    #[cfg(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "sqlx-postgres",
+        feature = "sqlx-sqlite"
+    ))]
     #[test]
     fn a_pool_refuses_zero_connections_and_an_admission_of_another_size() {
         let zero = admission_for(0, None).expect_err("a pool of nothing");

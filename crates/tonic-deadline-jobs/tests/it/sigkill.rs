@@ -3,7 +3,7 @@
 //! twice unless it says it is idempotent.
 //!
 //! The test re-runs its own binary as the child process
-//! (`jobs_sigkill::child_role` with `JOBS_CHILD_DB` set), so the crash is a
+//! (`sigkill::child_role` with `JOBS_CHILD_DB` set), so the crash is a
 //! real process dying.
 
 // Tests start servers, peers and drivers that belong to no request.
@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tonic_deadline::jobs::{JobQueue, JobState, Worker};
+use tonic_deadline_jobs::{JobQueue, JobState, Worker};
 
 const JOBS: u64 = 60;
 
@@ -95,7 +95,7 @@ fn spawn_child(db: &Path, log: &Path, mode: &str) -> std::process::Child {
         // The harness names a test by its module path in the `it` binary.
         .args([
             "--exact",
-            "jobs_sigkill::child_role",
+            "sigkill::child_role",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -5,26 +5,26 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use tonic_deadline_db::sqlite::rusqlite::{self, Connection, OptionalExtension, params};
 
 use super::{Job, JobId, JobState, Store};
-use crate::db::Error;
+use tonic_deadline_db::Error;
 
 /// Jobs in one SQLite file (WAL, `synchronous = FULL`), for one process at a
 /// time: opening the file recovers the jobs a crashed process left
 /// `running`. Cheap to clone.
 ///
 /// ```
-/// # #[cfg(feature = "jobs")]
+/// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tonic_deadline::jobs::{JobQueue, SqliteStore};
+/// use tonic_deadline_jobs::{JobQueue, SqliteStore};
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = SqliteStore::open(dir.path().join("jobs.db")).expect("opens");
 /// let queue = JobQueue::new(store);
 /// assert_eq!(queue.pending().await.expect("reads"), 0);
 /// # }
-/// # #[cfg(not(feature = "jobs"))]
+/// # #[cfg(not(feature = "sqlite"))]
 /// # fn main() {}
 /// ```
 #[derive(Clone)]

@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! TONIC_DEADLINE_PG_URL=postgresql://postgres@127.0.0.1:5432/postgres \
-//!   cargo run -p tonic-deadline --example beyond_tonic --features http,sqlx-postgres,reqwest
+//!   cargo run -p tonic-deadline-examples --example beyond_tonic
 //! ```
 //!
 //! The edge gives every request 900 ms (or what the caller's deadline
@@ -19,13 +19,13 @@ use axum::routing::get;
 use probe::probe_client::ProbeClient;
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest, Hop};
-use sqlx::Row;
 use tokio_stream::Stream;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
-use tonic_deadline::db::sqlx_postgres::SqlxPgPool;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
+use tonic_deadline_db::sqlx_postgres::SqlxPgPool;
+use tonic_deadline_db::sqlx_postgres::sqlx::{self, Row};
 
 /// The tonic service: a query that takes `work_ms`, under the request's scope.
 struct Orders {

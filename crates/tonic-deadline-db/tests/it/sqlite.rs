@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic_deadline::db::Error;
-use tonic_deadline::db::sqlite::{SqlitePool, rusqlite};
 use tonic_deadline::{Cause, Scope};
+use tonic_deadline_db::Error;
+use tonic_deadline_db::sqlite::{SqlitePool, rusqlite};
 
 /// Counts forever: far more than any budget in these tests.
 const ENDLESS: &str =

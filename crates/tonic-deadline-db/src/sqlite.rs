@@ -18,10 +18,10 @@
 //! ```
 //! use std::time::Duration;
 //! use tonic_deadline::Scope;
-//! use tonic_deadline::db::sqlite::SqlitePool;
+//! use tonic_deadline_db::sqlite::SqlitePool;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tonic_deadline::db::Error> {
+//! # async fn main() -> Result<(), tonic_deadline_db::Error> {
 //! let pool = SqlitePool::open_in_memory(2)?;
 //! let scope = Scope::background().with_timeout(Duration::from_millis(50));
 //! // Far more than 50 ms of work: stopped on the database at the deadline.
@@ -49,7 +49,7 @@
 //! 2. When [`run`](SqliteConn::run) returns because the scope ended, the
 //!    query has already stopped and its connection is idle — unless the
 //!    closure's own Rust code ignores the scope, in which case it is counted
-//!    in the server layer's [`Metrics`](crate::observe::Metrics) when it
+//!    in the server layer's [`Metrics`](tonic_deadline::observe::Metrics) when it
 //!    finally returns, the connection's next query waits for it, and
 //!    dropping the `SqliteConn` returns the connection once it is done.
 
@@ -67,8 +67,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{DEFAULT_SIZE, Error, PoolStats, admission_for};
-use crate::admission::{Admission, Permit};
-use crate::scope::{Scope, note_if_outlived};
+use tonic_deadline::admission::{Admission, Permit};
+use tonic_deadline::scope::{Scope, note_if_outlived};
 
 /// How many SQLite virtual-machine steps run between two looks at the scope.
 const PROGRESS_STEPS: i32 = 1000;
@@ -81,8 +81,8 @@ const STOP_GRACE: Duration = Duration::from_millis(50);
 /// clone. See the [module docs](self).
 ///
 /// ```
-/// # fn main() -> Result<(), tonic_deadline::db::Error> {
-/// use tonic_deadline::db::sqlite::SqlitePool;
+/// # fn main() -> Result<(), tonic_deadline_db::Error> {
+/// use tonic_deadline_db::sqlite::SqlitePool;
 /// let pool = SqlitePool::open_in_memory(4)?;
 /// assert_eq!(pool.stats().size, 4);
 /// # Ok(())
@@ -119,9 +119,9 @@ impl fmt::Debug for SqlitePool {
 /// connections and freezes it.
 ///
 /// ```
-/// # fn main() -> Result<(), tonic_deadline::db::Error> {
+/// # fn main() -> Result<(), tonic_deadline_db::Error> {
 /// use tonic_deadline::admission::Admission;
-/// use tonic_deadline::db::sqlite::{SqlitePool, rusqlite};
+/// use tonic_deadline_db::sqlite::{SqlitePool, rusqlite};
 ///
 /// let pool = SqlitePool::builder(|| {
 ///     let conn = rusqlite::Connection::open_in_memory()?;
@@ -294,9 +294,9 @@ impl SqlitePool {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline::db::Error> {
+/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
 /// use tonic_deadline::Scope;
-/// use tonic_deadline::db::sqlite::SqlitePool;
+/// use tonic_deadline_db::sqlite::SqlitePool;
 ///
 /// let pool = SqlitePool::open_in_memory(1)?;
 /// let mut conn = pool.acquire(&Scope::current()).await?;

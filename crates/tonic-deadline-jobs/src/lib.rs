@@ -3,7 +3,7 @@
 //! its own.
 //!
 //! A task spawned from a handler belongs to the request and stops with it
-//! ([`Scope::spawn`]); [`detach`](crate::detach) escapes but is lost if the
+//! ([`Scope::spawn`]); [`detach`](tonic_deadline::detach) escapes but is lost if the
 //! process dies. When work must outlive the request *and* survive a crash,
 //! hand it over: [`JobQueue::submit`] returns only once the job is committed,
 //! so a reply sent after it never promises work that a crash could lose.
@@ -11,10 +11,10 @@
 //! Two stores keep the jobs, behind one [`Store`] trait and one queue and
 //! worker for both:
 //!
-//! - [`SqliteStore`] (feature `jobs`): one file, one process at a time (WAL,
+//! - [`SqliteStore`] (feature `sqlite`): one file, one process at a time (WAL,
 //!   `synchronous = FULL`). A crash is recovered when the file is opened
 //!   again.
-//! - [`PgStore`](postgres::PgStore) (feature `jobs-postgres`): one table
+//! - [`PgStore`](postgres::PgStore) (feature `postgres`): one table
 //!   shared by workers on any number of hosts. Workers claim jobs with
 //!   `FOR UPDATE SKIP LOCKED`, and hold each claimed job under a *lease*
 //!   that they renew while the job runs; a worker that dies stops renewing,
@@ -38,10 +38,10 @@
 //! # Example
 //!
 //! ```
-//! # #[cfg(feature = "jobs")]
+//! # #[cfg(feature = "sqlite")]
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! use tonic_deadline::jobs::{JobQueue, JobState, Worker};
+//! use tonic_deadline_jobs::{JobQueue, JobState, Worker};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let queue = JobQueue::open(dir.path().join("jobs.db")).expect("opens");
@@ -56,14 +56,14 @@
 //! worker.shutdown().await;
 //! assert_eq!(queue.state(id).await.unwrap(), Some(JobState::Done));
 //! # }
-//! # #[cfg(not(feature = "jobs"))]
+//! # #[cfg(not(feature = "sqlite"))]
 //! # fn main() {}
 //! ```
 
-#[cfg(feature = "jobs-postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "jobs-postgres")))]
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(feature = "jobs")]
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 use std::fmt;
@@ -74,11 +74,11 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::db::Error;
-use crate::scope::Scope;
-#[cfg(feature = "jobs")]
-#[cfg_attr(docsrs, doc(cfg(feature = "jobs")))]
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
+use tonic_deadline::scope::Scope;
+use tonic_deadline_db::Error;
 
 /// How often an idle worker looks for jobs submitted by another process.
 const POLL: Duration = Duration::from_millis(50);
@@ -86,7 +86,7 @@ const POLL: Duration = Duration::from_millis(50);
 /// The identity of an accepted job.
 ///
 /// ```
-/// use tonic_deadline::jobs::{Job, JobId};
+/// use tonic_deadline_jobs::{Job, JobId};
 /// let id: JobId = 42;
 /// let job = Job::new(id, "send-receipt".to_owned(), Vec::new(), true, 1);
 /// assert_eq!(job.id, 42);
@@ -96,7 +96,7 @@ pub type JobId = i64;
 /// Where a job is in its life.
 ///
 /// ```
-/// use tonic_deadline::jobs::JobState;
+/// use tonic_deadline_jobs::JobState;
 /// assert_eq!(JobState::Interrupted.as_str(), "interrupted");
 /// assert_eq!(JobState::parse("done"), Some(JobState::Done));
 /// ```
@@ -144,7 +144,7 @@ impl JobState {
 /// A job as a worker sees it.
 ///
 /// ```
-/// use tonic_deadline::jobs::Job;
+/// use tonic_deadline_jobs::Job;
 /// // What a `Store` claims, and what a worker's function receives.
 /// let job = Job::new(7, "send-receipt".to_owned(), b"order 42".to_vec(), true, 1);
 /// assert_eq!((job.id, job.kind.as_str(), job.attempt), (7, "send-receipt", 1));
@@ -186,7 +186,7 @@ impl Job {
 /// Every write must be durable when its future returns `Ok`.
 ///
 /// ```
-/// use tonic_deadline::jobs::{JobQueue, Store};
+/// use tonic_deadline_jobs::{JobQueue, Store};
 ///
 /// // Code that works over any store.
 /// async fn backlog<S: Store>(queue: &JobQueue<S>) -> u64 {
@@ -234,23 +234,23 @@ pub trait Store: Send + Sync + 'static {
     fn renew_every(&self) -> Option<Duration>;
 }
 
-/// A durable job queue over a [`Store`] (with the `jobs` feature, SQLite
+/// A durable job queue over a [`Store`] (with the `sqlite` feature, SQLite
 /// unless said otherwise). Cheap to clone.
 ///
 /// ```
-/// # #[cfg(feature = "jobs")]
+/// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tonic_deadline::jobs::{JobQueue, JobState};
+/// use tonic_deadline_jobs::{JobQueue, JobState};
 /// let dir = tempfile::tempdir().unwrap();
 /// let queue = JobQueue::open(dir.path().join("jobs.db")).expect("opens");
 /// let id = queue.submit("send-receipt", b"order 42", true).await.expect("accepted");
 /// assert_eq!(queue.state(id).await.expect("reads"), Some(JobState::Queued));
 /// # }
-/// # #[cfg(not(feature = "jobs"))]
+/// # #[cfg(not(feature = "sqlite"))]
 /// # fn main() {}
 /// ```
-#[cfg(feature = "jobs")]
+#[cfg(feature = "sqlite")]
 pub struct JobQueue<S = SqliteStore> {
     shared: Arc<Shared<S>>,
 }
@@ -258,15 +258,15 @@ pub struct JobQueue<S = SqliteStore> {
 /// A durable job queue over a [`Store`]. Cheap to clone.
 ///
 /// ```
-/// use tonic_deadline::jobs::{JobQueue, Store};
+/// use tonic_deadline_jobs::{JobQueue, Store};
 ///
 /// // Code that works over any store.
 /// async fn backlog<S: Store>(queue: &JobQueue<S>) -> u64 {
 ///     queue.pending().await.unwrap_or(0)
 /// }
 /// ```
-// Without the `jobs` feature there is no SQLite store to default to.
-#[cfg(not(feature = "jobs"))]
+// Without the `sqlite` feature there is no SQLite store to default to.
+#[cfg(not(feature = "sqlite"))]
 pub struct JobQueue<S> {
     shared: Arc<Shared<S>>,
 }
@@ -292,8 +292,8 @@ impl<S> fmt::Debug for JobQueue<S> {
     }
 }
 
-#[cfg(feature = "jobs")]
-#[cfg_attr(docsrs, doc(cfg(feature = "jobs")))]
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl JobQueue<SqliteStore> {
     /// Opens (or creates) the queue in the SQLite file at `path` and
     /// recovers from a crash: jobs left `running` are re-queued if
@@ -302,7 +302,9 @@ impl JobQueue<SqliteStore> {
     /// # Errors
     ///
     /// SQLite could not open or set up the file.
-    pub fn open(path: impl AsRef<std::path::Path>) -> rusqlite::Result<Self> {
+    pub fn open(
+        path: impl AsRef<std::path::Path>,
+    ) -> tonic_deadline_db::sqlite::rusqlite::Result<Self> {
         Ok(Self::new(SqliteStore::open(path)?))
     }
 }
@@ -412,10 +414,10 @@ impl<S: Store> JobQueue<S> {
 /// worker's own scope (no request's deadline reaches it).
 ///
 /// ```
-/// # #[cfg(feature = "jobs")]
+/// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tonic_deadline::jobs::{JobQueue, JobState, Worker};
+/// use tonic_deadline_jobs::{JobQueue, JobState, Worker};
 /// let dir = tempfile::tempdir().unwrap();
 /// let queue = JobQueue::open(dir.path().join("jobs.db")).expect("opens");
 /// let id = queue.submit("send-receipt", b"order 42", true).await.expect("accepted");
@@ -427,7 +429,7 @@ impl<S: Store> JobQueue<S> {
 /// worker.shutdown().await;
 /// assert_eq!(queue.state(id).await.unwrap(), Some(JobState::Done));
 /// # }
-/// # #[cfg(not(feature = "jobs"))]
+/// # #[cfg(not(feature = "sqlite"))]
 /// # fn main() {}
 /// ```
 #[derive(Debug)]
