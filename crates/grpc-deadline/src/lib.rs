@@ -16,6 +16,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod code;
+pub mod deadline_headers;
 pub mod scope;
 pub mod timeout_header;
 #[cfg(feature = "tonic")]

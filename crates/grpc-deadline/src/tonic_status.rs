@@ -22,6 +22,7 @@ use std::sync::LazyLock;
 
 use tonic::Status;
 
+use crate::deadline_headers::MalformedDeadline;
 use crate::{Cause, Code, Ended, timeout_header::MalformedTimeout};
 
 /// The status of each cause, made once: what [`Ended`] converts into, and
@@ -46,6 +47,20 @@ pub(crate) fn malformed_timeout() -> &'static Status {
     static MALFORMED: LazyLock<Status> =
         LazyLock::new(|| Status::internal("malformed grpc-timeout"));
     &MALFORMED
+}
+
+/// The status a boxed [`MalformedDeadline`] names as its source.
+pub(crate) fn malformed_deadline() -> &'static Status {
+    static MALFORMED: LazyLock<Status> =
+        LazyLock::new(|| Status::internal("malformed deadline header"));
+    &MALFORMED
+}
+
+/// `INTERNAL`, naming the header and the offending value.
+impl From<MalformedDeadline> for Status {
+    fn from(malformed: MalformedDeadline) -> Status {
+        Status::new(malformed.code().into(), malformed.to_string())
+    }
 }
 
 impl From<Ended> for Status {

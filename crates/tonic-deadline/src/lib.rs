@@ -8,12 +8,6 @@
 
 pub mod admission;
 pub mod client;
-#[cfg(any(feature = "http", feature = "reqwest"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "reqwest"))))]
-pub mod deadline_headers;
-#[cfg(feature = "reqwest")]
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub mod http_client;
 #[cfg(feature = "ledger")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
 pub mod ledger;
@@ -33,7 +27,9 @@ pub use client::ClientDeadlineLayer;
 /// The scope and the `grpc-timeout` codec are the core's
 /// ([`grpc_deadline`]), the same for every stack; re-exported here so that
 /// a tonic service needs one dependency.
-pub use grpc_deadline::{Cause, Code, Ended, JoinSet, Scope, detach, scope, spawn, timeout_header};
+pub use grpc_deadline::{
+    Cause, Code, Ended, JoinSet, Scope, deadline_headers, detach, scope, spawn, timeout_header,
+};
 pub use server::ServerDeadlineLayer;
 
 /// The error type that crosses service boundaries (as in tower and tonic).

@@ -176,7 +176,6 @@ mod every_error {
         );
     }
 
-    #[cfg(any(feature = "http", feature = "reqwest"))]
     #[test]
     fn malformed_deadline_header_answers_internal() {
         use crate::deadline_headers::DeadlineHeader;
@@ -186,16 +185,6 @@ mod every_error {
                 .expect_err("x is no unit")
         };
         answers("MalformedDeadline", malformed, Code::Internal, false);
-    }
-
-    #[cfg(feature = "reqwest")]
-    #[test]
-    fn http_client_error_for_an_ended_scope_answers_its_cause() {
-        for (cause, code) in CAUSES {
-            let name = format!("reqwest_middleware::Error of Ended({cause})");
-            let make = || reqwest_middleware::Error::middleware(Ended::new(cause));
-            boxed_answers(&name, make, code);
-        }
     }
 
     #[cfg(feature = "service-config")]

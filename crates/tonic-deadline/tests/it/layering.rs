@@ -17,14 +17,12 @@ const FLOORS: &[(&str, u8)] = &[
     ("warn_limit", 0),
     ("scope", 1),
     ("status", 2),
-    ("deadline_headers", 2),
     ("service_config", 2),
     ("ledger", 2),
     ("server", 3),
     ("client", 3),
     ("admission", 3),
     ("resilience", 3),
-    ("http_client", 3),
     ("observe", 4),
 ];
 

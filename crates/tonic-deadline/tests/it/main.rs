@@ -25,8 +25,6 @@ mod seams;
 mod wait_for_ready;
 mod wire;
 
-#[cfg(all(feature = "reqwest", feature = "http"))]
-mod http_client;
 #[cfg(feature = "http")]
 mod http_server;
 #[cfg(feature = "ledger")]

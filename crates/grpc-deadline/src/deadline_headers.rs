@@ -18,7 +18,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tonic_deadline::deadline_headers::DeadlineHeader;
+//! use grpc_deadline::deadline_headers::DeadlineHeader;
 //!
 //! let value = http::HeaderValue::from_static("250");
 //! assert_eq!(DeadlineHeader::EnvoyExpectedTimeoutMs.decode(&value), Ok(Duration::from_millis(250)));
@@ -27,18 +27,17 @@
 //! ```
 
 use std::fmt;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::wire::timeout_header;
+use crate::timeout_header;
 
 /// One HTTP header that can carry a request's deadline.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::deadline_headers::DeadlineHeader;
+/// use grpc_deadline::deadline_headers::DeadlineHeader;
 /// let envoy = DeadlineHeader::EnvoyExpectedTimeoutMs;
 /// let value = envoy.encode(Duration::from_millis(250));
 /// assert_eq!(value, "250");
@@ -183,18 +182,20 @@ fn seconds(bytes: &[u8]) -> Option<Duration> {
 /// A deadline header that breaks its format, or one sent twice.
 ///
 /// Its `Display` names the header and the value, ready for a `400` body.
-/// As a gRPC status it is `INTERNAL`, what gRPC maps a `400` to and what a
-/// malformed `grpc-timeout` gets: converted, that text as the message;
-/// boxed (through tonic's `Status::from_error`), a fixed message.
+/// As a gRPC status it is [`INTERNAL`](crate::Code::Internal)
+/// ([`code`](MalformedDeadline::code)), what gRPC maps a `400` to and what
+/// a malformed `grpc-timeout` gets. With the `tonic` feature it converts
+/// into that `tonic::Status`, that text as the message; boxed (through
+/// tonic's `Status::from_error`), a fixed message.
 ///
 /// ```
 /// use http::HeaderValue;
-/// use tonic_deadline::deadline_headers::DeadlineHeader;
+/// use grpc_deadline::deadline_headers::DeadlineHeader;
 /// let err = DeadlineHeader::ConnectTimeoutMs
 ///     .decode(&HeaderValue::from_static("soon"))
 ///     .unwrap_err();
 /// assert_eq!(err.header(), DeadlineHeader::ConnectTimeoutMs);
-/// assert_eq!(tonic::Status::from(err).code(), tonic::Code::Internal);
+/// assert_eq!(err.code(), grpc_deadline::Code::Internal);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedDeadline {
@@ -207,6 +208,11 @@ impl MalformedDeadline {
     pub fn header(&self) -> DeadlineHeader {
         self.header
     }
+
+    /// The code a gRPC server answers it with: `INTERNAL`.
+    pub const fn code(&self) -> crate::Code {
+        crate::Code::Internal
+    }
 }
 
 impl fmt::Display for MalformedDeadline {
@@ -215,19 +221,15 @@ impl fmt::Display for MalformedDeadline {
     }
 }
 
-/// The status a boxed `MalformedDeadline` names as its source, so tonic's
-/// `Status::from_error` answers `INTERNAL`, not `UNKNOWN`.
+/// With the `tonic` feature, the status a boxed `MalformedDeadline` names
+/// as its source, so tonic's `Status::from_error` answers `INTERNAL`, not
+/// `UNKNOWN`.
 impl std::error::Error for MalformedDeadline {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        static MALFORMED: LazyLock<tonic::Status> =
-            LazyLock::new(|| tonic::Status::internal("malformed deadline header"));
-        Some(&*MALFORMED)
-    }
-}
-
-impl From<MalformedDeadline> for tonic::Status {
-    fn from(malformed: MalformedDeadline) -> tonic::Status {
-        tonic::Status::internal(malformed.message)
+        #[cfg(feature = "tonic")]
+        return Some(crate::tonic_status::malformed_deadline());
+        #[cfg(not(feature = "tonic"))]
+        None
     }
 }
 

@@ -1,10 +1,13 @@
 //! Outbound HTTP under the current scope: a [`reqwest_middleware`]
-//! middleware.
+//! middleware that bounds every request by the deadline and the
+//! cancellation of the request it is made for.
 //!
-//! For each request made under a scope (inside a handler behind
-//! [`ServerDeadlineLayer`](crate::ServerDeadlineLayer), gRPC or plain
-//! HTTP, or in
-//! [`Scope::enter`]) the middleware
+//! What it adds to the core ([`grpc_deadline`]): the scope reaches reqwest.
+//! It stands on the core alone, so it works under any stack's server layer
+//! that installs a scope (tonic-deadline's `ServerDeadlineLayer`, gRPC or
+//! plain HTTP), or under [`Scope::enter`].
+//!
+//! For each request made under a scope the middleware
 //! 1. fails at once, sending nothing, when the scope has already ended;
 //! 2. sets reqwest's own timeout to `min(its timeout, remaining budget)`;
 //! 3. optionally writes the remaining budget into a header for the
@@ -26,9 +29,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tonic_deadline::Scope;
-//! use tonic_deadline::deadline_headers::DeadlineHeader;
-//! use tonic_deadline::http_client::{DeadlineMiddleware, ended};
+//! use grpc_deadline::Scope;
+//! use grpc_deadline::deadline_headers::DeadlineHeader;
+//! use grpc_deadline_reqwest::{DeadlineMiddleware, ended};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
@@ -55,18 +58,25 @@ use http_body::{Body, Frame, SizeHint};
 use reqwest::ResponseBuilderExt;
 use reqwest_middleware::{Middleware, Next};
 
-use crate::BoxError;
-use crate::deadline_headers::DeadlineHeader;
-use crate::scope::Ended;
-use crate::scope::{Cause, Scope};
-use crate::status::chain;
+use grpc_deadline::deadline_headers::DeadlineHeader;
+use grpc_deadline::{Cause, Ended, Scope};
+
+/// The error type that crosses service boundaries (as in tower and tonic).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `err` and then each error in its source chain.
+fn chain<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(err), |&err| err.source())
+}
 
 /// Bounds every outbound request by the current scope. See the
 /// [module docs](self).
 ///
 /// ```
-/// use tonic_deadline::deadline_headers::DeadlineHeader;
-/// use tonic_deadline::http_client::DeadlineMiddleware;
+/// use grpc_deadline::deadline_headers::DeadlineHeader;
+/// use grpc_deadline_reqwest::DeadlineMiddleware;
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
 ///     .with(DeadlineMiddleware::new().propagate_as(DeadlineHeader::RequestTimeout))
 ///     .build();
@@ -97,7 +107,7 @@ impl DeadlineMiddleware {
 /// was read. `None` for every other failure.
 ///
 /// ```
-/// use tonic_deadline::http_client::ended;
+/// use grpc_deadline_reqwest::ended;
 /// let err = reqwest_middleware::Error::middleware(std::io::Error::other("refused"));
 /// assert!(ended(&err).is_none());
 /// ```

@@ -15,11 +15,12 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 use bytes::Bytes;
+use grpc_deadline::deadline_headers::DeadlineHeader;
+use grpc_deadline::{Cause, Code, Scope};
+use grpc_deadline_reqwest::{DeadlineMiddleware, ended, ended_in};
 use http::HeaderMap;
 use tokio::sync::mpsc;
-use tonic_deadline::deadline_headers::DeadlineHeader;
-use tonic_deadline::http_client::{DeadlineMiddleware, ended, ended_in};
-use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
+use tonic_deadline::ServerDeadlineLayer;
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -148,10 +149,7 @@ async fn deadline_mid_request_fails_as_deadline_exceeded_and_aborts_it_on_the_se
     );
     let ended = ended(&err).expect("the error must say the scope ended");
     assert_eq!(ended.cause(), Cause::DeadlineExceeded);
-    assert_eq!(
-        tonic::Status::from(ended).code(),
-        tonic::Code::DeadlineExceeded
-    );
+    assert_eq!(ended.cause().code(), Code::DeadlineExceeded);
     let finished = tokio::time::timeout(PATIENCE, exits.recv())
         .await
         .expect("the server's handler must end soon")
@@ -326,4 +324,23 @@ async fn an_http_edge_passes_what_is_left_to_the_next_http_service() {
         left > Duration::from_millis(600) && left <= Duration::from_millis(800),
         "900 ms less the edge's 100 ms: {value}"
     );
+}
+
+#[test]
+fn an_error_of_an_ended_scope_answers_its_cause_through_tonic() {
+    for cause in Cause::ALL {
+        let code = tonic::Code::from(cause.code());
+        let make = || reqwest_middleware::Error::middleware(grpc_deadline::Ended::new(cause));
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(make());
+        assert_eq!(
+            tonic::Status::from_error(boxed).code(),
+            code,
+            "{cause}: boxed by `?`, tonic's Status::from_error must find it"
+        );
+        assert_eq!(
+            tonic_deadline::status::from_error(&make()).code(),
+            code,
+            "{cause}: tonic-deadline's walk must find it"
+        );
+    }
 }
