@@ -4,13 +4,14 @@
 //! are compiled once: a release binary instantiates again every generic
 //! future it polls that the library already compiled.
 
+use std::marker::PhantomData;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::registry::{self, Params, Spans};
+use crate::registry::{self, Entry, Kind, Spans};
 use crate::report::Outcome;
-use crate::{bench, experiments, systems};
+use crate::{bench, systems};
 
 /// The command line, as clap describes it (its subcommands and their help).
 pub fn command() -> clap::Command {
@@ -72,7 +73,7 @@ enum Command {
     /// Runs one experiment.
     Experiment {
         #[command(subcommand)]
-        which: Experiment,
+        which: Chosen<Experiments>,
         /// Print exactly one JSON object instead of the table.
         #[arg(long, global = true)]
         json: bool,
@@ -83,7 +84,7 @@ enum Command {
     /// Runs one benchmark (plain tonic and ours, interleaved in one process).
     Bench {
         #[command(subcommand)]
-        which: Bench,
+        which: Chosen<Benchmarks>,
         /// Print exactly one JSON object instead of the table.
         #[arg(long, global = true)]
         json: bool,
@@ -204,220 +205,78 @@ impl Split {
     }
 }
 
-/// One subcommand per experiment of the registry, for its flags; what each
-/// does and how it runs are the registry's (`crate::registry`).
-#[derive(Debug, Subcommand)]
-enum Experiment {
-    #[command(about = about("wire"))]
-    Wire,
-    #[command(about = about("chain"))]
-    Chain {
-        #[arg(long, default_value_t = experiments::chain::DEFAULT_HOP_MS)]
-        hop_ms: u64,
-    },
-    #[command(about = about("propagation"))]
-    Propagation,
-    #[command(about = about("expired"))]
-    Expired,
-    #[command(about = about("db-cancel"))]
-    DbCancel,
-    #[command(about = about("handler"))]
-    Handler,
-    #[command(about = about("drift"))]
-    Drift,
-    #[command(about = about("im"))]
-    Im,
-    #[command(about = about("shop"))]
-    Shop,
-    #[command(about = about("orders"))]
-    Orders,
-    #[command(about = about("seams"))]
-    Seams,
-    #[command(about = about("edge"))]
-    Edge,
-    #[command(about = about("proxy"))]
-    Proxy,
-    #[command(about = about("faults"))]
-    Faults,
-    #[command(about = about("rapid-reset"))]
-    RapidReset {
-        /// How long each server is flooded with each shape, in milliseconds.
-        #[arg(long, default_value_t = experiments::rapid_reset::FLOOD_MS)]
-        flood_ms: u64,
-    },
-    #[command(about = about("honest-resets"))]
-    HonestResets {
-        /// How long each pattern runs against each server, in milliseconds
-        /// (at least 1 000: the latency spike of the client-timeout
-        /// patterns lasts a second).
-        #[arg(long, default_value_t = experiments::honest_resets::WINDOW_MS)]
-        window_ms: u64,
-    },
-    #[command(about = about("retry"))]
-    Retry,
-    #[command(about = about("metastable"))]
-    Metastable {
-        /// Milliseconds of load before the trigger.
-        #[arg(long, default_value_t = experiments::metastable::TIMELINE_MS[0])]
-        before_ms: u64,
-        /// How long the trigger lasts, in milliseconds.
-        #[arg(long, default_value_t = experiments::metastable::TIMELINE_MS[1])]
-        trigger_ms: u64,
-        /// Milliseconds of load after it.
-        #[arg(long, default_value_t = experiments::metastable::TIMELINE_MS[2])]
-        after_ms: u64,
-    },
-    #[command(about = about("amplification"))]
-    Amplification {
-        /// How long C is down in the fan-in case, in milliseconds.
-        #[arg(long, default_value_t = experiments::amplification::FAN_IN_MS)]
-        fan_in_ms: u64,
-    },
-    #[command(about = about("hedge"))]
-    Hedge,
-    #[command(about = about("hosts"))]
-    Hosts {
-        /// One-way latency of every link, in milliseconds (repeatable).
-        #[arg(long = "one-way-ms", default_values_t = experiments::hosts::ONE_WAY_MS)]
-        one_way_ms: Vec<u64>,
-    },
-    #[command(about = about("jobs"))]
-    Jobs,
-    #[command(about = about("ledger"))]
-    Ledger {
-        /// Runs of each stall case.
-        #[arg(long, default_value_t = experiments::ledger::RUNS)]
-        runs: usize,
-    },
-    #[command(about = about("waterfall"))]
-    Waterfall,
+/// The subcommands of `experiment` (or `bench`): one per entry of that
+/// kind in the lists, with its flags; the one given, and its flags as given.
+#[derive(Debug, Clone)]
+struct Chosen<G> {
+    entry: &'static Entry,
+    matches: ArgMatches,
+    group: PhantomData<G>,
 }
 
-impl Experiment {
-    /// What the flags say; everything else as the demo runs it, except the
-    /// waterfall and the ledger, which collect their spans in this process.
-    fn params(&self, spans: Option<&crate::otlp::Receiver>) -> Params {
-        let mut params = Params {
-            spans: Spans::Collected(spans.cloned()),
-            ..Params::default()
-        };
-        match self {
-            Experiment::Chain { hop_ms } => params.hop = Duration::from_millis(*hop_ms),
-            Experiment::Hosts { one_way_ms } => params.one_way_ms.clone_from(one_way_ms),
-            Experiment::RapidReset { flood_ms } => {
-                params.flood = Duration::from_millis((*flood_ms).clamp(100, 60_000));
-            }
-            Experiment::Metastable {
-                before_ms,
-                trigger_ms,
-                after_ms,
-            } => {
-                params.timeline = [*before_ms, *trigger_ms, *after_ms]
-                    .map(|ms| Duration::from_millis(ms.clamp(1_000, 120_000)));
-            }
-            Experiment::Amplification { fan_in_ms } => {
-                params.fan_in = Duration::from_millis((*fan_in_ms).clamp(500, 60_000));
-            }
-            Experiment::Ledger { runs } => params.runs = (*runs).clamp(1, 100_000),
-            Experiment::HonestResets { window_ms } => {
-                params.window = Duration::from_millis((*window_ms).clamp(1_000, 60_000));
-            }
-            _ => {}
-        }
-        params
+/// Which entries a group of subcommands offers.
+trait Group {
+    /// Entries of this kind.
+    const KIND: Kind;
+}
+
+/// `experiment NAME`.
+#[derive(Debug, Clone)]
+struct Experiments;
+
+impl Group for Experiments {
+    const KIND: Kind = Kind::Experiment;
+}
+
+/// `bench NAME`.
+#[derive(Debug, Clone)]
+struct Benchmarks;
+
+impl Group for Benchmarks {
+    const KIND: Kind = Kind::Bench;
+}
+
+impl<G: Group> Chosen<G> {
+    /// Runs it with its flags, taking spans from `spans`.
+    fn run(&self, spans: Spans) -> registry::Run {
+        self.entry.run(&self.matches, spans)
     }
 }
 
-/// The registry's line on the experiment called `name`.
-fn about(name: &str) -> &'static str {
-    registry::experiment(name).map_or("", |e| e.about)
+impl<G: Group> FromArgMatches for Chosen<G> {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let Some((name, matches)) = matches.subcommand() else {
+            return Err(clap::Error::new(clap::error::ErrorKind::MissingSubcommand));
+        };
+        let entry = registry::find(G::KIND, name)
+            .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
+        Ok(Self {
+            entry,
+            matches: matches.clone(),
+            group: PhantomData,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
 }
 
-#[derive(Debug, Subcommand)]
-enum Bench {
-    /// Unary throughput and latency, plain tonic vs both layers.
-    Overhead {
-        #[arg(long, default_value_t = 8)]
-        rounds: usize,
-        #[arg(long, default_value_t = 500)]
-        round_ms: u64,
-    },
-    /// Cancel propagation latency across three hops.
-    Cancel {
-        #[arg(long, default_value_t = 1000)]
-        runs: usize,
-        /// Runtime worker threads; 1 runs everything on one scheduler thread.
-        #[arg(long, default_value_t = 1)]
-        threads: usize,
-    },
-    /// Instructions and allocations per request under callgrind, ours vs plain tonic.
-    Instructions {
-        /// N: every variant runs with N and with 5N requests.
-        #[arg(long, default_value_t = 2000)]
-        requests: u64,
-        /// Client connections.
-        #[arg(long, default_value_t = 4)]
-        connections: usize,
-        /// Calls in flight per connection.
-        #[arg(long, default_value_t = 16)]
-        streams: usize,
-        /// Measure only these cases (repeatable; all by default).
-        #[arg(long = "case", value_enum)]
-        cases: Vec<bench::instructions::Case>,
-        /// Children run at the same time.
-        #[arg(long, default_value_t = 2)]
-        jobs: usize,
-        /// Keep callgrind's output files in this directory, for callgrind_annotate.
-        #[arg(long)]
-        keep: Option<std::path::PathBuf>,
-        /// Our layers report to a metrics handle (the cost of turning it on).
-        #[arg(long)]
-        metrics: bool,
-    },
-    /// Memory per call in flight through one hop, ours vs plain tonic.
-    Memory {
-        /// Calls held open at once.
-        #[arg(long, default_value_t = 10_000)]
-        calls: usize,
-    },
-    /// The overload setup at 2x capacity with a downstream failing 10 % of
-    /// calls: no retries, naive retries, ours.
-    RetryStorm {
-        /// Seconds of open-loop load per variant.
-        #[arg(long, default_value_t = 2.0)]
-        window_s: f64,
-    },
-    /// Goodput at 1x, 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines.
-    Overload {
-        /// Seconds of open-loop load per server and level.
-        #[arg(long, default_value_t = 3.0)]
-        window_s: f64,
-    },
-    /// Many calls through A -> B -> C with random deadlines and client
-    /// cancels; then memory, tasks, permits and connections left over.
-    Soak {
-        /// Calls in all, warm-up (a tenth) included.
-        #[arg(long, default_value_t = 1_000_000)]
-        calls: u64,
-        /// Stop issuing calls after this many seconds, whatever is left.
-        #[arg(long, default_value_t = 900)]
-        max_seconds: u64,
-        /// Client loops calling at the same time.
-        #[arg(long, default_value_t = 32)]
-        concurrency: usize,
-        /// Streams a client may have reset before the server accepted them,
-        /// at one time on one connection, before the server closes it
-        /// (hyper's rapid-reset guard; hyper's default is 20). Without it,
-        /// what a `tonic_deadline::server::ResetGuard`'s builder sets.
-        #[arg(long)]
-        max_pending_accept_resets: Option<usize>,
-        /// Streams each client connection remembers having reset, so that
-        /// late frames on them are ignored (h2's default is 50); h2 charges
-        /// each small DATA frame it ignores to a budget that closes the
-        /// connection when spent. Without it, `ReadyChannel`'s default: none.
-        #[arg(long)]
-        remembered_resets: Option<usize>,
-    },
+impl<G: Group> Subcommand for Chosen<G> {
+    fn augment_subcommands(command: clap::Command) -> clap::Command {
+        registry::entries()
+            .filter(|e| e.kind == G::KIND)
+            .fold(command, |command, e| command.subcommand(e.command()))
+    }
+
+    fn augment_subcommands_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_subcommands(command)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        registry::find(G::KIND, name).is_some()
+    }
 }
 
 fn print(outcome: &Outcome, json: bool) {
@@ -502,11 +361,6 @@ async fn interruptible<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyh
 pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    // `experiment NAME`: the name the registry knows it by.
-    let experiment = matches
-        .subcommand_matches("experiment")
-        .and_then(|m| m.subcommand_name())
-        .map(str::to_owned);
     let command = match cli.command {
         // A single-threaded runtime of its own, so its count is repeatable.
         Command::BenchChild(args) => return bench::instructions::child(args, allocated),
@@ -678,93 +532,13 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                 Ok(())
             }
             Command::Experiment { which, json, .. } => {
-                let name = experiment.unwrap_or_default();
-                let entry = registry::experiment(&name)
-                    .ok_or_else(|| anyhow::anyhow!("no experiment called {name:?}"))?;
-                let outcome = interruptible(entry.run(which.params(traces.receiver()))).await?;
+                let run = which.run(Spans::Collected(traces.receiver().cloned()));
+                let outcome = interruptible(registry::quietly(run)).await?;
                 print(&outcome, json);
                 Ok(())
             }
             Command::Bench { which, json } => {
-                let outcome = match which {
-                    Bench::Overhead { rounds, round_ms } => {
-                        bench::overhead::run(bench::overhead::Load {
-                            rounds,
-                            round: Duration::from_millis(round_ms),
-                            ..Default::default()
-                        })
-                        .await?
-                    }
-                    Bench::Cancel { runs, threads } => {
-                        bench::cancel::run_on_own_runtime(runs, threads).await?
-                    }
-                    Bench::Instructions {
-                        requests,
-                        connections,
-                        streams,
-                        cases,
-                        jobs,
-                        keep,
-                        metrics,
-                    } => {
-                        let options = bench::instructions::Options {
-                            requests,
-                            connections,
-                            streams,
-                            cases: if cases.is_empty() {
-                                bench::instructions::Case::ALL.to_vec()
-                            } else {
-                                cases
-                            },
-                            jobs,
-                            keep,
-                            exe: None,
-                            metrics,
-                        };
-                        // Runs valgrind child processes; no request is involved.
-                        #[allow(clippy::disallowed_methods)]
-                        tokio::task::spawn_blocking(move || bench::instructions::measure(&options))
-                            .await??
-                            .outcome()?
-                    }
-                    Bench::Memory { calls } => {
-                        // Runs child processes; no request is involved.
-                        #[allow(clippy::disallowed_methods)]
-                        tokio::task::spawn_blocking(move || bench::memory::measure(calls))
-                            .await??
-                            .outcome()?
-                    }
-                    Bench::RetryStorm { window_s } => {
-                        bench::retry_storm::run(bench::overload::Load {
-                            window: Duration::from_secs_f64(window_s.clamp(0.5, 30.0)),
-                            ..Default::default()
-                        })
-                        .await?
-                    }
-                    Bench::Overload { window_s } => {
-                        bench::overload::run(bench::overload::Load {
-                            window: Duration::from_secs_f64(window_s.clamp(0.5, 30.0)),
-                            ..Default::default()
-                        })
-                        .await?
-                    }
-                    Bench::Soak {
-                        calls,
-                        max_seconds,
-                        concurrency,
-                        max_pending_accept_resets,
-                        remembered_resets,
-                    } => bench::soak::run_on_own_runtime(bench::soak::Load {
-                        calls,
-                        max: Duration::from_secs(max_seconds),
-                        concurrency: concurrency.clamp(1, 4096),
-                        pending_accept_resets: max_pending_accept_resets,
-                        remembered_resets,
-                        ..Default::default()
-                    })
-                    .await?
-                    .outcome()?,
-                };
+                let outcome = which.run(Spans::default()).await?;
                 print(&outcome, json);
                 Ok(())
             }
@@ -775,8 +549,8 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
 }
 
 /// The `service.name` spans are exported as, where to (`--otlp-endpoint`),
-/// and whether the command collects its own spans (`experiment waterfall`,
-/// `experiment ledger`).
+/// and whether the command collects its own spans (an experiment that
+/// [collects its spans](registry::Experiment::COLLECTS_SPANS)).
 fn telemetry_plan(command: &Command) -> (String, Option<&str>, bool) {
     match command {
         Command::Serve {
@@ -791,7 +565,7 @@ fn telemetry_plan(command: &Command) -> (String, Option<&str>, bool) {
         } => (
             "deadline-lab experiment".to_owned(),
             otlp_endpoint.as_deref(),
-            matches!(which, Experiment::Waterfall | Experiment::Ledger { .. }),
+            which.entry.collects_spans,
         ),
         _ => (String::new(), None, false),
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tokio::time::Instant;
 
 use crate::html::{self, Skipped, Step};
-use crate::registry::{self, Params};
+use crate::registry;
 
 /// Runs the demo and writes the report to `report`.
 ///
@@ -21,10 +21,10 @@ use crate::registry::{self, Params};
 pub async fn run(report: &Path) -> anyhow::Result<()> {
     println!("deadline-lab demo: every experiment on real tonic services over loopback\n");
     let started = Instant::now();
-    let total = registry::ENTRIES.len();
+    let total = registry::demo_steps().count();
     let mut done = Vec::with_capacity(total);
     let mut skipped = Vec::new();
-    for (i, entry) in registry::ENTRIES.iter().enumerate() {
+    for (i, entry) in registry::demo_steps().enumerate() {
         let name = entry.step();
         eprintln!("[{:>2}/{total}] {name} …", i + 1);
         if let Some(missing) = entry.missing_tool().await {
@@ -36,8 +36,7 @@ pub async fn run(report: &Path) -> anyhow::Result<()> {
             continue;
         }
         let t = Instant::now();
-        let outcome = entry
-            .run(Params::default())
+        let outcome = registry::quietly(entry.run_in_demo())
             .await
             .map_err(|e| format!("{e:#}"));
         let seconds = t.elapsed().as_secs_f64();

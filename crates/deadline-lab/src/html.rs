@@ -83,8 +83,7 @@ fn in_demo_order<'a>(steps: &'a [Step], skipped: &'a [Skipped]) -> Vec<Listed<'a
         .chain(skipped.iter().map(Listed::Skipped))
         .collect();
     let position = |name: &str| {
-        crate::registry::ENTRIES
-            .iter()
+        crate::registry::entries()
             .position(|e| e.step() == name)
             .unwrap_or(usize::MAX)
     };
@@ -568,7 +567,7 @@ fn ledger_section(result: &crate::experiments::ledger::LedgerResult) -> String {
     let mut html = String::from(
         "<h2>Where the budget went: the ledger</h2><section><p class=\"muted\">The ledger a root caller receives with a DEADLINE_EXCEEDED: every hop's line, the root's first. For each case one more call is traced over OTLP; its waterfall is drawn from the spans every hop exported, and under it is the ledger the same call brought back.</p>",
     );
-    let mut outcome = crate::experiments::ledger::outcome(result);
+    let mut outcome = crate::registry::Experiment::outcome(result);
     // The first note explains the columns; the rest print the examples and
     // traced calls as text, drawn here instead.
     outcome.notes.truncate(1);

@@ -35,6 +35,7 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 use tower::Service;
 
 use crate::net;
+use crate::registry::{Experiment, Kind, Spans};
 use crate::report::{Outcome, quantile};
 use crate::systems::chain::{Hop, Next, Plan};
 
@@ -369,10 +370,29 @@ pub struct Cancel {
     pub plain_steps_p50_us: [f64; STEPS],
     /// The runtime's worker threads.
     pub threads: usize,
+    /// Ours aborted ÷ plain tonic aborted, at the same event (C's handler
+    /// dropped), medians.
+    pub aborted_vs_plain_p50: f64,
+    /// The same, 99th percentiles.
+    pub aborted_vs_plain_p99: f64,
+    /// Ours with `Scope::cancel` ÷ plain tonic aborted, medians.
+    pub cancel_vs_plain_p50: f64,
+    /// The same, 99th percentiles.
+    pub cancel_vs_plain_p99: f64,
+}
+
+/// The flags of `bench cancel`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 1000)]
+    runs: usize,
+    /// Runtime worker threads; 1 runs everything on one scheduler thread.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 /// Runs `runs` cancels through each chain, alternating.
-async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
+async fn measure(runs: usize, threads: usize) -> anyhow::Result<Cancel> {
     let mut ours_rig = rig(true).await?;
     let mut plain_rig = rig(false).await?;
     // Warm-up: connections and code paths.
@@ -426,78 +446,24 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
     let (ap50, ap99) = (quantile(aborted, 0.5), quantile(aborted, 0.99));
     let (sp50, sp99) = (quantile(&spawned, 0.5), quantile(&spawned, 0.99));
     let (pp50, pp99) = (quantile(plain, 0.5), quantile(plain, 0.99));
-    let row = |variant: &str, p50: f64, p99: f64, go: &str| {
-        vec![
-            variant.to_owned(),
-            format!("{p50:.0}"),
-            format!("{p99:.0}"),
-            go.to_owned(),
-        ]
-    };
-    Ok(Outcome {
-        title: format!(
-            "bench cancel: client gives up -> C notices, client -> A -> B -> C on loopback, {runs} runs each, {threads} runtime thread(s)"
-        ),
-        json: crate::report::to_json(&Cancel {
-            runs,
-            p50_us: p50.round(),
-            p99_us: p99.round(),
-            aborted_p50_us: ap50.round(),
-            aborted_p99_us: ap99.round(),
-            spawned_p50_us: sp50.round(),
-            spawned_p99_us: sp99.round(),
-            plain_p50_us: pp50.round(),
-            plain_p99_us: pp99.round(),
-            steps_p50_us: sc,
-            aborted_steps_p50_us: sa,
-            plain_steps_p50_us: sp,
-            threads,
-        }),
-        columns: vec!["variant", "p50 us", "p99 us", "grpc-go 1.33 (SPEC K)"],
-        rows: vec![
-            row(
-                "ours, Scope::cancel: C's scope ended, its handler dropped",
-                p50,
-                p99,
-                "p50 320, p99 500",
-            ),
-            row(
-                "ours, Scope::cancel: a task spawned under C's scope learns",
-                sp50,
-                sp99,
-                "",
-            ),
-            row(
-                "ours, call task aborted: C's scope ended, its handler dropped",
-                ap50,
-                ap99,
-                "",
-            ),
-            row(
-                "plain tonic, call task aborted: C's handler dropped",
-                pp50,
-                pp99,
-                "",
-            ),
-        ],
-        notes: vec![
-            format!(
-                "each step's median, us (give-up -> client's call let go -> A's handler dropped -> B's -> C's): ours Scope::cancel {}, ours aborted {}, plain tonic aborted {}",
-                steps_line(sc),
-                steps_line(sa),
-                steps_line(sp)
-            ),
-            format!(
-                "ratio ours/plain, both aborted, at the same event (C's handler dropped): p50 {:.2}, p99 {:.2} (goal <= 1.10)",
-                ap50 / pp50,
-                ap99 / pp99
-            ),
-            format!(
-                "ratio ours with Scope::cancel / plain aborted: p50 {:.2}, p99 {:.2} (the call also returns CANCELLED to its caller; p99 < 500 us)",
-                p50 / pp50,
-                p99 / pp99
-            ),
-        ],
+    Ok(Cancel {
+        runs,
+        p50_us: p50.round(),
+        p99_us: p99.round(),
+        aborted_p50_us: ap50.round(),
+        aborted_p99_us: ap99.round(),
+        spawned_p50_us: sp50.round(),
+        spawned_p99_us: sp99.round(),
+        plain_p50_us: pp50.round(),
+        plain_p99_us: pp99.round(),
+        steps_p50_us: sc,
+        aborted_steps_p50_us: sa,
+        plain_steps_p50_us: sp,
+        threads,
+        aborted_vs_plain_p50: ap50 / pp50,
+        aborted_vs_plain_p99: ap99 / pp99,
+        cancel_vs_plain_p50: p50 / pp50,
+        cancel_vs_plain_p99: p99 / pp99,
     })
 }
 
@@ -505,7 +471,7 @@ async fn run(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
 /// (1: a current-thread runtime, where client, A, B and C share one scheduler
 /// and the figure measures the protocol path rather than cross-thread
 /// wake-ups; the same for both variants).
-pub async fn run_on_own_runtime(runs: usize, threads: usize) -> anyhow::Result<Outcome> {
+pub async fn run_on_own_runtime(runs: usize, threads: usize) -> anyhow::Result<Cancel> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let runtime = if threads <= 1 {
@@ -519,12 +485,84 @@ pub async fn run_on_own_runtime(runs: usize, threads: usize) -> anyhow::Result<O
                 .build()
         };
         let result = match runtime {
-            Ok(runtime) => runtime.block_on(run(runs, threads.max(1))),
+            Ok(runtime) => runtime.block_on(measure(runs, threads.max(1))),
             Err(err) => Err(err.into()),
         };
         let _ = tx.send(result);
     });
     rx.await?
+}
+
+impl Experiment for Cancel {
+    const NAME: &'static str = "cancel";
+    const ABOUT: &'static str = "Cancel propagation latency across three hops";
+    const KIND: Kind = Kind::Bench;
+    type Args = Args;
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        run_on_own_runtime(args.runs, args.threads).await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let row = |variant: &str, p50: f64, p99: f64, go: &str| {
+            vec![
+                variant.to_owned(),
+                format!("{p50:.0}"),
+                format!("{p99:.0}"),
+                go.to_owned(),
+            ]
+        };
+        Outcome {
+            title: format!(
+                "bench cancel: client gives up -> C notices, client -> A -> B -> C on loopback, {} runs each, {} runtime thread(s)",
+                self.runs, self.threads
+            ),
+            json: crate::report::to_json(self),
+            columns: vec!["variant", "p50 us", "p99 us", "grpc-go 1.33 (SPEC K)"],
+            rows: vec![
+                row(
+                    "ours, Scope::cancel: C's scope ended, its handler dropped",
+                    self.p50_us,
+                    self.p99_us,
+                    "p50 320, p99 500",
+                ),
+                row(
+                    "ours, Scope::cancel: a task spawned under C's scope learns",
+                    self.spawned_p50_us,
+                    self.spawned_p99_us,
+                    "",
+                ),
+                row(
+                    "ours, call task aborted: C's scope ended, its handler dropped",
+                    self.aborted_p50_us,
+                    self.aborted_p99_us,
+                    "",
+                ),
+                row(
+                    "plain tonic, call task aborted: C's handler dropped",
+                    self.plain_p50_us,
+                    self.plain_p99_us,
+                    "",
+                ),
+            ],
+            notes: vec![
+                format!(
+                    "each step's median, us (give-up -> client's call let go -> A's handler dropped -> B's -> C's): ours Scope::cancel {}, ours aborted {}, plain tonic aborted {}",
+                    steps_line(self.steps_p50_us),
+                    steps_line(self.aborted_steps_p50_us),
+                    steps_line(self.plain_steps_p50_us)
+                ),
+                format!(
+                    "ratio ours/plain, both aborted, at the same event (C's handler dropped): p50 {:.2}, p99 {:.2} (goal <= 1.10)",
+                    self.aborted_vs_plain_p50, self.aborted_vs_plain_p99
+                ),
+                format!(
+                    "ratio ours with Scope::cancel / plain aborted: p50 {:.2}, p99 {:.2} (the call also returns CANCELLED to its caller; p99 < 500 us)",
+                    self.cancel_vs_plain_p50, self.cancel_vs_plain_p99
+                ),
+            ],
+        }
+    }
 }
 
 /// The steps' medians as `client / a / b / c`.

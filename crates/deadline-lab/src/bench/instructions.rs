@@ -72,6 +72,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::net::{self, Layered};
+use crate::registry::{Experiment, Kind, Spans};
 use crate::report::Outcome;
 use crate::systems::chain::Next;
 
@@ -279,15 +280,70 @@ impl Instructions {
     pub fn row(&self, case: Case) -> Option<&Row> {
         self.rows.iter().find(|r| r.case == case.label())
     }
+}
 
-    /// The printed table and the JSON, from this one value.
-    pub fn outcome(&self) -> anyhow::Result<Outcome> {
-        Ok(Outcome {
+/// The flags of `bench instructions`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// N: every variant runs with N and with 5N requests.
+    #[arg(long, default_value_t = 2000)]
+    requests: u64,
+    /// Client connections.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Calls in flight per connection.
+    #[arg(long, default_value_t = 16)]
+    streams: usize,
+    /// Measure only these cases (repeatable; all by default).
+    #[arg(long = "case", value_enum)]
+    cases: Vec<Case>,
+    /// Children run at the same time.
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+    /// Keep callgrind's output files in this directory, for callgrind_annotate.
+    #[arg(long)]
+    keep: Option<PathBuf>,
+    /// Our layers report to a metrics handle (the cost of turning it on).
+    #[arg(long)]
+    metrics: bool,
+}
+
+impl Experiment for Instructions {
+    const NAME: &'static str = "instructions";
+    const ABOUT: &'static str =
+        "Instructions and allocations per request under callgrind, ours vs plain tonic";
+    const KIND: Kind = Kind::Bench;
+    /// It needs valgrind; run alone (`bench instructions`), not in the demo.
+    const IN_DEMO: bool = false;
+    type Args = Args;
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        let options = Options {
+            requests: args.requests,
+            connections: args.connections,
+            streams: args.streams,
+            cases: if args.cases.is_empty() {
+                Case::ALL.to_vec()
+            } else {
+                args.cases
+            },
+            jobs: args.jobs,
+            keep: args.keep,
+            exe: None,
+            metrics: args.metrics,
+        };
+        // Runs valgrind child processes; no request is involved.
+        #[allow(clippy::disallowed_methods)]
+        tokio::task::spawn_blocking(move || measure(&options)).await?
+    }
+
+    fn outcome(&self) -> Outcome {
+        Outcome {
             title: format!(
                 "bench instructions: per request, callgrind, (count(5N) - count(N)) / 4N with N = {}, {} connections x {} streams",
                 self.requests, self.connections, self.streams
             ),
-            json: serde_json::to_value(self)?,
+            json: crate::report::to_json(self),
             columns: vec![
                 "case",
                 "counted",
@@ -318,7 +374,7 @@ impl Instructions {
                 "instructions: valgrind --tool=callgrind, Ir; within about 0.3 % from run to run, whatever else the machine does".into(),
                 "goals: server layer <= 1.02, one hop <= 1.03, the chain <= 1.02 of the hand-written one, a streamed message <= 1.01; allocations: server <= plain + 1, one hop <= plain + 2".into(),
             ],
-        })
+        }
     }
 }
 

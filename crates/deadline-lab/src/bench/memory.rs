@@ -33,6 +33,7 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use super::instructions::{Allocated, Variant};
 use crate::net;
+use crate::registry::{Experiment, Kind, Spans};
 use crate::report::Outcome;
 
 /// Every call's budget: longer than any run, so no timer fires.
@@ -88,9 +89,29 @@ pub struct Memory {
     pub plain: Held,
 }
 
-impl Memory {
-    /// The printed table and the JSON.
-    pub fn outcome(&self) -> anyhow::Result<Outcome> {
+/// The flags of `bench memory`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Calls held open at once.
+    #[arg(long, default_value_t = 10_000)]
+    calls: usize,
+}
+
+impl Experiment for Memory {
+    const NAME: &'static str = "memory";
+    const ABOUT: &'static str = "Memory per call in flight through one hop, ours vs plain tonic";
+    const KIND: Kind = Kind::Bench;
+    /// Run alone (`bench memory`), not in the demo.
+    const IN_DEMO: bool = false;
+    type Args = Args;
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        // Runs child processes; no request is involved.
+        #[allow(clippy::disallowed_methods)]
+        tokio::task::spawn_blocking(move || measure(args.calls)).await?
+    }
+
+    fn outcome(&self) -> Outcome {
         let row = |name: &str, held: &Held| {
             vec![
                 name.to_owned(),
@@ -100,12 +121,12 @@ impl Memory {
                 format!("{:.1}", held.rss_held as f64 / 1e6),
             ]
         };
-        Ok(Outcome {
+        Outcome {
             title: format!(
                 "bench memory: {} calls held open through one hop (client and server in one process), per call",
                 self.calls
             ),
-            json: serde_json::to_value(self)?,
+            json: crate::report::to_json(self),
             columns: vec![
                 "variant",
                 "RSS bytes per call",
@@ -119,7 +140,7 @@ impl Memory {
                 self.extra_bytes_per_call,
                 self.ours_heap_bytes_per_call - self.plain_heap_bytes_per_call
             )],
-        })
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use tonic::transport::Channel;
 use tonic_deadline::ServerDeadlineLayer;
 
 use crate::net::{self, Layered};
+use crate::registry::{Experiment, Kind, Spans};
 use crate::report::{Outcome, quantile};
 use crate::systems::chain::{Hop, Plan};
 
@@ -113,10 +114,31 @@ pub struct Overhead {
     pub plain_failed: u64,
     /// Layered calls that failed.
     pub layered_failed: u64,
+    /// Connections per variant.
+    pub connections: usize,
+    /// Calls in flight per connection.
+    pub streams: usize,
+    /// Rounds per variant.
+    pub rounds: usize,
+    /// Length of one round, in milliseconds.
+    pub round_ms: u64,
 }
 
-/// Runs the benchmark.
-pub async fn run(load: Load) -> anyhow::Result<Outcome> {
+/// The flags of `bench overhead`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 8)]
+    rounds: usize,
+    #[arg(long, default_value_t = 500)]
+    round_ms: u64,
+}
+
+/// Runs both variants, round by round.
+///
+/// # Errors
+///
+/// When a server cannot be started or connected to.
+pub async fn measure(load: Load) -> anyhow::Result<Overhead> {
     let plain_addr = net::serve_with(
         "127.0.0.1:0",
         Hop::new("plain", Plan::default(), None).routes(),
@@ -165,42 +187,71 @@ pub async fn run(load: Load) -> anyhow::Result<Outcome> {
     let (plain_rps, layered_rps) = (rps(&p), rps(&o));
     let (plain_p50, layered_p50) = (p50(&mut p), p50(&mut o));
     let ratio = layered_rps / plain_rps;
-    let concurrency = load.connections * load.streams;
-    Ok(Outcome {
-        title: format!(
-            "bench overhead: unary echo, {} connections x {} streams, {} alternating rounds of {} ms",
-            load.connections,
-            load.streams,
-            load.rounds,
-            load.round.as_millis()
-        ),
-        json: crate::report::to_json(&Overhead {
-            plain_rps: plain_rps.round(),
-            layered_rps: layered_rps.round(),
-            ratio: (ratio * 1000.0).round() / 1000.0,
-            plain_p50_us: plain_p50.round(),
-            layered_p50_us: layered_p50.round(),
-            concurrency,
-            plain_failed: p.failed,
-            layered_failed: o.failed,
-        }),
-        columns: vec!["variant", "req/s", "p50 us", "failed"],
-        rows: vec![
-            vec![
-                "plain tonic".into(),
-                format!("{plain_rps:.0}"),
-                format!("{plain_p50:.0}"),
-                p.failed.to_string(),
-            ],
-            vec![
-                "tonic + both layers".into(),
-                format!("{layered_rps:.0}"),
-                format!("{layered_p50:.0}"),
-                o.failed.to_string(),
-            ],
-        ],
-        notes: vec![format!(
-            "ratio layered/plain throughput: {ratio:.3} (goal >= 0.97)"
-        )],
+    Ok(Overhead {
+        plain_rps: plain_rps.round(),
+        layered_rps: layered_rps.round(),
+        ratio: (ratio * 1000.0).round() / 1000.0,
+        plain_p50_us: plain_p50.round(),
+        layered_p50_us: layered_p50.round(),
+        concurrency: load.connections * load.streams,
+        plain_failed: p.failed,
+        layered_failed: o.failed,
+        connections: load.connections,
+        streams: load.streams,
+        rounds: load.rounds,
+        round_ms: load.round.as_millis() as u64,
     })
+}
+
+impl Experiment for Overhead {
+    const NAME: &'static str = "overhead";
+    const ABOUT: &'static str = "Unary throughput and latency, plain tonic vs both layers";
+    const KIND: Kind = Kind::Bench;
+    type Args = Args;
+
+    /// Half the rounds of `bench overhead`, to keep the demo short.
+    fn demo_args() -> Args {
+        Args {
+            rounds: 4,
+            round_ms: 500,
+        }
+    }
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        measure(Load {
+            rounds: args.rounds,
+            round: Duration::from_millis(args.round_ms),
+            ..Default::default()
+        })
+        .await
+    }
+
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            title: format!(
+                "bench overhead: unary echo, {} connections x {} streams, {} alternating rounds of {} ms",
+                self.connections, self.streams, self.rounds, self.round_ms
+            ),
+            json: crate::report::to_json(self),
+            columns: vec!["variant", "req/s", "p50 us", "failed"],
+            rows: vec![
+                vec![
+                    "plain tonic".into(),
+                    format!("{:.0}", self.plain_rps),
+                    format!("{:.0}", self.plain_p50_us),
+                    self.plain_failed.to_string(),
+                ],
+                vec![
+                    "tonic + both layers".into(),
+                    format!("{:.0}", self.layered_rps),
+                    format!("{:.0}", self.layered_p50_us),
+                    self.layered_failed.to_string(),
+                ],
+            ],
+            notes: vec![format!(
+                "ratio layered/plain throughput: {:.3} (goal >= 0.97)",
+                self.ratio
+            )],
+        }
+    }
 }

@@ -39,6 +39,7 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 use crate::bench::overload::{self, Load};
 use crate::experiments::hedge::pseudo_random_share;
 use crate::net;
+use crate::registry::{Experiment, Kind, Spans};
 use crate::report::Outcome;
 
 /// The share of calls the downstream fails.
@@ -52,6 +53,14 @@ pub const OUR_CONFIG: &str = r#"{"methodConfig": [{
     "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.01s", "maxBackoff": "0.05s",
                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]}}],
   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#;
+
+/// The flags of `bench retry-storm`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Seconds of open-loop load per variant.
+    #[arg(long, default_value_t = 2.0)]
+    window_s: f64,
+}
 
 /// The benchmark's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -266,47 +275,52 @@ pub async fn measure(load: Load) -> anyhow::Result<Storm> {
     })
 }
 
-/// Runs the benchmark and makes its table.
-///
-/// # Errors
-///
-/// See [`measure`].
-pub async fn run(load: Load) -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure(load).await?))
-}
+impl Experiment for Storm {
+    const NAME: &'static str = "retry-storm";
+    const ABOUT: &'static str = "The overload setup at 2x capacity with a downstream failing 10 % of calls: no retries, naive retries, ours";
+    const KIND: Kind = Kind::Bench;
+    type Args = Args;
 
-/// The human table for a result.
-pub fn outcome(storm: &Storm) -> Outcome {
-    let rows = storm
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.variant.clone(),
-                format!("{:.3}", r.goodput),
-                format!("{:.2}", r.amplification),
-                r.calls.to_string(),
-                r.good.to_string(),
-                r.attempts.to_string(),
-            ]
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        measure(Load {
+            window: Duration::from_secs_f64(args.window_s.clamp(0.5, 30.0)),
+            ..Default::default()
         })
-        .collect();
-    Outcome {
-        title: format!(
-            "bench retry-storm: {:.0}x capacity ({:.0} of {:.0} req/s), {:.0} % of calls failed by the downstream, {:.0} ms deadlines, {} s windows",
-            OFFERED_X,
-            storm.offered_rps,
-            storm.capacity_rps,
-            storm.failing_share * 100.0,
-            storm.deadline_ms,
-            storm.window_s
-        ),
-        json: crate::report::to_json(storm),
-        columns: vec!["variant", "goodput", "amplification", "calls", "good", "attempts"],
-        rows,
-        notes: vec![
-            "goal: ours goodput >= 0.90 of capacity and amplification <= 1.10, beside naive retries".into(),
-            "naive: 5 attempts at once on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED, a fresh 100 ms timeout each, the loop outliving its caller; ours: maxAttempts 5 inside the caller's deadline, retryThrottling 10 tokens / 0.1 (second row: a 10 % retry budget)".into(),
-        ],
+        .await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.variant.clone(),
+                    format!("{:.3}", r.goodput),
+                    format!("{:.2}", r.amplification),
+                    r.calls.to_string(),
+                    r.good.to_string(),
+                    r.attempts.to_string(),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: format!(
+                "bench retry-storm: {:.0}x capacity ({:.0} of {:.0} req/s), {:.0} % of calls failed by the downstream, {:.0} ms deadlines, {} s windows",
+                OFFERED_X,
+                self.offered_rps,
+                self.capacity_rps,
+                self.failing_share * 100.0,
+                self.deadline_ms,
+                self.window_s
+            ),
+            json: crate::report::to_json(self),
+            columns: vec!["variant", "goodput", "amplification", "calls", "good", "attempts"],
+            rows,
+            notes: vec![
+                "goal: ours goodput >= 0.90 of capacity and amplification <= 1.10, beside naive retries".into(),
+                "naive: 5 attempts at once on UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED, a fresh 100 ms timeout each, the loop outliving its caller; ours: maxAttempts 5 inside the caller's deadline, retryThrottling 10 tokens / 0.1 (second row: a 10 % retry budget)".into(),
+            ],
+        }
     }
 }

@@ -37,6 +37,7 @@ use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 
 use crate::net;
+use crate::registry::{Experiment, Spans};
 use crate::report::Outcome;
 
 /// The stacks, in the order each case runs them.
@@ -54,7 +55,15 @@ pub const CASES: [&str; 4] = [
 pub const FAN_IN_MS: u64 = 10_000;
 
 /// How long it lasts in the demo.
-pub const DEMO_FAN_IN: Duration = Duration::from_secs(2);
+pub const DEMO_FAN_IN_MS: u64 = 2_000;
+
+/// The flags of `experiment amplification`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// How long C is down in the fan-in case, in milliseconds.
+    #[arg(long, default_value_t = FAN_IN_MS)]
+    fan_in_ms: u64,
+}
 
 /// Root clients of the fan-in case, and each one's calls per second.
 const FAN_IN_CLIENTS: usize = 50;
@@ -402,54 +411,60 @@ pub async fn measure(fan_in_outage: Duration) -> anyhow::Result<Amplification> {
     })
 }
 
-/// Runs the experiment.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run(fan_in_outage: Duration) -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure(fan_in_outage).await?))
-}
+impl Experiment for Amplification {
+    const NAME: &'static str = "amplification";
+    const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, and under fan-in: attempts reaching C per root call, one budget for the chain beside per-hop retries";
+    type Args = Args;
 
-/// The printed table of a result.
-pub fn outcome(result: &Amplification) -> Outcome {
-    let rows = result
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.case.clone(),
-                r.stack.clone(),
-                r.root_calls.to_string(),
-                format!("{:.2}", r.attempts_at_a_per_root),
-                format!("{:.2}", r.attempts_at_b_per_root),
-                format!("{:.2}", r.attempts_at_leaf_per_root),
-                format!("{:.2}", r.first_attempts_at_leaf),
-                format!("{:.4}", r.root_ok_share),
-            ]
-        })
-        .collect();
-    Outcome {
-        title: "amplification: retries on every hop of client → A → B → C (maxAttempts 3, UNAVAILABLE), ours with one budget for the chain beside per-hop retries".into(),
-        json: crate::report::to_json(result),
-        columns: vec![
-            "case",
-            "stack",
-            "root calls",
-            "at A per root",
-            "at B per root",
-            "at C per root",
-            "at C, first root call",
-            "root OK share",
-        ],
-        rows,
-        notes: vec![
-            format!(
-                "outage: C fails every call, 20 root calls; 5 % failures: 2 000 root calls; fan-in: {FAN_IN_CLIENTS} root clients on channels of their own, {FAN_IN_RATE} calls a second each, C down for {:.1} s; throttling: retryThrottling (10, 0.1) on every hop",
-                result.fan_in_ms / 1000.0
-            ),
-            "ours: a hop whose retries are spent answers grpc-retry-pushback-ms -1 and the hops above stop; per-hop: ResilienceLayer::chain_budget(false), every hop retries".into(),
-            "goals for ours: at most 3 attempts at C per root call from the first on; at least 0.995 of root calls OK with 5 % failures; fan-in with throttling: at most 1.1 attempts at C per root call".into(),
-        ],
+    fn demo_args() -> Args {
+        Args {
+            fan_in_ms: DEMO_FAN_IN_MS,
+        }
+    }
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        measure(Duration::from_millis(args.fan_in_ms.clamp(500, 60_000))).await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.case.clone(),
+                    r.stack.clone(),
+                    r.root_calls.to_string(),
+                    format!("{:.2}", r.attempts_at_a_per_root),
+                    format!("{:.2}", r.attempts_at_b_per_root),
+                    format!("{:.2}", r.attempts_at_leaf_per_root),
+                    format!("{:.2}", r.first_attempts_at_leaf),
+                    format!("{:.4}", r.root_ok_share),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: "amplification: retries on every hop of client → A → B → C (maxAttempts 3, UNAVAILABLE), ours with one budget for the chain beside per-hop retries".into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "case",
+                "stack",
+                "root calls",
+                "at A per root",
+                "at B per root",
+                "at C per root",
+                "at C, first root call",
+                "root OK share",
+            ],
+            rows,
+            notes: vec![
+                format!(
+                    "outage: C fails every call, 20 root calls; 5 % failures: 2 000 root calls; fan-in: {FAN_IN_CLIENTS} root clients on channels of their own, {FAN_IN_RATE} calls a second each, C down for {:.1} s; throttling: retryThrottling (10, 0.1) on every hop",
+                    self.fan_in_ms / 1000.0
+                ),
+                "ours: a hop whose retries are spent answers grpc-retry-pushback-ms -1 and the hops above stop; per-hop: ResilienceLayer::chain_budget(false), every hop retries".into(),
+                "goals for ours: at most 3 attempts at C per root call from the first on; at least 0.995 of root calls OK with 5 % failures; fan-in with throttling: at most 1.1 attempts at C per root call".into(),
+            ],
+        }
     }
 }

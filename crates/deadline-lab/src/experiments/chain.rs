@@ -7,11 +7,19 @@ use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
 use crate::experiments::layered_client;
+use crate::registry::{Experiment, Spans};
 use crate::report::{Outcome, code_name};
 use crate::systems::chain::{self, Plan};
 
 /// Each hop's work unless `--hop-ms` says otherwise.
 pub const DEFAULT_HOP_MS: u64 = 100;
+
+/// The flags of `experiment chain`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = DEFAULT_HOP_MS)]
+    hop_ms: u64,
+}
 
 /// The seed's figures (grpc-go) for a 1 s budget and 100 ms hops.
 const SEED_MS: [u32; 3] = [999, 898, 797];
@@ -74,44 +82,44 @@ pub async fn measure(hop: Duration) -> anyhow::Result<Chain> {
     })
 }
 
-/// Runs the experiment with `hop` of work at each hop and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run(hop: Duration) -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure(hop).await?))
-}
+impl Experiment for Chain {
+    const NAME: &'static str = "chain";
+    const ABOUT: &'static str = "Remaining budget on entry at A, B and C";
+    type Args = Args;
 
-/// The printed table of a result.
-pub fn outcome(chain: &Chain) -> Outcome {
-    let rows = chain
-        .hops
-        .iter()
-        .enumerate()
-        .map(|(i, hop)| {
-            vec![
-                hop.service.clone(),
-                format!("{:.1}", hop.remaining_ms),
-                hop.header.clone(),
-                SEED_MS.get(i).map(u32::to_string).unwrap_or_default(),
-            ]
-        })
-        .collect();
-    Outcome {
-        title: format!(
-            "chain: remaining budget on entry, {} s client budget, {} ms of work per hop",
-            chain.budget_ms as f64 / 1000.0,
-            chain.hop_ms
-        ),
-        json: crate::report::to_json(chain),
-        columns: vec![
-            "service",
-            "remaining ms",
-            "grpc-timeout received",
-            "seed ms",
-        ],
-        rows,
-        notes: vec![format!("status: {}", chain.status)],
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        measure(Duration::from_millis(args.hop_ms)).await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .hops
+            .iter()
+            .enumerate()
+            .map(|(i, hop)| {
+                vec![
+                    hop.service.clone(),
+                    format!("{:.1}", hop.remaining_ms),
+                    hop.header.clone(),
+                    SEED_MS.get(i).map(u32::to_string).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: format!(
+                "chain: remaining budget on entry, {} s client budget, {} ms of work per hop",
+                self.budget_ms as f64 / 1000.0,
+                self.hop_ms
+            ),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "service",
+                "remaining ms",
+                "grpc-timeout received",
+                "seed ms",
+            ],
+            rows,
+            notes: vec![format!("status: {}", self.status)],
+        }
     }
 }

@@ -291,48 +291,48 @@ pub async fn measure() -> anyhow::Result<DbCancel> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl crate::registry::Experiment for DbCancel {
+    const NAME: &'static str = "db-cancel";
+    const ABOUT: &'static str = "A 5 s query under a 200 ms deadline, on SQLite and PostgreSQL";
+    type Args = crate::registry::NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(db: &DbCancel) -> Outcome {
-    let sqlite = &db.sqlite;
-    let mut rows = vec![vec![
-        "sqlite".to_owned(),
-        sqlite.query_stopped_ms.to_string(),
-        "yes (interrupted)".to_owned(),
-        sqlite.conn_reusable.to_string(),
-        format!("{}/{}", sqlite.pool_idle_after, sqlite.pool_size),
-    ]];
-    rows.push(match &db.postgres {
-        PostgresRun::Skipped { skipped } => vec![
-            "postgres".into(),
-            format!("skipped: {skipped}"),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ],
-        PostgresRun::Ran(postgres) => vec![
-            "postgres".to_owned(),
-            postgres.query_stopped_ms.to_string(),
-            postgres.server_side_stopped.to_string(),
-            "-".into(),
-            format!("{}/{}", postgres.pool_idle_after, postgres.pool_size),
-        ],
-    });
-    Outcome {
-        title: "experiment db-cancel: a 5 s query under a 200 ms deadline".into(),
-        json: crate::report::to_json(db),
-        columns: vec!["database", "stopped after ms", "stopped on the server", "conn reusable", "pool idle/size"],
-        rows,
-        notes: vec![
-            "postgres: checked in pg_stat_activity from a second connection after the call returned".into(),
-        ],
+    async fn run(_: Self::Args, _: crate::registry::Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let sqlite = &self.sqlite;
+        let mut rows = vec![vec![
+            "sqlite".to_owned(),
+            sqlite.query_stopped_ms.to_string(),
+            "yes (interrupted)".to_owned(),
+            sqlite.conn_reusable.to_string(),
+            format!("{}/{}", sqlite.pool_idle_after, sqlite.pool_size),
+        ]];
+        rows.push(match &self.postgres {
+            PostgresRun::Skipped { skipped } => vec![
+                "postgres".into(),
+                format!("skipped: {skipped}"),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ],
+            PostgresRun::Ran(postgres) => vec![
+                "postgres".to_owned(),
+                postgres.query_stopped_ms.to_string(),
+                postgres.server_side_stopped.to_string(),
+                "-".into(),
+                format!("{}/{}", postgres.pool_idle_after, postgres.pool_size),
+            ],
+        });
+        Outcome {
+            title: "experiment db-cancel: a 5 s query under a 200 ms deadline".into(),
+            json: crate::report::to_json(self),
+            columns: vec!["database", "stopped after ms", "stopped on the server", "conn reusable", "pool idle/size"],
+            rows,
+            notes: vec![
+                "postgres: checked in pg_stat_activity from a second connection after the call returned".into(),
+            ],
+        }
     }
 }

@@ -20,6 +20,7 @@ use crate::experiments::{status_name, wire_lines, without_deadline};
 use crate::net;
 use crate::pb::WorkReq;
 use crate::pb::worker_client::WorkerClient;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
 use crate::systems::worker::{self, WorkerSvc};
 
@@ -191,76 +192,76 @@ pub async fn measure() -> anyhow::Result<Drift> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Drift {
+    const NAME: &'static str = "drift";
+    const ABOUT: &'static str = "Relative timeouts under injected client → server delay";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(drift: &Drift) -> Outcome {
-    let cells = |r: &Row| {
-        [
-            r.header.clone().unwrap_or_else(|| "—".to_owned()),
-            r.server_sees_ms
-                .map_or_else(|| "—".to_owned(), |v| v.to_string()),
-            r.client_left_ms.to_string(),
-            r.request_chunks.to_string(),
-        ]
-    };
-    let mut table: Vec<Vec<String>> = drift
-        .rows
-        .iter()
-        .zip(ROWS)
-        .map(|(r, (_, seed_server, seed_client))| {
-            let mut row = vec![r.delay_ms.to_string()];
-            row.extend(cells(r));
-            row.push(format!("{seed_server} / {seed_client}"));
-            row
-        })
-        .collect();
-    let (compensated, rtt) = (&drift.compensated, &drift.rtt_compensated);
-    let mut row = vec![format!(
-        "{} (client allowance {} ms)",
-        compensated.delay_ms, compensated.transit_allowance_ms
-    )];
-    row.extend(cells(compensated));
-    row.push("—".to_owned());
-    table.push(row);
-    let mut row = vec![format!(
-        "{} both ways (half the PING round trip, {} ms)",
-        rtt.delay_ms,
-        rtt.measured_rtt_ms
-            .map_or_else(|| "—".to_owned(), |v| v.to_string())
-    )];
-    row.extend(cells(rtt));
-    row.push("—".to_owned());
-    table.push(row);
-    Outcome {
-        title: format!(
-            "drift: {} s budget through the capture proxy, each client → server chunk delayed",
-            drift.budget_ms as f64 / 1000.0
-        ),
-        json: crate::report::to_json(drift),
-        columns: vec![
-            "delay ms",
-            "grpc-timeout received",
-            "server sees ms",
-            "client really has ms",
-            "c→s chunks",
-            "seed server / client",
-        ],
-        rows: table,
-        notes: vec![
-            "relative timeouts need no clock sync, but transit time is not deducted: every hop should keep a reserve".into(),
-            "row 4: ClientDeadlineLayer::transit_allowance(100 ms) deducts the known one-way delay, so server and client agree again".into(),
-            "row 5: ReadyChannel measures the round trip with HTTP/2 PINGs and ClientDeadlineLayer::transit_from deducts half of it: no clock sync, no configured figure".into(),
-            "ours differs from the seed's client column by the delay itself: our proxy adds a true one-way delay, so the request arrives 1 × delay late; \
-             the seed's proxy slept before each chunk in turn and its request queued behind another chunk, arriving ≈ 2 × delay late (its own note: 100 ms → ≈200 ms). \
-             Same law either way: the server sees the full budget, the client has the budget less the transit time".into(),
-        ],
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let cells = |r: &Row| {
+            [
+                r.header.clone().unwrap_or_else(|| "—".to_owned()),
+                r.server_sees_ms
+                    .map_or_else(|| "—".to_owned(), |v| v.to_string()),
+                r.client_left_ms.to_string(),
+                r.request_chunks.to_string(),
+            ]
+        };
+        let mut table: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .zip(ROWS)
+            .map(|(r, (_, seed_server, seed_client))| {
+                let mut row = vec![r.delay_ms.to_string()];
+                row.extend(cells(r));
+                row.push(format!("{seed_server} / {seed_client}"));
+                row
+            })
+            .collect();
+        let (compensated, rtt) = (&self.compensated, &self.rtt_compensated);
+        let mut row = vec![format!(
+            "{} (client allowance {} ms)",
+            compensated.delay_ms, compensated.transit_allowance_ms
+        )];
+        row.extend(cells(compensated));
+        row.push("—".to_owned());
+        table.push(row);
+        let mut row = vec![format!(
+            "{} both ways (half the PING round trip, {} ms)",
+            rtt.delay_ms,
+            rtt.measured_rtt_ms
+                .map_or_else(|| "—".to_owned(), |v| v.to_string())
+        )];
+        row.extend(cells(rtt));
+        row.push("—".to_owned());
+        table.push(row);
+        Outcome {
+            title: format!(
+                "drift: {} s budget through the capture proxy, each client → server chunk delayed",
+                self.budget_ms as f64 / 1000.0
+            ),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "delay ms",
+                "grpc-timeout received",
+                "server sees ms",
+                "client really has ms",
+                "c→s chunks",
+                "seed server / client",
+            ],
+            rows: table,
+            notes: vec![
+                "relative timeouts need no clock sync, but transit time is not deducted: every hop should keep a reserve".into(),
+                "row 4: ClientDeadlineLayer::transit_allowance(100 ms) deducts the known one-way delay, so server and client agree again".into(),
+                "row 5: ReadyChannel measures the round trip with HTTP/2 PINGs and ClientDeadlineLayer::transit_from deducts half of it: no clock sync, no configured figure".into(),
+                "ours differs from the seed's client column by the delay itself: our proxy adds a true one-way delay, so the request arrives 1 × delay late; \
+                 the seed's proxy slept before each chunk in turn and its request queued behind another chunk, arriving ≈ 2 × delay late (its own note: 100 ms → ≈200 ms). \
+                 Same law either way: the server sees the full budget, the client has the budget less the transit time".into(),
+            ],
+        }
     }
 }

@@ -515,74 +515,82 @@ fn cell(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
 }
 
-/// Runs the experiment.
-pub async fn run() -> anyhow::Result<Outcome> {
-    let edge = measure().await?;
-    let rows = edge
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.layer.clone(),
-                cell(r.remaining_on_entry_ms),
-                cell(r.stopped_ms),
-                if r.stopped_on_server { "yes" } else { "NO" }.to_owned(),
-                r.cause.clone().unwrap_or_else(|| "-".to_owned()),
-            ]
-        })
-        .collect();
-    let p = &edge.pool;
-    let plain = &edge.plain_sqlx;
-    let c = &edge.sqlx_costs;
-    let notes = vec![
-        format!(
-            "the HTTP client gave up at {:.1} ms; the query was watched in pg_stat_activity from a second connection",
-            edge.client_gave_up_ms
-        ),
-        format!(
-            "pool after: {}/{} idle, {} cancel request(s), {} discarded, {} statement(s) still active: {}",
-            p.idle,
-            p.size,
-            p.cancels_sent,
-            p.discarded,
-            p.queries_still_active,
-            if p.whole { "whole" } else { "NOT whole" }
-        ),
-        format!(
-            "plain sqlx: a {:.0} ms query dropped at {:.0} ms {} on the server; the next query waited {:.1} ms",
-            plain.query_ms,
-            plain.dropped_at_ms,
-            if plain.still_active_after_drop {
-                "still ran"
-            } else {
-                "had stopped"
-            },
-            plain.next_query_waited_ms
-        ),
-        format!(
-            "cost per statement on a connection taken (median of {COST_SAMPLES}): plain sqlx {:.1} µs, scoped {:.1} µs: {:+.1} µs",
-            c.plain_statement_us, c.scoped_statement_us, c.extra_us
-        ),
-        format!(
-            "cost per call, take a connection + one statement (median of {COST_SAMPLES}): plain sqlx pool {:.1} µs, scoped {:.1} µs: {:+.1} µs, mostly the statement_timeout round trip",
-            c.plain_call_us, c.scoped_call_us, c.call_extra_us
-        ),
-    ];
-    Ok(Outcome {
-        title: format!(
-            "experiment edge: axum edge ({} ms default) → tonic → sqlx pg_sleep(5), and → reqwest → REST; the client gives up at {} ms",
-            EDGE_BUDGET.as_millis(),
-            CLIENT_GIVES_UP.as_millis()
-        ),
-        json: serde_json::to_value(&edge)?,
-        columns: vec![
-            "layer",
-            "remaining on entry ms",
-            "stopped at ms",
-            "stopped on the server",
-            "cause",
-        ],
-        rows,
-        notes,
-    })
+impl crate::registry::Experiment for Edge {
+    const NAME: &'static str = "edge";
+    const ABOUT: &'static str = "An axum edge → tonic → sqlx query (and → reqwest → REST) under one 900 ms budget, the client giving up at 300 ms (needs PostgreSQL)";
+    type Args = crate::registry::NoArgs;
+
+    async fn run(_: Self::Args, _: crate::registry::Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.layer.clone(),
+                    cell(r.remaining_on_entry_ms),
+                    cell(r.stopped_ms),
+                    if r.stopped_on_server { "yes" } else { "NO" }.to_owned(),
+                    r.cause.clone().unwrap_or_else(|| "-".to_owned()),
+                ]
+            })
+            .collect();
+        let p = &self.pool;
+        let plain = &self.plain_sqlx;
+        let c = &self.sqlx_costs;
+        let notes = vec![
+            format!(
+                "the HTTP client gave up at {:.1} ms; the query was watched in pg_stat_activity from a second connection",
+                self.client_gave_up_ms
+            ),
+            format!(
+                "pool after: {}/{} idle, {} cancel request(s), {} discarded, {} statement(s) still active: {}",
+                p.idle,
+                p.size,
+                p.cancels_sent,
+                p.discarded,
+                p.queries_still_active,
+                if p.whole { "whole" } else { "NOT whole" }
+            ),
+            format!(
+                "plain sqlx: a {:.0} ms query dropped at {:.0} ms {} on the server; the next query waited {:.1} ms",
+                plain.query_ms,
+                plain.dropped_at_ms,
+                if plain.still_active_after_drop {
+                    "still ran"
+                } else {
+                    "had stopped"
+                },
+                plain.next_query_waited_ms
+            ),
+            format!(
+                "cost per statement on a connection taken (median of {COST_SAMPLES}): plain sqlx {:.1} µs, scoped {:.1} µs: {:+.1} µs",
+                c.plain_statement_us, c.scoped_statement_us, c.extra_us
+            ),
+            format!(
+                "cost per call, take a connection + one statement (median of {COST_SAMPLES}): plain sqlx pool {:.1} µs, scoped {:.1} µs: {:+.1} µs, mostly the statement_timeout round trip",
+                c.plain_call_us, c.scoped_call_us, c.call_extra_us
+            ),
+        ];
+        Outcome {
+            title: format!(
+                "experiment edge: axum edge ({} ms default) → tonic → sqlx pg_sleep(5), and → reqwest → REST; the client gives up at {} ms",
+                EDGE_BUDGET.as_millis(),
+                CLIENT_GIVES_UP.as_millis()
+            ),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "layer",
+                "remaining on entry ms",
+                "stopped at ms",
+                "stopped on the server",
+                "cause",
+            ],
+            rows,
+            notes,
+        }
+    }
 }

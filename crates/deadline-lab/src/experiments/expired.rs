@@ -11,6 +11,7 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 use crate::capture::Capture;
 use crate::experiments::layered_client;
 use crate::net;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, code_name};
 use crate::systems::chain::{Hop, Plan};
 
@@ -74,27 +75,27 @@ pub async fn measure() -> anyhow::Result<Expired> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Expired {
+    const NAME: &'static str = "expired";
+    const ABOUT: &'static str = "An already-expired call: status, time, frames on the wire";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(e: &Expired) -> Outcome {
-    Outcome {
-        title: "expired: a call with a deadline 1 s in the past, over an open connection".into(),
-        json: crate::report::to_json(e),
-        columns: vec!["status", "elapsed ms", "frames on the wire", "seed"],
-        rows: vec![vec![
-            e.status.clone(),
-            format!("{:.3}", e.elapsed_ms),
-            e.frames.to_string(),
-            "DEADLINE_EXCEEDED, 0.0 ms, 0 frames".to_owned(),
-        ]],
-        notes: vec!["frames are counted by a TCP proxy that parses every HTTP/2 frame header the client sends".into()],
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        Outcome {
+            title: "expired: a call with a deadline 1 s in the past, over an open connection".into(),
+            json: crate::report::to_json(self),
+            columns: vec!["status", "elapsed ms", "frames on the wire", "seed"],
+            rows: vec![vec![
+                self.status.clone(),
+                format!("{:.3}", self.elapsed_ms),
+                self.frames.to_string(),
+                "DEADLINE_EXCEEDED, 0.0 ms, 0 frames".to_owned(),
+            ]],
+            notes: vec!["frames are counted by a TCP proxy that parses every HTTP/2 frame header the client sends".into()],
+        }
     }
 }

@@ -28,6 +28,7 @@ use crate::capture::{Capture, Options};
 use crate::experiments::status_name;
 use crate::net::{self, Layered};
 use crate::process::{Spawned, lab_exe};
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
 
 /// How fast a killed downstream must surface as `UNAVAILABLE` upstream.
@@ -320,55 +321,55 @@ pub async fn measure() -> anyhow::Result<Faults> {
     Ok(Faults { cases })
 }
 
-/// Runs the experiment.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Faults {
+    const NAME: &'static str = "faults";
+    const ABOUT: &'static str = "A downstream process killed, a connection cut mid-message, a downstream hung: the upstream hop's answer and what it released";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(faults: &Faults) -> Outcome {
-    let expected = |case: &str| match case {
-        "downstream killed" => format!("UNAVAILABLE within {KILL_DETECTED_WITHIN_MS} ms"),
-        "connection cut mid-message" => "INTERNAL".to_owned(),
-        _ => "DEADLINE_EXCEEDED at the deadline".to_owned(),
-    };
-    let rows = faults
-        .cases
-        .iter()
-        .map(|c| {
-            vec![
-                c.case.clone(),
-                c.status.clone(),
-                format!("{:.1}", c.detected_ms),
-                format!("{:.1}", c.answered_ms),
-                format!("{:.0}", c.deadline_ms),
-                if c.upstream_scope_ended { "yes" } else { "no" }.to_owned(),
-                c.leaked.to_string(),
-                expected(&c.case),
-            ]
-        })
-        .collect();
-    Outcome {
-        title: "faults: client → upstream hop (this process) → downstream process; what the upstream answers and releases".into(),
-        json: crate::report::to_json(faults),
-        columns: vec![
-            "case",
-            "status",
-            "detected ms",
-            "answered ms",
-            "deadline ms",
-            "upstream scope ended",
-            "leaked",
-            "expected",
-        ],
-        rows,
-        notes: vec![
-            "detected: from the fault (SIGKILL, the proxy's cut, SIGSTOP) to the client's answer; answered: from the start of the call".into(),
-            "leaked: what the upstream hop still held 500 ms after answering — request scopes not ended, admission permits in use, tasks it spawned in its scope still running".into(),
-        ],
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let expected = |case: &str| match case {
+            "downstream killed" => format!("UNAVAILABLE within {KILL_DETECTED_WITHIN_MS} ms"),
+            "connection cut mid-message" => "INTERNAL".to_owned(),
+            _ => "DEADLINE_EXCEEDED at the deadline".to_owned(),
+        };
+        let rows = self
+            .cases
+            .iter()
+            .map(|c| {
+                vec![
+                    c.case.clone(),
+                    c.status.clone(),
+                    format!("{:.1}", c.detected_ms),
+                    format!("{:.1}", c.answered_ms),
+                    format!("{:.0}", c.deadline_ms),
+                    if c.upstream_scope_ended { "yes" } else { "no" }.to_owned(),
+                    c.leaked.to_string(),
+                    expected(&c.case),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: "faults: client → upstream hop (this process) → downstream process; what the upstream answers and releases".into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "case",
+                "status",
+                "detected ms",
+                "answered ms",
+                "deadline ms",
+                "upstream scope ended",
+                "leaked",
+                "expected",
+            ],
+            rows,
+            notes: vec![
+                "detected: from the fault (SIGKILL, the proxy's cut, SIGSTOP) to the client's answer; answered: from the start of the call".into(),
+                "leaked: what the upstream hop still held 500 ms after answering — request scopes not ended, admission permits in use, tasks it spawned in its scope still running".into(),
+            ],
+        }
     }
 }

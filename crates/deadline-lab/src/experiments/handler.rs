@@ -20,6 +20,7 @@ use crate::experiments::{status_name, wire_lines};
 use crate::net;
 use crate::pb::WorkReq;
 use crate::pb::worker_client::WorkerClient;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
 use crate::systems::worker::{self, WorkerSvc};
 
@@ -132,63 +133,63 @@ pub async fn measure() -> anyhow::Result<Handler> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Handler {
+    const NAME: &'static str = "handler";
+    const ABOUT: &'static str = "A handler that watches its scope vs one that ignores it";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(handler: &Handler) -> Outcome {
-    let (watching, ignoring) = (&handler.watching, &handler.ignoring);
-    let cell = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| v.to_string());
-    let rows = vec![
-        vec![
-            "watching (work spawned in its scope)".to_owned(),
-            watching.client_status.clone(),
-            watching.client_ms.to_string(),
-            cell(watching.server_noticed_ms),
-            watching.completed.to_string(),
-            "—".to_owned(),
-            "151.1 / 151.1 / 0".to_owned(),
-        ],
-        vec![
-            "ignoring (blocking, never checks)".to_owned(),
-            ignoring.client_status.clone(),
-            ignoring.client_ms.to_string(),
-            "never".to_owned(),
-            ignoring.completed.to_string(),
-            cell(ignoring.zombie_ms),
-            "150.6 / never / 1".to_owned(),
-        ],
-    ];
-    Outcome {
-        title: format!(
-            "handler: {} ms client budget, {} s of handler work, server watched 1.2 s",
-            handler.budget_ms,
-            handler.work_ms as f64 / 1000.0
-        ),
-        json: crate::report::to_json(handler),
-        columns: vec![
-            "handler",
-            "client status",
-            "client ms",
-            "server noticed ms",
-            "completed",
-            "zombie ms",
-            "seed client / noticed / completed",
-        ],
-        rows,
-        notes: vec![
-            format!(
-                "the ignoring handler's work outlived its scope by {} ms; the library counted it (tonic_deadline_outlived_total +{})",
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let (watching, ignoring) = (&self.watching, &self.ignoring);
+        let cell = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| v.to_string());
+        let rows = vec![
+            vec![
+                "watching (work spawned in its scope)".to_owned(),
+                watching.client_status.clone(),
+                watching.client_ms.to_string(),
+                cell(watching.server_noticed_ms),
+                watching.completed.to_string(),
+                "—".to_owned(),
+                "151.1 / 151.1 / 0".to_owned(),
+            ],
+            vec![
+                "ignoring (blocking, never checks)".to_owned(),
+                ignoring.client_status.clone(),
+                ignoring.client_ms.to_string(),
+                "never".to_owned(),
+                ignoring.completed.to_string(),
                 cell(ignoring.zombie_ms),
-                ignoring.outlived_detected.map_or_else(|| "—".to_owned(), |n| n.to_string())
+                "150.6 / never / 1".to_owned(),
+            ],
+        ];
+        Outcome {
+            title: format!(
+                "handler: {} ms client budget, {} s of handler work, server watched 1.2 s",
+                self.budget_ms,
+                self.work_ms as f64 / 1000.0
             ),
-            "an async handler that ignores its scope cannot be a zombie here: the server layer drops it at the deadline; blocking threads cannot be dropped".into(),
-        ],
+            json: crate::report::to_json(self),
+            columns: vec![
+                "handler",
+                "client status",
+                "client ms",
+                "server noticed ms",
+                "completed",
+                "zombie ms",
+                "seed client / noticed / completed",
+            ],
+            rows,
+            notes: vec![
+                format!(
+                    "the ignoring handler's work outlived its scope by {} ms; the library counted it (tonic_deadline_outlived_total +{})",
+                    cell(ignoring.zombie_ms),
+                    ignoring.outlived_detected.map_or_else(|| "—".to_owned(), |n| n.to_string())
+                ),
+                "an async handler that ignores its scope cannot be a zombie here: the server layer drops it at the deadline; blocking threads cannot be dropped".into(),
+            ],
+        }
     }
 }

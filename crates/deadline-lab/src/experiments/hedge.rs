@@ -27,6 +27,7 @@ use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use crate::net;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms, quantile};
 
 /// Calls measured per variant.
@@ -427,67 +428,67 @@ pub async fn measure() -> anyhow::Result<(HedgeRows, Metrics)> {
     ))
 }
 
-/// Runs the experiment.
-///
-/// # Errors
-///
-/// When it cannot run (see [`measure`]).
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?.0))
-}
+impl Experiment for HedgeRows {
+    const NAME: &'static str = "hedge";
+    const ABOUT: &'static str = "Hedging against a 5 % slow tail: none, ours, tower::hedge";
+    type Args = NoArgs;
 
-/// The human table for a result.
-pub fn outcome(result: &HedgeRows) -> Outcome {
-    let rows = result
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.variant.clone(),
-                format!("{:.1}", r.p50_ms),
-                format!("{:.1}", r.p99_ms),
-                format!("{:.1}", r.p999_ms),
-                format!("{:.1} %", r.extra_load * 100.0),
-                r.losers.to_string(),
-                r.losers_cancelled_on_server.to_string(),
-                r.losers_ended_on_server.to_string(),
-                r.after_deadline.to_string(),
-            ]
-        })
-        .collect();
-    let ratio = match (result.row("none"), result.row("ours")) {
-        (Some(none), Some(ours)) if ours.p99_ms > 0.0 => {
-            format!(
-                "ours p99 is 1/{:.1} of none (goal: at most 1/5, at most 10 % extra load)",
-                none.p99_ms / ours.p99_ms
-            )
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        Ok(measure().await?.0)
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.variant.clone(),
+                    format!("{:.1}", r.p50_ms),
+                    format!("{:.1}", r.p99_ms),
+                    format!("{:.1}", r.p999_ms),
+                    format!("{:.1} %", r.extra_load * 100.0),
+                    r.losers.to_string(),
+                    r.losers_cancelled_on_server.to_string(),
+                    r.losers_ended_on_server.to_string(),
+                    r.after_deadline.to_string(),
+                ]
+            })
+            .collect();
+        let ratio = match (self.row("none"), self.row("ours")) {
+            (Some(none), Some(ours)) if ours.p99_ms > 0.0 => {
+                format!(
+                    "ours p99 is 1/{:.1} of none (goal: at most 1/5, at most 10 % extra load)",
+                    none.p99_ms / ours.p99_ms
+                )
+            }
+            _ => "ours p99 vs none: missing a row".to_owned(),
+        };
+        Outcome {
+            title: format!(
+                "hedge: {} calls, {:.0} % of answers take 200 ms and the rest 5 ms, {:.0} ms budget each, {CONCURRENCY} in flight",
+                self.calls,
+                self.slow_share * 100.0,
+                self.budget_ms
+            ),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "variant",
+                "p50 ms",
+                "p99 ms",
+                "p99.9 ms",
+                "extra load",
+                "losers",
+                "reset on server",
+                "ended on server",
+                "after deadline",
+            ],
+            rows,
+            notes: vec![
+                ratio,
+                "ours: hedgingPolicy maxAttempts 3, hedgingDelay 20 ms, over our client layer; tower::hedge: its p90 of the last 300 ms, one hedge, over plain tonic with a fresh 1 s timeout per attempt; ours (adaptive p95): the same policy, the delay learned from the answers' p95".into(),
+                "reset on server: losing attempts whose server scope ended Abandoned (the client's RST_STREAM arrived while it worked); ended: ended any way".into(),
+            ],
         }
-        _ => "ours p99 vs none: missing a row".to_owned(),
-    };
-    Outcome {
-        title: format!(
-            "hedge: {} calls, {:.0} % of answers take 200 ms and the rest 5 ms, {:.0} ms budget each, {CONCURRENCY} in flight",
-            result.calls,
-            result.slow_share * 100.0,
-            result.budget_ms
-        ),
-        json: crate::report::to_json(result),
-        columns: vec![
-            "variant",
-            "p50 ms",
-            "p99 ms",
-            "p99.9 ms",
-            "extra load",
-            "losers",
-            "reset on server",
-            "ended on server",
-            "after deadline",
-        ],
-        rows,
-        notes: vec![
-            ratio,
-            "ours: hedgingPolicy maxAttempts 3, hedgingDelay 20 ms, over our client layer; tower::hedge: its p90 of the last 300 ms, one hedge, over plain tonic with a fresh 1 s timeout per attempt; ours (adaptive p95): the same policy, the delay learned from the answers' p95".into(),
-            "reset on server: losing attempts whose server scope ended Abandoned (the client's RST_STREAM arrived while it worked); ended: ended any way".into(),
-        ],
     }
 }

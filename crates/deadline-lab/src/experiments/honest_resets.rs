@@ -53,6 +53,7 @@ use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::net;
+use crate::registry::{Experiment, Spans};
 use crate::report::{Outcome, quantile};
 
 /// The servers, in the order each pattern meets them.
@@ -73,7 +74,17 @@ pub const PATTERNS: [&str; 7] = [
 pub const WINDOW_MS: u64 = 1500;
 
 /// How long each pattern runs in the demo.
-pub const DEMO_WINDOW: Duration = Duration::from_millis(1000);
+pub const DEMO_WINDOW_MS: u64 = 1000;
+
+/// The flags of `experiment honest-resets`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// How long each pattern runs against each server, in milliseconds
+    /// (at least 1 000: the latency spike of the client-timeout
+    /// patterns lasts a second).
+    #[arg(long, default_value_t = WINDOW_MS)]
+    window_ms: u64,
+}
 
 /// What a call ended with when the client gave up on its own (its
 /// `tokio::time::timeout`), or dropped it.
@@ -569,62 +580,68 @@ pub async fn measure(window: Duration) -> anyhow::Result<HonestResets> {
     })
 }
 
-/// Runs the experiment, `window` per pattern and server.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run(window: Duration) -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure(window).await?))
-}
+impl Experiment for HonestResets {
+    const NAME: &'static str = "honest-resets";
+    const ABOUT: &'static str = "Honest clients that end streams early (deadline storms, hedges, their own short timeouts, cancels, a flood's neighbours behind one address) against plain tonic, the layer alone and ours";
+    type Args = Args;
 
-/// The printed table of a result.
-pub fn outcome(result: &HonestResets) -> Outcome {
-    let rows = result
-        .rows
-        .iter()
-        .map(|r| {
-            let outcomes: Vec<String> = r
-                .outcomes
-                .iter()
-                .map(|(outcome, n)| format!("{outcome} {n}"))
-                .collect();
-            vec![
-                r.pattern.clone(),
-                r.server.clone(),
-                r.calls.to_string(),
-                outcomes.join(", "),
-                r.failures.to_string(),
-                r.cut_by_guard
-                    .map_or_else(|| "—".to_owned(), |n| n.to_string()),
-                format!("{:.2}", r.p50_ms),
-                format!("{:.2}", r.p99_ms),
-            ]
-        })
-        .collect();
-    Outcome {
-        title: "honest-resets: clients that end streams early (deadlines, hedges, their own timeouts, cancels, a flood's neighbours) against plain tonic, the layer alone and ours".into(),
-        json: crate::report::to_json(result),
-        columns: vec![
-            "pattern",
-            "server",
-            "calls",
-            "outcomes",
-            "failures",
-            "cut by guard",
-            "p50 ms",
-            "p99 ms",
-        ],
-        rows,
-        notes: vec![
-            format!(
-                "each pattern for {:.1} s against a fresh server; a failure is an outcome not the pattern's own (an answer, its deadline, the client's own timeout or cancel); NAT neighbours: p50/p99 of connect + first call",
-                result.window_ms / 1000.0
-            ),
-            format!(
-                "ours failed no more calls than plain tonic, with no status plain tonic's did not see, in every pattern: {}",
-                if result.ours_never_harsher { "yes" } else { "NO" }
-            ),
-        ],
+    fn demo_args() -> Args {
+        Args {
+            window_ms: DEMO_WINDOW_MS,
+        }
+    }
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        measure(Duration::from_millis(args.window_ms.clamp(1_000, 60_000))).await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                let outcomes: Vec<String> = r
+                    .outcomes
+                    .iter()
+                    .map(|(outcome, n)| format!("{outcome} {n}"))
+                    .collect();
+                vec![
+                    r.pattern.clone(),
+                    r.server.clone(),
+                    r.calls.to_string(),
+                    outcomes.join(", "),
+                    r.failures.to_string(),
+                    r.cut_by_guard
+                        .map_or_else(|| "—".to_owned(), |n| n.to_string()),
+                    format!("{:.2}", r.p50_ms),
+                    format!("{:.2}", r.p99_ms),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: "honest-resets: clients that end streams early (deadlines, hedges, their own timeouts, cancels, a flood's neighbours) against plain tonic, the layer alone and ours".into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "pattern",
+                "server",
+                "calls",
+                "outcomes",
+                "failures",
+                "cut by guard",
+                "p50 ms",
+                "p99 ms",
+            ],
+            rows,
+            notes: vec![
+                format!(
+                    "each pattern for {:.1} s against a fresh server; a failure is an outcome not the pattern's own (an answer, its deadline, the client's own timeout or cancel); NAT neighbours: p50/p99 of connect + first call",
+                    self.window_ms / 1000.0
+                ),
+                format!(
+                    "ours failed no more calls than plain tonic, with no status plain tonic's did not see, in every pattern: {}",
+                    if self.ours_never_harsher { "yes" } else { "NO" }
+                ),
+            ],
+        }
     }
 }

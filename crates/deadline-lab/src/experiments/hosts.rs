@@ -26,10 +26,19 @@ use crate::net::{self, Transit};
 use crate::netns::{Host, Link, Network};
 use crate::pb::PushReq;
 use crate::pb::gateway_client::GatewayClient;
+use crate::registry::{Experiment, Needs, Spans};
 use crate::report::{Outcome, quantile};
 
 /// The one-way latencies measured by default, in milliseconds.
 pub const ONE_WAY_MS: [u64; 2] = [5, 20];
+
+/// The flags of `experiment hosts`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// One-way latency of every link, in milliseconds (repeatable).
+    #[arg(long = "one-way-ms", default_values_t = ONE_WAY_MS)]
+    one_way_ms: Vec<u64>,
+}
 
 /// Calls measured per run (the excess reported is their median).
 pub const CALLS: usize = 7;
@@ -412,72 +421,73 @@ pub async fn measure(one_way_ms: &[u64]) -> anyhow::Result<Hosts> {
     })
 }
 
-/// Runs the experiment at 5 and 20 ms one-way latency.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    let hosts = measure(&ONE_WAY_MS).await?;
-    Ok(outcome(&hosts))
-}
+impl Experiment for Hosts {
+    const NAME: &'static str = "hosts";
+    const ABOUT: &'static str = "Every service in its own network namespace with one-way latency: what each hop's deadline gains over its parent's (needs root)";
+    const NEEDS: &'static [Needs] = &[Needs::NetNamespaces];
+    type Args = Args;
 
-/// The printed table of a result.
-pub fn outcome(hosts: &Hosts) -> Outcome {
-    let rows = hosts
-        .rows
-        .iter()
-        .map(|r| {
-            let expected = if r.compensation {
-                format!("≤ {COMPENSATED_EXCESS_MAX_MS}")
-            } else {
-                format!("≈ {}", r.one_way_ms)
-            };
-            vec![
-                r.system.clone(),
-                format!("{} → {}", r.parent, r.hop),
-                r.namespace.clone(),
-                r.one_way_ms.to_string(),
-                if r.compensation { "yes" } else { "no" }.to_owned(),
-                format!("{:.2}", r.deadline_excess_ms),
-                format!(
-                    "{:.2} … {:.2}",
-                    r.deadline_excess_min_ms, r.deadline_excess_max_ms
-                ),
-                expected,
-                format!("{:.1}", r.remaining_ms),
-                r.header.clone(),
-            ]
-        })
-        .collect();
-    let mut notes = vec![
-        format!("excess = the hop's deadline − the deadline its parent handed on, both as CLOCK_MONOTONIC readings (one clock for every namespace); median of {CALLS} calls"),
-        "without compensation the excess is the one-way transit: a relative grpc-timeout starts counting on arrival; with it, each caller deducts half the round trip its connection measured with HTTP/2 PINGs (ReadyChannelBuilder::measure_round_trip + ClientDeadlineLayer::transit_from), no clock sync and no configured latency".to_owned(),
-    ];
-    notes.push(match hosts.delay_by.as_str() {
-        "netem" => "latency: tc netem delay on both ends of every veth pair".to_owned(),
-        _ => format!(
-            "latency: netem is not available on this kernel ({}), so a capture proxy in the caller's namespace delays each direction by the one-way latency",
-            hosts.netem_error
-        ),
-    });
-    Outcome {
-        title: "hosts: every service in its own network namespace, one-way latency on every link"
-            .into(),
-        json: crate::report::to_json(hosts),
-        columns: vec![
-            "system",
-            "parent → hop",
-            "namespace",
-            "one-way ms",
-            "compensation",
-            "deadline excess ms",
-            "min … max",
-            "expected",
-            "remaining ms",
-            "grpc-timeout received",
-        ],
-        rows,
-        notes,
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        measure(&args.one_way_ms).await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                let expected = if r.compensation {
+                    format!("≤ {COMPENSATED_EXCESS_MAX_MS}")
+                } else {
+                    format!("≈ {}", r.one_way_ms)
+                };
+                vec![
+                    r.system.clone(),
+                    format!("{} → {}", r.parent, r.hop),
+                    r.namespace.clone(),
+                    r.one_way_ms.to_string(),
+                    if r.compensation { "yes" } else { "no" }.to_owned(),
+                    format!("{:.2}", r.deadline_excess_ms),
+                    format!(
+                        "{:.2} … {:.2}",
+                        r.deadline_excess_min_ms, r.deadline_excess_max_ms
+                    ),
+                    expected,
+                    format!("{:.1}", r.remaining_ms),
+                    r.header.clone(),
+                ]
+            })
+            .collect();
+        let mut notes = vec![
+            format!("excess = the hop's deadline − the deadline its parent handed on, both as CLOCK_MONOTONIC readings (one clock for every namespace); median of {CALLS} calls"),
+            "without compensation the excess is the one-way transit: a relative grpc-timeout starts counting on arrival; with it, each caller deducts half the round trip its connection measured with HTTP/2 PINGs (ReadyChannelBuilder::measure_round_trip + ClientDeadlineLayer::transit_from), no clock sync and no configured latency".to_owned(),
+        ];
+        notes.push(match self.delay_by.as_str() {
+            "netem" => "latency: tc netem delay on both ends of every veth pair".to_owned(),
+            _ => format!(
+                "latency: netem is not available on this kernel ({}), so a capture proxy in the caller's namespace delays each direction by the one-way latency",
+                self.netem_error
+            ),
+        });
+        Outcome {
+            title:
+                "hosts: every service in its own network namespace, one-way latency on every link"
+                    .into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "system",
+                "parent → hop",
+                "namespace",
+                "one-way ms",
+                "compensation",
+                "deadline excess ms",
+                "min … max",
+                "expected",
+                "remaining ms",
+                "grpc-timeout received",
+            ],
+            rows,
+            notes,
+        }
     }
 }

@@ -10,6 +10,7 @@ use tonic_deadline::Scope;
 
 use crate::experiments::{status_name, without_deadline};
 use crate::pb::{PushReq, Trace};
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
 use crate::systems::im::{self, CLIENT_BUDGET};
 use crate::systems::trace::Journal;
@@ -220,74 +221,74 @@ pub async fn measure() -> anyhow::Result<Im> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Im {
+    const NAME: &'static str = "im";
+    const ABOUT: &'static str = "The IM chain's per-hop budgets, normal and with route stalling";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(result: &Im) -> Outcome {
-    let seed = |service: &str| match service {
-        "gateway" => "800 → logic 500",
-        "logic" => "500 (own 500 if none) → route 200, push left − 50",
-        "route" => "200",
-        "push" => "left − 50",
-        _ => "",
-    };
-    let mut rows = Vec::new();
-    for (name, case) in [
-        ("normal", &result.normal),
-        ("route stalls", &result.route_stall),
-        ("logic, no deadline", &result.no_deadline),
-    ] {
-        for hop in &case.hops {
-            let gave: Vec<String> = hop
-                .gave
-                .iter()
-                .map(|g| format!("{} {} ({})", g.to, cell(g.ms), g.outcome))
-                .collect();
-            let work = hop
-                .work
-                .as_ref()
-                .map(|w| format!("{} at {} ms", w.outcome, cell(w.at_ms)));
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let seed = |service: &str| match service {
+            "gateway" => "800 → logic 500",
+            "logic" => "500 (own 500 if none) → route 200, push left − 50",
+            "route" => "200",
+            "push" => "left − 50",
+            _ => "",
+        };
+        let mut rows = Vec::new();
+        for (name, case) in [
+            ("normal", &self.normal),
+            ("route stalls", &self.route_stall),
+            ("logic, no deadline", &self.no_deadline),
+        ] {
+            for hop in &case.hops {
+                let gave: Vec<String> = hop
+                    .gave
+                    .iter()
+                    .map(|g| format!("{} {} ({})", g.to, cell(g.ms), g.outcome))
+                    .collect();
+                let work = hop
+                    .work
+                    .as_ref()
+                    .map(|w| format!("{} at {} ms", w.outcome, cell(w.at_ms)));
+                rows.push(vec![
+                    name.to_owned(),
+                    hop.service.clone(),
+                    cell(hop.entry_ms),
+                    if hop.header.is_empty() {
+                        "(none)".to_owned()
+                    } else {
+                        hop.header.clone()
+                    },
+                    if gave.is_empty() {
+                        work.unwrap_or_default()
+                    } else {
+                        gave.join(", ")
+                    },
+                    seed(&hop.service).to_owned(),
+                ]);
+            }
             rows.push(vec![
-                name.to_owned(),
-                hop.service.clone(),
-                cell(hop.entry_ms),
-                if hop.header.is_empty() {
-                    "(none)".to_owned()
-                } else {
-                    hop.header.clone()
-                },
-                if gave.is_empty() {
-                    work.unwrap_or_default()
-                } else {
-                    gave.join(", ")
-                },
-                seed(&hop.service).to_owned(),
+                String::new(),
+                "→ client".to_owned(),
+                format!("{} after {} ms", case.status, case.client_ms),
+                String::new(),
+                String::new(),
+                String::new(),
             ]);
         }
-        rows.push(vec![
-            String::new(),
-            "→ client".to_owned(),
-            format!("{} after {} ms", case.status, case.client_ms),
-            String::new(),
-            String::new(),
-            String::new(),
-        ]);
-    }
-    Outcome {
-        title: "im: gateway → logic → route / push, client budget 800 ms; ms on entry and ms handed on".into(),
-        json: crate::report::to_json(result),
-        columns: vec!["case", "service", "entry ms", "grpc-timeout", "gave downstream ms (status) / own work", "seed budget"],
-        rows,
-        notes: vec![
-            "every hop hands on strictly less than it had: gateway caps logic at 500, logic caps route at 200 and keeps 50 for itself".into(),
-            "when route stalls, route's own scope ends at its 200 ms and logic answers DEADLINE_EXCEEDED long before the client's 800 ms".into(),
-        ],
+        Outcome {
+            title: "im: gateway → logic → route / push, client budget 800 ms; ms on entry and ms handed on".into(),
+            json: crate::report::to_json(self),
+            columns: vec!["case", "service", "entry ms", "grpc-timeout", "gave downstream ms (status) / own work", "seed budget"],
+            rows,
+            notes: vec![
+                "every hop hands on strictly less than it had: gateway caps logic at 500, logic caps route at 200 and keeps 50 for itself".into(),
+                "when route stalls, route's own scope ends at its 200 ms and logic answers DEADLINE_EXCEEDED long before the client's 800 ms".into(),
+            ],
+        }
     }
 }

@@ -101,16 +101,23 @@ pub struct JobsRun {
     pub drained_after_kill_ms: f64,
 }
 
-impl JobsRun {
-    /// The printed table (and, as JSON, this struct).
-    pub fn outcome(&self) -> anyhow::Result<Outcome> {
+impl crate::registry::Experiment for JobsRun {
+    const NAME: &'static str = "jobs";
+    const ABOUT: &'static str = "Jobs on PostgreSQL, two worker processes, one killed mid-job";
+    type Args = crate::registry::NoArgs;
+
+    async fn run(_: Self::Args, _: crate::registry::Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
         let row = |what: &str, value: String| vec![what.to_owned(), value];
-        Ok(Outcome {
+        Outcome {
             title: format!(
                 "experiment jobs: {} jobs on {} ({}), {} worker processes, {} SIGKILLed mid-job",
                 self.accepted, self.backend, self.server, self.workers, self.killed
             ),
-            json: serde_json::to_value(self)?,
+            json: crate::report::to_json(self),
             columns: vec!["figure", "measured"],
             rows: vec![
                 row("accepted", self.accepted.to_string()),
@@ -169,7 +176,7 @@ impl JobsRun {
                         .join(", ")
                 ),
             ],
-        })
+        }
     }
 }
 
@@ -406,13 +413,13 @@ async fn mid_job(pool: &PgPool, table: &str, worker: &str) -> anyhow::Result<Opt
     Ok(rows.first().map(|r| (r.get(0), r.get(1))))
 }
 
-/// Runs the experiment.
+/// Runs the jobs and kills a worker.
 ///
 /// # Errors
 ///
 /// No PostgreSQL server could be had, or a worker did not start or the
 /// queue did not drain in time.
-pub async fn run() -> anyhow::Result<JobsRun> {
+pub async fn measure() -> anyhow::Result<JobsRun> {
     let Some((url, _server)) = db_cancel::server().await? else {
         anyhow::bail!(
             "experiment jobs needs PostgreSQL: set TONIC_DEADLINE_PG_URL or install the server (apt-get install postgresql)"

@@ -31,12 +31,22 @@ use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use crate::experiments::waterfall::{self, Case};
 use crate::otlp::Receiver;
 use crate::pb::{CheckoutReq, PushReq};
+use crate::registry::{Experiment, Spans};
 use crate::report::Outcome;
 use crate::systems::trace::Journal;
 use crate::systems::{REPLY_RESERVE, im, shop};
 
 /// Runs of each case by default.
 pub const RUNS: usize = 100;
+
+/// The flags of `experiment ledger`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Runs of each stall case.
+    #[arg(long, default_value_t = RUNS)]
+    runs: usize,
+}
+
 /// Calls in flight at once.
 const CONCURRENCY: usize = 25;
 
@@ -382,77 +392,84 @@ pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResu
     Ok(LedgerResult { rows })
 }
 
-/// Runs the experiment, `n` runs of each case, with the receiver the
-/// process exports to.
-///
-/// # Errors
-///
-/// Without a receiver, or as [`measure`].
-pub async fn run(n: usize, receiver: Option<&Receiver>) -> anyhow::Result<Outcome> {
-    let receiver = receiver.ok_or_else(|| {
-        anyhow::anyhow!("the ledger traces its calls with its own OTLP receiver; none runs")
-    })?;
-    Ok(outcome(&measure(n, receiver).await?))
-}
-
 /// Runs `deadline-lab experiment ledger --runs N --json` as a child
 /// process, so that its spans stay out of this process.
 ///
 /// # Errors
 ///
 /// When the child fails or prints something else than the result.
-pub async fn run_child(n: usize) -> anyhow::Result<Outcome> {
+async fn run_child(n: usize) -> anyhow::Result<LedgerResult> {
     let runs = n.to_string();
     let args = ["experiment", "ledger", "--runs", &runs, "--json"];
     let out = crate::process::run(&crate::process::lab_exe()?, &args).await?;
-    let result: LedgerResult = serde_json::from_str(&out)?;
-    Ok(outcome(&result))
+    Ok(serde_json::from_str(&out)?)
 }
 
-/// The printed table of a result.
-pub fn outcome(result: &LedgerResult) -> Outcome {
-    let rows = result
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.case.clone(),
-                r.runs.to_string(),
-                r.stalled.clone(),
-                format!("{:.3}", r.arrived_share),
-                format!("{:.3}", r.named_right_share),
-                format!("{:.4}", r.sum_error_share),
-                r.max_bytes_per_hop.to_string(),
-            ]
-        })
-        .collect();
-    let mut notes = vec![format!(
-        "each hop keeps {} ms for its answer (ServerDeadlineLayer::reply_reserve); arrived: the ledger reached the stalled hop's line; named: that hop spent the most time itself; sum error: the root hop's time as the ledger tells it beside what the client waited",
-        REPLY_RESERVE.as_millis()
-    )];
-    for r in &result.rows {
-        notes.push(format!("{}: {}", r.case, r.example));
-        for line in &r.example_lines {
-            notes.push(format!("    {line}"));
+impl Experiment for LedgerResult {
+    const NAME: &'static str = "ledger";
+    const ABOUT: &'static str = "Where the budget of a DEADLINE_EXCEEDED went: the ledger the root caller receives for the IM chain with route stalled, the shop with pricing late and a retried call, over many runs";
+    const COLLECTS_SPANS: bool = true;
+    type Args = Args;
+
+    async fn run(args: Args, spans: Spans) -> anyhow::Result<Self> {
+        let n = args.runs.clamp(1, 100_000);
+        match spans {
+            Spans::ChildProcess => run_child(n).await,
+            Spans::Collected(receiver) => {
+                let receiver = receiver.ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "the ledger traces its calls with its own OTLP receiver; none runs"
+                    )
+                })?;
+                measure(n, &receiver).await
+            }
         }
     }
-    for case in result.rows.iter().filter_map(|r| r.traced.as_ref()) {
-        notes.extend(traced_lines(case));
-    }
-    Outcome {
-        title: "ledger: where the budget of a DEADLINE_EXCEEDED went, hop by hop, as the root caller receives it".into(),
-        json: crate::report::to_json(result),
-        columns: vec![
-            "case",
-            "runs",
-            "stalled hop",
-            "arrived",
-            "named right",
-            "sum error",
-            "longest line, bytes",
-        ],
-        rows,
-        notes,
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.case.clone(),
+                    r.runs.to_string(),
+                    r.stalled.clone(),
+                    format!("{:.3}", r.arrived_share),
+                    format!("{:.3}", r.named_right_share),
+                    format!("{:.4}", r.sum_error_share),
+                    r.max_bytes_per_hop.to_string(),
+                ]
+            })
+            .collect();
+        let mut notes = vec![format!(
+            "each hop keeps {} ms for its answer (ServerDeadlineLayer::reply_reserve); arrived: the ledger reached the stalled hop's line; named: that hop spent the most time itself; sum error: the root hop's time as the ledger tells it beside what the client waited",
+            REPLY_RESERVE.as_millis()
+        )];
+        for r in &self.rows {
+            notes.push(format!("{}: {}", r.case, r.example));
+            for line in &r.example_lines {
+                notes.push(format!("    {line}"));
+            }
+        }
+        for case in self.rows.iter().filter_map(|r| r.traced.as_ref()) {
+            notes.extend(traced_lines(case));
+        }
+        Outcome {
+            title: "ledger: where the budget of a DEADLINE_EXCEEDED went, hop by hop, as the root caller receives it".into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "case",
+                "runs",
+                "stalled hop",
+                "arrived",
+                "named right",
+                "sum error",
+                "longest line, bytes",
+            ],
+            rows,
+            notes,
+        }
     }
 }
 

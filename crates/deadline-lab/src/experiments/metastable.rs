@@ -49,6 +49,7 @@ use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::net;
+use crate::registry::{Experiment, Spans};
 use crate::report::Outcome;
 
 /// Connections in the pool, and how long a query holds one.
@@ -78,6 +79,20 @@ pub const TRIGGERS: [&str; 2] = ["capacity", "spike"];
 pub const TIMELINE_MS: [u64; 3] = [2_000, 10_000, 10_000];
 /// The demo's.
 pub const DEMO_TIMELINE_MS: [u64; 3] = [1_500, 3_000, 4_000];
+
+/// The flags of `experiment metastable`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Milliseconds of load before the trigger.
+    #[arg(long, default_value_t = TIMELINE_MS[0])]
+    before_ms: u64,
+    /// How long the trigger lasts, in milliseconds.
+    #[arg(long, default_value_t = TIMELINE_MS[1])]
+    trigger_ms: u64,
+    /// Milliseconds of load after it.
+    #[arg(long, default_value_t = TIMELINE_MS[2])]
+    after_ms: u64,
+}
 
 /// Ours's config: retries inside the one deadline, throttled.
 const OUR_CONFIG: &str = r#"{"methodConfig": [{"name": [{"service": "probe.v1.Probe"}],
@@ -473,83 +488,93 @@ pub async fn measure(timeline: [Duration; 3]) -> anyhow::Result<Metastable> {
     })
 }
 
-/// Runs the experiment.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run(timeline: [Duration; 3]) -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure(timeline).await?))
-}
+impl Experiment for Metastable {
+    const NAME: &'static str = "metastable";
+    const ABOUT: &'static str = "A service at 0.9 of capacity under retrying clients, hit by a capacity cut or a load spike that then ends: goodput per second and the time it takes to come back, plain tonic beside ours";
+    type Args = Args;
 
-/// The printed table of a result.
-pub fn outcome(result: &Metastable) -> Outcome {
-    let [before, during, _] = result.timeline_s;
-    let rows = result
-        .rows
-        .iter()
-        .map(|r| {
-            let series = |v: &[f64], digits: usize| {
-                v.iter()
-                    .map(|x| format!("{x:.digits$}"))
+    fn demo_args() -> Args {
+        let [before_ms, trigger_ms, after_ms] = DEMO_TIMELINE_MS;
+        Args {
+            before_ms,
+            trigger_ms,
+            after_ms,
+        }
+    }
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        let timeline = [args.before_ms, args.trigger_ms, args.after_ms];
+        measure(timeline.map(|ms| Duration::from_millis(ms.clamp(1_000, 120_000)))).await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let [before, during, _] = self.timeline_s;
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                let series = |v: &[f64], digits: usize| {
+                    v.iter()
+                        .map(|x| format!("{x:.digits$}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                vec![
+                    r.trigger.clone(),
+                    r.stack.clone(),
+                    r.recovery_s
+                        .map_or_else(|| "never".to_owned(), |s| format!("{s:.2}")),
+                    format!("{:.3}", r.during_share_of_remaining),
+                    format!("{:.4}", r.expired_work_share),
+                    series(&r.goodput, 2),
+                ]
+            })
+            .collect();
+        let mut notes = vec![
+            format!(
+                "a pool of {CONNECTIONS} × {} ms queries ({:.0} calls/s), offered {:.0} calls/s open-loop, 1 s deadlines; the trigger from {before:.1} s for {during:.1} s: capacity cut to 20 %, or twice the load",
+                QUERY.as_millis(),
+                self.capacity_rps,
+                self.offered_rps
+            ),
+            "plain: FIFO pool, queries run to their end, clients with a fresh 200 ms timeout per attempt and up to 4 retries; ours: the layers, Admission in front of the pool, retries from service config (maxAttempts 5 in the one deadline, retryThrottling 10 / 0.1)".into(),
+            "goals for ours: during the trigger at least 0.90 of the capacity left; back to 95 % of the offered load within 1 s of its end; at most 1 % of the work for callers already gone".into(),
+        ];
+        for r in &self.rows {
+            notes.push(format!(
+                "{}, {}: offered/s {}; attempts/s {}; work for callers gone {}",
+                r.trigger,
+                r.stack,
+                r.offered
+                    .iter()
+                    .map(|x| format!("{x:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                r.attempts
+                    .iter()
+                    .map(|x| format!("{x:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                r.expired_share
+                    .iter()
+                    .map(|x| format!("{x:.2}"))
                     .collect::<Vec<_>>()
                     .join(" ")
-            };
-            vec![
-                r.trigger.clone(),
-                r.stack.clone(),
-                r.recovery_s
-                    .map_or_else(|| "never".to_owned(), |s| format!("{s:.2}")),
-                format!("{:.3}", r.during_share_of_remaining),
-                format!("{:.4}", r.expired_work_share),
-                series(&r.goodput, 2),
-            ]
-        })
-        .collect();
-    let mut notes = vec![
-        format!(
-            "a pool of {CONNECTIONS} × {} ms queries ({:.0} calls/s), offered {:.0} calls/s open-loop, 1 s deadlines; the trigger from {before:.1} s for {during:.1} s: capacity cut to 20 %, or twice the load",
-            QUERY.as_millis(),
-            result.capacity_rps,
-            result.offered_rps
-        ),
-        "plain: FIFO pool, queries run to their end, clients with a fresh 200 ms timeout per attempt and up to 4 retries; ours: the layers, Admission in front of the pool, retries from service config (maxAttempts 5 in the one deadline, retryThrottling 10 / 0.1)".into(),
-        "goals for ours: during the trigger at least 0.90 of the capacity left; back to 95 % of the offered load within 1 s of its end; at most 1 % of the work for callers already gone".into(),
-    ];
-    for r in &result.rows {
-        notes.push(format!(
-            "{}, {}: offered/s {}; attempts/s {}; work for callers gone {}",
-            r.trigger,
-            r.stack,
-            r.offered
-                .iter()
-                .map(|x| format!("{x:.0}"))
-                .collect::<Vec<_>>()
-                .join(" "),
-            r.attempts
-                .iter()
-                .map(|x| format!("{x:.0}"))
-                .collect::<Vec<_>>()
-                .join(" "),
-            r.expired_share
-                .iter()
-                .map(|x| format!("{x:.2}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
-    }
-    Outcome {
-        title: "metastable: a service at 0.9 of capacity, retrying clients, a trigger that ends — does goodput come back?".into(),
-        json: crate::report::to_json(result),
-        columns: vec![
-            "trigger",
-            "stack",
-            "recovery s",
-            "during / capacity left",
-            "work for callers gone",
-            "goodput per second (÷ capacity)",
-        ],
-        rows,
-        notes,
+            ));
+        }
+        Outcome {
+            title: "metastable: a service at 0.9 of capacity, retrying clients, a trigger that ends — does goodput come back?".into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "trigger",
+                "stack",
+                "recovery s",
+                "during / capacity left",
+                "work for callers gone",
+                "goodput per second (÷ capacity)",
+            ],
+            rows,
+            notes,
+        }
     }
 }

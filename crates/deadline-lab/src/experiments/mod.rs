@@ -1,4 +1,9 @@
 //! Experiments: each runs real services on loopback and measures one claim.
+//!
+//! An experiment is one file: its result type implements
+//! [`Experiment`](crate::registry::Experiment) (its name, flags, run and
+//! table), and its line in [`ALL`] (beside its `mod` line here) puts it on
+//! the command line and in the demo.
 
 pub mod amplification;
 pub mod chain;
@@ -30,6 +35,35 @@ use probe::probe_client::ProbeClient;
 use tonic_deadline::Scope;
 
 use crate::net::{self, Layered};
+use crate::registry::Entry;
+
+/// Every experiment, in the order the demo runs them.
+pub static ALL: &[Entry] = &[
+    Entry::of::<wire::Wire>(),
+    Entry::of::<chain::Chain>(),
+    Entry::of::<propagation::Propagation>(),
+    Entry::of::<expired::Expired>(),
+    Entry::of::<handler::Handler>(),
+    Entry::of::<drift::Drift>(),
+    Entry::of::<im::Im>(),
+    Entry::of::<ledger::LedgerResult>(),
+    Entry::of::<waterfall::Waterfall>(),
+    Entry::of::<shop::Shop>(),
+    Entry::of::<orders::Orders>(),
+    Entry::of::<db_cancel::DbCancel>(),
+    Entry::of::<seams::Seams>(),
+    Entry::of::<edge::Edge>(),
+    Entry::of::<hosts::Hosts>(),
+    Entry::of::<proxy::Proxy>(),
+    Entry::of::<faults::Faults>(),
+    Entry::of::<rapid_reset::RapidReset>(),
+    Entry::of::<honest_resets::HonestResets>(),
+    Entry::of::<amplification::Amplification>(),
+    Entry::of::<metastable::Metastable>(),
+    Entry::of::<retry::RetryCases>(),
+    Entry::of::<hedge::HedgeRows>(),
+    Entry::of::<jobs::JobsRun>(),
+];
 
 /// A client to `addr` through our layer, with the connection already open.
 pub async fn layered_client(addr: std::net::SocketAddr) -> anyhow::Result<ProbeClient<Layered>> {

@@ -168,49 +168,49 @@ pub async fn measure() -> anyhow::Result<Orders> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl crate::registry::Experiment for Orders {
+    const NAME: &'static str = "orders";
+    const ABOUT: &'static str = "CreateOrder with a payment that stalls past the deadline";
+    type Args = crate::registry::NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(orders: &Orders) -> Outcome {
-    let (stall, late) = (&orders.stall, &orders.late_reply);
-    let yes = |v: bool| if v { "yes" } else { "no" }.to_owned();
-    let rows = vec![
-        vec![
-            format!("payment stalls ({STALL_MS} ms)"),
-            format!("{} at {} ms", stall.client_status, stall.client_ms),
-            yes(stall.payment_cancelled),
-            yes(stall.order_written),
-            "—".to_owned(),
-        ],
-        vec![
-            format!("committed, reply takes {SLOW_REPLY_MS} ms"),
-            format!("{} at {} ms", late.client_status, late.client_ms),
-            "no".to_owned(),
-            yes(late.order_written),
-            format!("{} ({} charge)", late.retry_status, late.charges),
-        ],
-    ];
-    Outcome {
-        title: format!(
-            "orders: CreateOrder with a {} ms budget, payments inside, SQLite behind",
-            orders.budget_ms
-        ),
-        json: crate::report::to_json(orders),
-        columns: vec![
-            "case",
-            "client",
-            "payment cancelled",
-            "order row written",
-            "retry, same id",
-        ],
-        rows,
-        notes: vec![orders.outcome_unknown.clone()],
+    async fn run(_: Self::Args, _: crate::registry::Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let (stall, late) = (&self.stall, &self.late_reply);
+        let yes = |v: bool| if v { "yes" } else { "no" }.to_owned();
+        let rows = vec![
+            vec![
+                format!("payment stalls ({STALL_MS} ms)"),
+                format!("{} at {} ms", stall.client_status, stall.client_ms),
+                yes(stall.payment_cancelled),
+                yes(stall.order_written),
+                "—".to_owned(),
+            ],
+            vec![
+                format!("committed, reply takes {SLOW_REPLY_MS} ms"),
+                format!("{} at {} ms", late.client_status, late.client_ms),
+                "no".to_owned(),
+                yes(late.order_written),
+                format!("{} ({} charge)", late.retry_status, late.charges),
+            ],
+        ];
+        Outcome {
+            title: format!(
+                "orders: CreateOrder with a {} ms budget, payments inside, SQLite behind",
+                self.budget_ms
+            ),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "case",
+                "client",
+                "payment cancelled",
+                "order row written",
+                "retry, same id",
+            ],
+            rows,
+            notes: vec![self.outcome_unknown.clone()],
+        }
     }
 }

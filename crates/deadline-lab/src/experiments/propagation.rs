@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tonic_deadline::Scope;
 
 use crate::experiments::layered_client;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, code_name, ms};
 use crate::systems::chain::{self, Plan};
 
@@ -90,35 +91,36 @@ pub async fn measure() -> anyhow::Result<Propagation> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Propagation {
+    const NAME: &'static str = "propagation";
+    const ABOUT: &'static str =
+        "Completions downstream after the client gives up: propagate vs detach";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(p: &Propagation) -> Outcome {
-    let row = |name: &str, v: &Variant, seed: &str| {
-        vec![
-            name.to_owned(),
-            v.client_status.clone(),
-            v.client_ms.to_string(),
-            v.b_completed.to_string(),
-            v.c_completed.to_string(),
-            seed.to_owned(),
-        ]
-    };
-    Outcome {
-        title: "propagation: 200 ms client budget, B and C each do 1 s of work; completions counted 1.2 s after the client returns".into(),
-        rows: vec![
-            row("propagate (default)", &p.propagate, "0 / 0"),
-            row("A detaches the call to B", &p.detached, "1 / 1"),
-        ],
-        json: crate::report::to_json(p),
-        columns: vec!["variant", "client status", "client ms", "B completed", "C completed", "seed B / C"],
-        notes: vec!["the detached variant needs an explicit `tonic_deadline::detach` in A".into()],
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let row = |name: &str, v: &Variant, seed: &str| {
+            vec![
+                name.to_owned(),
+                v.client_status.clone(),
+                v.client_ms.to_string(),
+                v.b_completed.to_string(),
+                v.c_completed.to_string(),
+                seed.to_owned(),
+            ]
+        };
+        Outcome {
+            title: "propagation: 200 ms client budget, B and C each do 1 s of work; completions counted 1.2 s after the client returns".into(),
+            rows: vec![
+                row("propagate (default)", &self.propagate, "0 / 0"),
+                row("A detaches the call to B", &self.detached, "1 / 1"),
+            ],
+            json: crate::report::to_json(self),
+            columns: vec!["variant", "client status", "client ms", "B completed", "C completed", "seed B / C"],
+            notes: vec!["the detached variant needs an explicit `tonic_deadline::detach` in A".into()],
+        }
     }
 }

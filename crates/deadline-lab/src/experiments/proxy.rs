@@ -24,6 +24,7 @@ use crate::capture::{Capture, Direction};
 use crate::clock::deadline_ns;
 use crate::experiments::{layered_client, status_name};
 use crate::nginx::{Config, Nginx};
+use crate::registry::{Experiment, Needs, NoArgs, Spans};
 use crate::report::{Outcome, ms, quantile};
 use crate::systems::chain::{self, Plan};
 use crate::{clock, net};
@@ -381,75 +382,79 @@ pub async fn measure() -> anyhow::Result<Proxy> {
     })
 }
 
-/// Runs the experiment and builds its table.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Proxy {
+    const NAME: &'static str = "proxy";
+    const ABOUT: &'static str = "Debian's nginx (grpc_pass) between two hops: the header it forwards, the transit, and whether a client's cancel reaches the hop behind it";
+    const NEEDS: &'static [Needs] = &[Needs::Nginx];
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(p: &Proxy) -> Outcome {
-    let r = &p.read_timeout;
-    let rows = vec![
-        vec!["proxy".to_owned(), p.proxy.clone()],
-        vec!["grpc-timeout sent by A".to_owned(), p.header_sent.clone()],
-        vec![
-            "grpc-timeout received by B".to_owned(),
-            p.header_received.clone(),
-        ],
-        vec![
-            "forwarded unchanged".to_owned(),
-            if p.header_unchanged { "yes" } else { "no" }.to_owned(),
-        ],
-        vec![
-            "transit through nginx (B's deadline − A's), new upstream connection per call"
-                .to_owned(),
-            format!("{:.2} ms", p.transit_ms),
-        ],
-        vec![
-            "client cancel → B's scope ends, through nginx".to_owned(),
-            format!(
-                "{:.1} ms ({})",
-                p.reset_reaches_downstream_ms, p.downstream_cause
-            ),
-        ],
-        vec![
-            "with upstream keepalive: transit".to_owned(),
-            format!("{:.2} ms", p.keepalive.transit_ms),
-        ],
-        vec![
-            "with upstream keepalive: client cancel → B's scope ends".to_owned(),
-            format!(
-                "{:.1} ms ({})",
-                p.keepalive.reset_reaches_downstream_ms, p.keepalive.downstream_cause
-            ),
-        ],
-        vec![
-            "client cancel → B's scope ends, A → B directly".to_owned(),
-            format!("{:.1} ms", p.reset_direct_ms),
-        ],
-        vec![
-            format!(
-                "grpc_read_timeout {:.0} ms, deadline {:.0} ms, B works {:.0} ms",
-                r.grpc_read_timeout_ms, r.deadline_ms, r.work_ms
-            ),
-            format!(
-                "{} after {:.0} ms ({}); B's scope ended at {:.0} ms ({})",
-                r.status, r.answered_ms, r.message, r.downstream_ended_ms, r.downstream_cause
-            ),
-        ],
-    ];
-    Outcome {
-        title: "proxy: client → A → nginx (grpc_pass) → B".into(),
-        json: crate::report::to_json(p),
-        columns: vec!["measured", "value"],
-        rows,
-        notes: vec![
-            "nginx passes grpc-timeout on as any other header and keeps its own clock: its grpc_read_timeout (60 s by default) cuts a call with INTERNAL however long the deadline".into(),
-            "a client's RST_STREAM reaches B through nginx: nginx ends its upstream request, and B's scope ends as Abandoned (with or without upstream keepalive)".into(),
-        ],
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let r = &self.read_timeout;
+        let rows = vec![
+            vec!["proxy".to_owned(), self.proxy.clone()],
+            vec![
+                "grpc-timeout sent by A".to_owned(),
+                self.header_sent.clone(),
+            ],
+            vec![
+                "grpc-timeout received by B".to_owned(),
+                self.header_received.clone(),
+            ],
+            vec![
+                "forwarded unchanged".to_owned(),
+                if self.header_unchanged { "yes" } else { "no" }.to_owned(),
+            ],
+            vec![
+                "transit through nginx (B's deadline − A's), new upstream connection per call"
+                    .to_owned(),
+                format!("{:.2} ms", self.transit_ms),
+            ],
+            vec![
+                "client cancel → B's scope ends, through nginx".to_owned(),
+                format!(
+                    "{:.1} ms ({})",
+                    self.reset_reaches_downstream_ms, self.downstream_cause
+                ),
+            ],
+            vec![
+                "with upstream keepalive: transit".to_owned(),
+                format!("{:.2} ms", self.keepalive.transit_ms),
+            ],
+            vec![
+                "with upstream keepalive: client cancel → B's scope ends".to_owned(),
+                format!(
+                    "{:.1} ms ({})",
+                    self.keepalive.reset_reaches_downstream_ms, self.keepalive.downstream_cause
+                ),
+            ],
+            vec![
+                "client cancel → B's scope ends, A → B directly".to_owned(),
+                format!("{:.1} ms", self.reset_direct_ms),
+            ],
+            vec![
+                format!(
+                    "grpc_read_timeout {:.0} ms, deadline {:.0} ms, B works {:.0} ms",
+                    r.grpc_read_timeout_ms, r.deadline_ms, r.work_ms
+                ),
+                format!(
+                    "{} after {:.0} ms ({}); B's scope ended at {:.0} ms ({})",
+                    r.status, r.answered_ms, r.message, r.downstream_ended_ms, r.downstream_cause
+                ),
+            ],
+        ];
+        Outcome {
+            title: "proxy: client → A → nginx (grpc_pass) → B".into(),
+            json: crate::report::to_json(self),
+            columns: vec!["measured", "value"],
+            rows,
+            notes: vec![
+                "nginx passes grpc-timeout on as any other header and keeps its own clock: its grpc_read_timeout (60 s by default) cuts a call with INTERNAL however long the deadline".into(),
+                "a client's RST_STREAM reaches B through nginx: nginx ends its upstream request, and B's scope ends as Abandoned (with or without upstream keepalive)".into(),
+            ],
+        }
     }
 }

@@ -55,13 +55,22 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::net::{self, Layered};
+use crate::registry::{Experiment, Spans};
 use crate::report::{Outcome, ms};
 
 /// How long each row floods when the experiment runs alone.
 pub const FLOOD_MS: u64 = 2_000;
 
 /// How long each row floods in the demo.
-pub const DEMO_FLOOD: Duration = Duration::from_millis(600);
+pub const DEMO_FLOOD_MS: u64 = 600;
+
+/// The flags of `experiment rapid-reset`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// How long each server is flooded with each shape, in milliseconds.
+    #[arg(long, default_value_t = FLOOD_MS)]
+    flood_ms: u64,
+}
 
 /// The rate of the slow shapes, per connection: slower than the server's
 /// accept loop, about what a Python HTTP/2 client sends.
@@ -723,113 +732,118 @@ pub async fn measure(flooding: Duration) -> anyhow::Result<RapidReset> {
     })
 }
 
-/// Runs the experiment, flooding each row for `flooding`.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run(flooding: Duration) -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure(flooding).await?))
-}
-
 /// A count that may be missing, as the table shows it.
 fn or_dash(n: Option<u32>) -> String {
     n.map_or_else(|| "—".to_owned(), |n| n.to_string())
 }
 
-/// The printed table of a result.
-pub fn outcome(result: &RapidReset) -> Outcome {
-    let rows = result
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.shape.clone(),
-                r.server.clone(),
-                r.cut.clone(),
-                format!("{} of {}", r.connections_cut, r.connections_opened),
-                or_dash(r.streams_before_cut_max),
-                or_dash(r.streams_before_cut_median),
-                or_dash(r.streams_uncut_max),
-                format!("{:.3}", r.honest_p50_before_ms),
-                format!("{:.3}", r.honest_p50_during_ms),
-                r.honest_calls.to_string(),
-                r.honest_failures.to_string(),
-            ]
-        })
-        .collect();
-    let mut notes = vec![
-        format!(
-            "each row: a fresh server, flooded for {:.1} s; each flooding thread connects again whenever it is cut off; streams per connection: those the server took before the cut (the last stream its GOAWAY names, or all written when it only closed)",
-            result.flooding_ms / 1000.0
-        ),
-        "uncut: the most streams on one connection the server never cut off".into(),
-        format!(
-            "honest: one client on its own connection calling grpc.health.v1.Health/Check in a loop; before: {BASELINE_CALLS} calls while threads spin as the flooding threads will; {}",
-            if result.cpus_split {
-                "the flooding and spinning threads on half the CPUs, the server and the honest client on the other half"
-            } else {
-                "all threads on one CPU"
-            }
-        ),
-        format!(
-            "ours must cut every flooding connection within {} streams, with no honest failure, and answer the honest client within {HONEST_P50_VS_PLAIN} x plain tonic's median beside the same flood and within {HONEST_P50_VS_BEFORE} x its own before the flood",
-            result.cut_within
-        ),
-        format!(
-            "honest median during / before: {}",
-            result
-                .rows
-                .iter()
-                .map(|r| format!(
-                    "{}, {} {:.2}",
-                    r.shape,
-                    r.server,
-                    r.honest_p50_during_ms / r.honest_p50_before_ms
-                ))
-                .collect::<Vec<_>>()
-                .join("; ")
-        ),
-    ];
-    let counted: Vec<String> = result
-        .rows
-        .iter()
-        .filter_map(|r| {
-            r.guard_counted
-                .map(|n| format!("{}, {} {n} of {}", r.shape, r.server, r.connections_cut))
-        })
-        .collect();
-    if !counted.is_empty() {
-        notes.push(format!(
-            "cut off as counted by the guard (Metrics::reset_floods_cut) of those the flood saw cut: {}",
-            counted.join("; ")
-        ));
+impl Experiment for RapidReset {
+    const NAME: &'static str = "rapid-reset";
+    const ABOUT: &'static str = "HTTP/2 Rapid Reset floods, fast and slow, on one connection and four, in the clear and over TLS: how plain tonic, the layer alone and ours cut them off, and an honest client's latency beside them";
+    type Args = Args;
+
+    fn demo_args() -> Args {
+        Args {
+            flood_ms: DEMO_FLOOD_MS,
+        }
     }
-    for r in result.rows.iter().filter(|r| r.honest_failures > 0) {
-        notes.push(format!(
-            "{}, {}: first honest failure: {}",
-            r.shape,
-            r.server,
-            r.honest_first_failure.as_deref().unwrap_or("?")
-        ));
+
+    async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
+        measure(Duration::from_millis(args.flood_ms.clamp(100, 60_000))).await
     }
-    Outcome {
-        title: "rapid-reset: HTTP/2 Rapid Reset floods (streams opened and reset at once) against plain tonic, the layer alone and ours, in the clear and over TLS, beside an honest client".into(),
-        json: crate::report::to_json(result),
-        columns: vec![
-            "flood",
-            "server",
-            "cut",
-            "connections cut",
-            "streams before cut max",
-            "median",
-            "uncut",
-            "honest p50 before ms",
-            "during ms",
-            "honest calls",
-            "honest failures",
-        ],
-        rows,
-        notes,
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.shape.clone(),
+                    r.server.clone(),
+                    r.cut.clone(),
+                    format!("{} of {}", r.connections_cut, r.connections_opened),
+                    or_dash(r.streams_before_cut_max),
+                    or_dash(r.streams_before_cut_median),
+                    or_dash(r.streams_uncut_max),
+                    format!("{:.3}", r.honest_p50_before_ms),
+                    format!("{:.3}", r.honest_p50_during_ms),
+                    r.honest_calls.to_string(),
+                    r.honest_failures.to_string(),
+                ]
+            })
+            .collect();
+        let mut notes = vec![
+            format!(
+                "each row: a fresh server, flooded for {:.1} s; each flooding thread connects again whenever it is cut off; streams per connection: those the server took before the cut (the last stream its GOAWAY names, or all written when it only closed)",
+                self.flooding_ms / 1000.0
+            ),
+            "uncut: the most streams on one connection the server never cut off".into(),
+            format!(
+                "honest: one client on its own connection calling grpc.health.v1.Health/Check in a loop; before: {BASELINE_CALLS} calls while threads spin as the flooding threads will; {}",
+                if self.cpus_split {
+                    "the flooding and spinning threads on half the CPUs, the server and the honest client on the other half"
+                } else {
+                    "all threads on one CPU"
+                }
+            ),
+            format!(
+                "ours must cut every flooding connection within {} streams, with no honest failure, and answer the honest client within {HONEST_P50_VS_PLAIN} x plain tonic's median beside the same flood and within {HONEST_P50_VS_BEFORE} x its own before the flood",
+                self.cut_within
+            ),
+            format!(
+                "honest median during / before: {}",
+                self.rows
+                    .iter()
+                    .map(|r| format!(
+                        "{}, {} {:.2}",
+                        r.shape,
+                        r.server,
+                        r.honest_p50_during_ms / r.honest_p50_before_ms
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ];
+        let counted: Vec<String> = self
+            .rows
+            .iter()
+            .filter_map(|r| {
+                r.guard_counted
+                    .map(|n| format!("{}, {} {n} of {}", r.shape, r.server, r.connections_cut))
+            })
+            .collect();
+        if !counted.is_empty() {
+            notes.push(format!(
+                "cut off as counted by the guard (Metrics::reset_floods_cut) of those the flood saw cut: {}",
+                counted.join("; ")
+            ));
+        }
+        for r in self.rows.iter().filter(|r| r.honest_failures > 0) {
+            notes.push(format!(
+                "{}, {}: first honest failure: {}",
+                r.shape,
+                r.server,
+                r.honest_first_failure.as_deref().unwrap_or("?")
+            ));
+        }
+        Outcome {
+            title: "rapid-reset: HTTP/2 Rapid Reset floods (streams opened and reset at once) against plain tonic, the layer alone and ours, in the clear and over TLS, beside an honest client".into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "flood",
+                "server",
+                "cut",
+                "connections cut",
+                "streams before cut max",
+                "median",
+                "uncut",
+                "honest p50 before ms",
+                "during ms",
+                "honest calls",
+                "honest failures",
+            ],
+            rows,
+            notes,
+        }
     }
 }

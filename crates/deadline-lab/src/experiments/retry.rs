@@ -24,6 +24,7 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::experiments::status_name;
 use crate::net;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
 
 /// The experiment's result.
@@ -385,15 +386,6 @@ pub async fn measure() -> anyhow::Result<RetryCases> {
     Ok(RetryCases { cases })
 }
 
-/// Runs the experiment.
-///
-/// # Errors
-///
-/// When it cannot run (see [`measure`]).
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
-
 fn list(values: &[f64]) -> String {
     values
         .iter()
@@ -402,42 +394,51 @@ fn list(values: &[f64]) -> String {
         .join(" / ")
 }
 
-/// The human table for a result.
-pub fn outcome(cases: &RetryCases) -> Outcome {
-    let rows = cases
-        .cases
-        .iter()
-        .map(|c| {
-            vec![
-                c.case.clone(),
-                c.status.clone(),
-                c.attempts.to_string(),
-                list(&c.attempt_starts_ms),
-                list(&c.attempt_budgets_ms),
-                format!("{:.0}", c.deadline_ms),
-                format!("{:.1}", c.client_ms),
-                c.expected.clone(),
-            ]
-        })
-        .collect();
-    Outcome {
-        title: "retry: tonic client → resilience layer → client layer → scripted server; every attempt inside the caller's one deadline".into(),
-        json: crate::report::to_json(cases),
-        columns: vec![
-            "case",
-            "status",
-            "attempts",
-            "attempt starts ms",
-            "budget on the wire ms",
-            "deadline ms",
-            "client ms",
-            "expected",
-        ],
-        rows,
-        notes: vec![
-            "retryPolicy: maxAttempts 4, backoff random(0, min(initialBackoff x 2^(n-1), 2 s)), retryable UNAVAILABLE (and DEADLINE_EXCEEDED in the two DEADLINE_EXCEEDED cases)".into(),
-            "budget on the wire: grpc-timeout as the server received it — what was left of the one deadline when that attempt was sent".into(),
-            "the WARN logged at this step is the 'not idempotent' case's, on purpose: the layer names a config that lists DEADLINE_EXCEEDED for a method not declared idempotent".into(),
-        ],
+impl Experiment for RetryCases {
+    const NAME: &'static str = "retry";
+    const ABOUT: &'static str = "Retries inside one deadline: succeeding on the 3rd attempt, the deadline ending the backoff, pushback, outcome-unknown codes";
+    type Args = NoArgs;
+
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .cases
+            .iter()
+            .map(|c| {
+                vec![
+                    c.case.clone(),
+                    c.status.clone(),
+                    c.attempts.to_string(),
+                    list(&c.attempt_starts_ms),
+                    list(&c.attempt_budgets_ms),
+                    format!("{:.0}", c.deadline_ms),
+                    format!("{:.1}", c.client_ms),
+                    c.expected.clone(),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: "retry: tonic client → resilience layer → client layer → scripted server; every attempt inside the caller's one deadline".into(),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "case",
+                "status",
+                "attempts",
+                "attempt starts ms",
+                "budget on the wire ms",
+                "deadline ms",
+                "client ms",
+                "expected",
+            ],
+            rows,
+            notes: vec![
+                "retryPolicy: maxAttempts 4, backoff random(0, min(initialBackoff x 2^(n-1), 2 s)), retryable UNAVAILABLE (and DEADLINE_EXCEEDED in the two DEADLINE_EXCEEDED cases)".into(),
+                "budget on the wire: grpc-timeout as the server received it — what was left of the one deadline when that attempt was sent".into(),
+                "the WARN logged at this step is the 'not idempotent' case's, on purpose: the layer names a config that lists DEADLINE_EXCEEDED for a method not declared idempotent".into(),
+            ],
+        }
     }
 }

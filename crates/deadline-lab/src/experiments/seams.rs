@@ -33,6 +33,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 
 use crate::net;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, code_name, ms};
 
 /// The client's budget.
@@ -567,51 +568,56 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "—".to_owned(), |v| format!("{v:.1}"))
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// When a server cannot be started.
-pub async fn run() -> anyhow::Result<Outcome> {
-    let seams = measure_all().await?;
-    let rows = seams
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.way.clone(),
-                opt(r.next_hop_remaining_ms),
-                opt(r.excess_ms),
-                r.client_status.clone(),
-                format!("{:.1}", r.client_ms),
-                match (r.next_hop_stopped_ms, r.next_hop_completed) {
-                    (_, true) => "worked on to the end".to_owned(),
-                    (Some(at), false) => format!("stopped at {at:.1}"),
-                    (None, false) => "never reached".to_owned(),
-                },
-                if r.reported { "yes" } else { "no" }.to_owned(),
-            ]
-        })
-        .collect();
-    Ok(Outcome {
-        title: format!(
-            "seams: {} ms client budget, the next hop works {} ms; does the call carry the budget, and is a break reported?",
-            seams.budget_ms, seams.next_hop_work_ms
-        ),
-        json: serde_json::to_value(&seams)?,
-        columns: vec![
-            "way",
-            "next hop remaining ms",
-            "excess ms",
-            "client status",
-            "client ms",
-            "next hop",
-            "reported",
-        ],
-        rows,
-        notes: vec![
-            "excess: the next hop's deadline minus the client's (what it was told beyond what the client had)".into(),
-            "a row with no budget at the next hop must be reported (a WARN naming the fix, and a count)".into(),
-        ],
-    })
+impl Experiment for Seams {
+    const NAME: &'static str = "seams";
+    const ABOUT: &'static str =
+        "Every way code moves work or makes a call: budget kept, or the break reported";
+    type Args = NoArgs;
+
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure_all().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.way.clone(),
+                    opt(r.next_hop_remaining_ms),
+                    opt(r.excess_ms),
+                    r.client_status.clone(),
+                    format!("{:.1}", r.client_ms),
+                    match (r.next_hop_stopped_ms, r.next_hop_completed) {
+                        (_, true) => "worked on to the end".to_owned(),
+                        (Some(at), false) => format!("stopped at {at:.1}"),
+                        (None, false) => "never reached".to_owned(),
+                    },
+                    if r.reported { "yes" } else { "no" }.to_owned(),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: format!(
+                "seams: {} ms client budget, the next hop works {} ms; does the call carry the budget, and is a break reported?",
+                self.budget_ms, self.next_hop_work_ms
+            ),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "way",
+                "next hop remaining ms",
+                "excess ms",
+                "client status",
+                "client ms",
+                "next hop",
+                "reported",
+            ],
+            rows,
+            notes: vec![
+                "excess: the next hop's deadline minus the client's (what it was told beyond what the client had)".into(),
+                "a row with no budget at the next hop must be reported (a WARN naming the fix, and a count)".into(),
+            ],
+        }
+    }
 }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::experiments::im::{Hop, cell, find, hops};
 use crate::experiments::{status_name, without_deadline};
 use crate::pb::{BrowseReq, CheckoutReq};
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
 use crate::systems::shop::{self, API_DEADLINE, CACHE_CAP, FIXED_TIMEOUT, PRICING_RESERVE};
 use crate::systems::trace::Journal;
@@ -175,75 +176,76 @@ pub async fn measure() -> anyhow::Result<Shop> {
     })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Shop {
+    const NAME: &'static str = "shop";
+    const ABOUT: &'static str =
+        "The API's 900 ms shared by inventory and pricing, the cache cap, fan-out";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(shop: &Shop) -> Outcome {
-    let (propagated, fixed, browse) = (&shop.propagated, &shop.fixed_timeouts, &shop.fan_out);
-    let expected_pricing = shop.expected_pricing_ms;
-    let rows = vec![
-        vec![
-            "propagated".to_owned(),
-            cell(propagated.entry("api")),
-            cell(propagated.entry("inventory")),
-            cell(propagated.entry("pricing")),
-            format!("{} at {} ms", propagated.status, propagated.client_ms),
-            format!("900 / ≈900 / ≈250 − reserve ({expected_pricing})"),
-        ],
-        vec![
-            format!("fixed 800 ms per call, pricing takes {SLOW_PRICING_MS} ms"),
-            cell(fixed.entry("api")),
-            cell(fixed.entry("inventory")),
-            cell(fixed.entry("pricing")),
-            format!("{} at {} ms", fixed.status, fixed.client_ms),
-            "900 / 800 / a fresh 800".to_owned(),
-        ],
-    ];
-    let quotes: Vec<String> = browse
-        .pricing_entries_ms
-        .iter()
-        .map(f64::to_string)
-        .collect();
-    let cache = browse.grant("cache");
-    let notes = vec![
-        format!(
-            "fan-out (Browse, {ITEMS} quotes in parallel + cache): quotes entered with [{}] ms — one shared deadline; the cache got {} ms (cap {} ms) and, taking {SLOW_CACHE_MS} ms, was cut: {}",
-            quotes.join(", "),
-            cell(cache.and_then(|g| g.ms)),
-            shop.cache_cap_ms,
-            cache.map_or("?", |g| g.outcome.as_str()),
-        ),
-        format!(
-            "with fixed timeouts pricing was promised {} ms although only ≈{} ms of the request were left; the caller got {} at {} ms and pricing's work ended {}",
-            FIXED_TIMEOUT.as_millis(),
-            shop.api_deadline_ms - shop.inventory_ms,
-            fixed.status,
-            fixed.client_ms,
-            fixed.work_end("pricing"),
-        ),
-    ];
-    Outcome {
-        title: format!(
-            "shop: API deadline {} ms, inventory takes {} ms, then pricing; ms on entry",
-            shop.api_deadline_ms, shop.inventory_ms
-        ),
-        json: crate::report::to_json(shop),
-        columns: vec![
-            "variant",
-            "api ms",
-            "inventory ms",
-            "pricing ms",
-            "status",
-            "seed api / inventory / pricing",
-        ],
-        rows,
-        notes,
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let (propagated, fixed, browse) = (&self.propagated, &self.fixed_timeouts, &self.fan_out);
+        let expected_pricing = self.expected_pricing_ms;
+        let rows = vec![
+            vec![
+                "propagated".to_owned(),
+                cell(propagated.entry("api")),
+                cell(propagated.entry("inventory")),
+                cell(propagated.entry("pricing")),
+                format!("{} at {} ms", propagated.status, propagated.client_ms),
+                format!("900 / ≈900 / ≈250 − reserve ({expected_pricing})"),
+            ],
+            vec![
+                format!("fixed 800 ms per call, pricing takes {SLOW_PRICING_MS} ms"),
+                cell(fixed.entry("api")),
+                cell(fixed.entry("inventory")),
+                cell(fixed.entry("pricing")),
+                format!("{} at {} ms", fixed.status, fixed.client_ms),
+                "900 / 800 / a fresh 800".to_owned(),
+            ],
+        ];
+        let quotes: Vec<String> = browse
+            .pricing_entries_ms
+            .iter()
+            .map(f64::to_string)
+            .collect();
+        let cache = browse.grant("cache");
+        let notes = vec![
+            format!(
+                "fan-out (Browse, {ITEMS} quotes in parallel + cache): quotes entered with [{}] ms — one shared deadline; the cache got {} ms (cap {} ms) and, taking {SLOW_CACHE_MS} ms, was cut: {}",
+                quotes.join(", "),
+                cell(cache.and_then(|g| g.ms)),
+                self.cache_cap_ms,
+                cache.map_or("?", |g| g.outcome.as_str()),
+            ),
+            format!(
+                "with fixed timeouts pricing was promised {} ms although only ≈{} ms of the request were left; the caller got {} at {} ms and pricing's work ended {}",
+                FIXED_TIMEOUT.as_millis(),
+                self.api_deadline_ms - self.inventory_ms,
+                fixed.status,
+                fixed.client_ms,
+                fixed.work_end("pricing"),
+            ),
+        ];
+        Outcome {
+            title: format!(
+                "shop: API deadline {} ms, inventory takes {} ms, then pricing; ms on entry",
+                self.api_deadline_ms, self.inventory_ms
+            ),
+            json: crate::report::to_json(self),
+            columns: vec![
+                "variant",
+                "api ms",
+                "inventory ms",
+                "pricing ms",
+                "status",
+                "seed api / inventory / pricing",
+            ],
+            rows,
+            notes,
+        }
     }
 }

@@ -23,6 +23,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::experiments::status_name;
 use crate::otlp::{Received, Receiver};
 use crate::pb::PushReq;
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
 use crate::systems::im::{self, CLIENT_BUDGET};
 use crate::systems::trace::Journal;
@@ -344,34 +345,14 @@ pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
     })
 }
 
-/// Runs the experiment with the receiver the process exports to.
-///
-/// # Errors
-///
-/// Without a receiver, or as [`measure`].
-pub async fn run(receiver: Option<&Receiver>) -> anyhow::Result<Outcome> {
-    let receiver = receiver.ok_or_else(|| {
-        anyhow::anyhow!("the waterfall collects its spans with its own OTLP receiver; none runs")
-    })?;
-    measure(receiver).await?.outcome()
-}
-
-/// Runs `deadline-lab experiment waterfall --json` as a child process, so
-/// that its spans (and their cost) stay out of this process.
+/// Runs `deadline-lab experiment waterfall --json` (the binary at `exe`) as
+/// a child process, so that its spans (and their cost) stay out of this
+/// process.
 ///
 /// # Errors
 ///
 /// When the child fails or prints something else than the result.
-pub async fn run_child() -> anyhow::Result<Outcome> {
-    run_exe(&crate::process::lab_exe()?).await
-}
-
-/// [`run_child`] with the `deadline-lab` binary at `exe`.
-///
-/// # Errors
-///
-/// As [`run_child`].
-pub async fn run_exe(exe: &std::path::Path) -> anyhow::Result<Outcome> {
+pub async fn run_exe(exe: &std::path::Path) -> anyhow::Result<Waterfall> {
     let out = tokio::process::Command::new(exe)
         .args(["experiment", "waterfall", "--json"])
         .output()
@@ -381,8 +362,7 @@ pub async fn run_exe(exe: &std::path::Path) -> anyhow::Result<Outcome> {
         "experiment waterfall failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let waterfall: Waterfall = serde_json::from_slice(&out.stdout)?;
-    waterfall.outcome()
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// A text bar: `█` from start to end, `|` at the deadline, one column per
@@ -413,13 +393,27 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
 }
 
-impl Waterfall {
-    /// The printed table, with the JSON alongside.
-    ///
-    /// # Errors
-    ///
-    /// Never in practice (the result serializes).
-    pub fn outcome(&self) -> anyhow::Result<Outcome> {
+impl Experiment for Waterfall {
+    const NAME: &'static str = "waterfall";
+    const ABOUT: &'static str = "One request through the IM chain, traced: every hop's span, budget and outcome, normal and with route stalling";
+    const COLLECTS_SPANS: bool = true;
+    type Args = NoArgs;
+
+    async fn run(_: NoArgs, spans: Spans) -> anyhow::Result<Self> {
+        match spans {
+            Spans::ChildProcess => run_exe(&crate::process::lab_exe()?).await,
+            Spans::Collected(receiver) => {
+                let receiver = receiver.ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "the waterfall collects its spans with its own OTLP receiver; none runs"
+                    )
+                })?;
+                measure(&receiver).await
+            }
+        }
+    }
+
+    fn outcome(&self) -> Outcome {
         let width = (self.client_budget_ms / BAR_MS) as usize;
         let mut rows = Vec::new();
         for case in &self.cases {
@@ -470,12 +464,12 @@ impl Waterfall {
                 String::new(),
             ]);
         }
-        Ok(Outcome {
+        Outcome {
             title: format!(
                 "waterfall: one request through the IM chain, traced over OTLP (client budget {} ms; bar: {} ms a column, | the hop's deadline)",
                 self.client_budget_ms, BAR_MS
             ),
-            json: serde_json::to_value(self)?,
+            json: crate::report::to_json(self),
             columns: vec![
                 "case", "span", "start ms", "end ms", "budget on entry", "granted", "limit", "outcome", "0 → 800 ms",
             ],
@@ -485,6 +479,6 @@ impl Waterfall {
                 format!("route stalls: route's lookup blocks for {STALL_MS} ms and ignores its scope; route answers at its 200 ms cap, its blocking work runs on and is flagged"),
                 "ledger: the lines the client received with the same call's DEADLINE_EXCEEDED, the root's first (experiment ledger runs it many times)".into(),
             ],
-        })
+        }
     }
 }

@@ -6,6 +6,7 @@ use probe::CallRequest;
 use serde::{Deserialize, Serialize};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
+use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::Outcome;
 use crate::systems::chain::{Hop, Plan};
 use crate::{experiments::layered_client, net};
@@ -77,33 +78,33 @@ pub async fn measure() -> anyhow::Result<Wire> {
     Ok(Wire { rows })
 }
 
-/// Runs the experiment and renders it.
-///
-/// # Errors
-///
-/// As [`measure`].
-pub async fn run() -> anyhow::Result<Outcome> {
-    Ok(outcome(&measure().await?))
-}
+impl Experiment for Wire {
+    const NAME: &'static str = "wire";
+    const ABOUT: &'static str = "grpc-timeout on the wire for budgets from 50 ms to 100 h";
+    type Args = NoArgs;
 
-/// The printed table of a result.
-pub fn outcome(wire: &Wire) -> Outcome {
-    let rows = wire
-        .rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.timeout.clone(),
-                r.header.clone().unwrap_or_else(|| "(absent)".to_owned()),
-                r.seed.clone(),
-            ]
-        })
-        .collect();
-    Outcome {
-        title: "wire: grpc-timeout as received by the server (call made right after the timeout is set)".into(),
-        json: crate::report::to_json(wire),
-        columns: vec!["timeout", "ours", "grpc-go (seed)"],
-        rows,
-        notes: vec!["ours is the remaining budget at the moment the headers are written, finest unit that fits 8 digits".into()],
+    async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
+        measure().await
+    }
+
+    fn outcome(&self) -> Outcome {
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.timeout.clone(),
+                    r.header.clone().unwrap_or_else(|| "(absent)".to_owned()),
+                    r.seed.clone(),
+                ]
+            })
+            .collect();
+        Outcome {
+            title: "wire: grpc-timeout as received by the server (call made right after the timeout is set)".into(),
+            json: crate::report::to_json(self),
+            columns: vec!["timeout", "ours", "grpc-go (seed)"],
+            rows,
+            notes: vec!["ours is the remaining budget at the moment the headers are written, finest unit that fits 8 digits".into()],
+        }
     }
 }

@@ -24,15 +24,16 @@ use deadline_lab::bench::instructions::Case as InstructionCase;
 use deadline_lab::bench::retry_storm::{self, Storm};
 use deadline_lab::experiments::amplification::{self, Amplification};
 use deadline_lab::experiments::edge;
-use deadline_lab::experiments::faults::{self, Faults, KILL_DETECTED_WITHIN_MS};
+use deadline_lab::experiments::faults::{Faults, KILL_DETECTED_WITHIN_MS};
 use deadline_lab::experiments::hedge::{self, HedgeRows};
 use deadline_lab::experiments::hosts::{COMPENSATED_EXCESS_MAX_MS, ONE_WAY_MS};
 use deadline_lab::experiments::metastable::{self, Metastable};
 use deadline_lab::experiments::rapid_reset::{
-    self, CUT_WITHIN, HONEST_P50_VS_BEFORE, HONEST_P50_VS_PLAIN, RapidReset, SERVERS, SHAPES,
+    CUT_WITHIN, HONEST_P50_VS_BEFORE, HONEST_P50_VS_PLAIN, RapidReset, SERVERS, SHAPES,
 };
 use deadline_lab::experiments::retry::{self, RetryCases};
 use deadline_lab::experiments::waterfall::Waterfall;
+use deadline_lab::registry::Experiment as _;
 use deadline_lab::report::Outcome;
 use std::time::Duration;
 
@@ -368,7 +369,7 @@ fn every_measured_table_in_the_docs_is_checked_against_the_lab() {
 fn docs_retry_table_shows_the_cases_and_outcomes_experiment_retry_measures() {
     let table = measured_table("experiment retry");
     let live: RetryCases = timed(&["experiment", "retry", "--json"]);
-    table.shows_the_rows_of(&retry::outcome(&live));
+    table.shows_the_rows_of(&live.outcome());
     for case in &live.cases {
         let name = case.case.as_str();
         // What does not depend on timing must be what the lab measures now:
@@ -417,7 +418,7 @@ fn docs_retry_table_shows_the_cases_and_outcomes_experiment_retry_measures() {
 fn docs_faults_table_shows_the_cases_and_statuses_experiment_faults_measures() {
     let table = measured_table("experiment faults");
     let live: Faults = timed(&["experiment", "faults", "--json"]);
-    table.shows_the_rows_of(&faults::outcome(&live));
+    table.shows_the_rows_of(&live.outcome());
     for case in &live.cases {
         let name = case.case.as_str();
         assert_eq!(table.cell(name, "status"), case.status, "{name}");
@@ -459,7 +460,7 @@ fn docs_hedge_table_holds_the_laws_experiment_hedge_asserts() {
         budget_ms: hedge::BUDGET.as_secs_f64() * 1000.0,
         slow_share: hedge::SLOW_SHARE,
     };
-    table.has_the_labs_columns(&hedge::outcome(&empty).columns);
+    table.has_the_labs_columns(&empty.outcome().columns);
     assert_eq!(
         table.labels(),
         ["none", "ours", "tower::hedge", hedge::ADAPTIVE],
@@ -521,7 +522,7 @@ fn docs_retry_storm_table_holds_the_laws_bench_retry_storm_asserts() {
         deadline_ms: 100.0,
         window_s: 2.0,
     };
-    table.has_the_labs_columns(&retry_storm::outcome(&empty).columns);
+    table.has_the_labs_columns(&empty.outcome().columns);
     assert_eq!(
         table.labels(),
         ["no retries", "naive retries", "ours", "ours (retry budget)"],
@@ -571,7 +572,7 @@ fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
         rows: Vec::new(),
         fan_in_ms: 0.0,
     };
-    table.has_the_labs_columns(&amplification::outcome(&empty).columns);
+    table.has_the_labs_columns(&empty.outcome().columns);
     let expected: Vec<(&str, &str)> = amplification::CASES
         .iter()
         .flat_map(|case| amplification::STACKS.map(|stack| (*case, stack)))
@@ -602,7 +603,7 @@ fn docs_metastable_table_holds_the_laws_experiment_metastable_asserts() {
         offered_rps: 0.0,
         timeline_s: [0.0; 3],
     };
-    table.has_the_labs_columns(&metastable::outcome(&empty).columns);
+    table.has_the_labs_columns(&empty.outcome().columns);
     let expected: Vec<(&str, &str)> = metastable::TRIGGERS
         .iter()
         .flat_map(|trigger| metastable::STACKS.map(|stack| (*trigger, stack)))
@@ -764,7 +765,7 @@ fn docs_rapid_reset_table_holds_the_laws_experiment_rapid_reset_asserts() {
         cut_within: CUT_WITHIN,
         cpus_split: true,
     };
-    table.has_the_labs_columns(&rapid_reset::outcome(&empty).columns);
+    table.has_the_labs_columns(&empty.outcome().columns);
     let server = table.column("server");
     let shown: Vec<(&str, &str)> = table
         .rows
@@ -851,14 +852,14 @@ fn docs_rapid_reset_table_holds_the_laws_experiment_rapid_reset_asserts() {
 
 #[test]
 fn docs_honest_resets_table_holds_the_laws_experiment_honest_resets_asserts() {
-    use deadline_lab::experiments::honest_resets::{self, HonestResets, PATTERNS, SERVERS};
+    use deadline_lab::experiments::honest_resets::{HonestResets, PATTERNS, SERVERS};
     let table = measured_table("experiment honest-resets");
     let empty = HonestResets {
         rows: Vec::new(),
         window_ms: 0.0,
         ours_never_harsher: true,
     };
-    table.has_the_labs_columns(&honest_resets::outcome(&empty).columns);
+    table.has_the_labs_columns(&empty.outcome().columns);
     let server = table.column("server");
     let shown: Vec<(&str, &str)> = table
         .rows

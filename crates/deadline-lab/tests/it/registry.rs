@@ -2,11 +2,11 @@
 //! the command line built from it.
 
 use deadline_lab::cli;
-use deadline_lab::registry::{self, ENTRIES, Entry, Kind, Missing, Needs, by_step, experiment};
+use deadline_lab::registry::{self, Entry, Kind, Missing, Needs, by_step, entries, experiment};
 
 #[test]
 fn every_step_has_its_own_name() {
-    let mut steps: Vec<String> = ENTRIES.iter().map(Entry::step).collect();
+    let mut steps: Vec<String> = entries().map(Entry::step).collect();
     let all = steps.len();
     steps.sort();
     steps.dedup();
@@ -15,12 +15,23 @@ fn every_step_has_its_own_name() {
 
 #[test]
 fn only_the_entries_with_optional_tools_can_be_skipped() {
-    let needing: Vec<&str> = ENTRIES
-        .iter()
+    let needing: Vec<&str> = entries()
         .filter(|e| !e.needs.is_empty())
         .map(|e| e.name)
         .collect();
     assert_eq!(needing, ["hosts", "proxy"]);
+}
+
+#[test]
+fn every_flag_has_a_default_so_that_the_demo_can_run_every_entry() {
+    for entry in entries() {
+        let command = entry.command().no_binary_name(true);
+        assert!(
+            command.try_get_matches_from(Vec::<String>::new()).is_ok(),
+            "`{}` must run with no flag given",
+            entry.step()
+        );
+    }
 }
 
 #[test]
@@ -56,8 +67,7 @@ fn every_experiment_of_the_registry_has_its_subcommand_and_no_other() {
         .map(|c| c.get_name())
         .filter(|name| *name != "help")
         .collect();
-    let mut registered: Vec<&str> = registry::ENTRIES
-        .iter()
+    let mut registered: Vec<&str> = entries()
         .filter(|e| e.kind == registry::Kind::Experiment)
         .map(|e| e.name)
         .collect();
@@ -82,10 +92,7 @@ fn the_benchmarks_of_the_demo_are_benchmarks_on_the_command_line() {
     let bench = cli
         .find_subcommand("bench")
         .expect("`bench` must be a subcommand");
-    for entry in registry::ENTRIES
-        .iter()
-        .filter(|e| e.kind == registry::Kind::Bench)
-    {
+    for entry in entries().filter(|e| e.kind == registry::Kind::Bench && e.in_demo) {
         assert!(
             bench.find_subcommand(entry.name).is_some(),
             "the demo's `bench {}` must also run as a command",

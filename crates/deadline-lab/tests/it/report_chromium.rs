@@ -10,7 +10,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use deadline_lab::html::{self, Step};
+use deadline_lab::registry::Experiment;
+use deadline_lab::report::Outcome;
 use deadline_lab::{bench, experiments};
+
+/// A result's printed table, as the demo makes it.
+fn table<E: Experiment>(result: anyhow::Result<E>) -> anyhow::Result<Outcome> {
+    result.map(|result| result.outcome())
+}
 
 fn chromium() -> Option<PathBuf> {
     let candidates = ["chromium", "chromium-browser", "google-chrome"];
@@ -50,17 +57,17 @@ async fn report_charts_render_in_headless_chromium() {
     let alone = crate::common::alone_async().await;
     let mut steps = Vec::new();
     let (chain, im, drift, propagation, handler) = tokio::join!(
-        experiments::chain::run(Duration::from_millis(100)),
-        experiments::im::run(),
-        experiments::drift::run(),
-        experiments::propagation::run(),
-        experiments::handler::run(),
+        experiments::chain::measure(Duration::from_millis(100)),
+        experiments::im::measure(),
+        experiments::drift::measure(),
+        experiments::propagation::measure(),
+        experiments::handler::measure(),
     );
-    let shop = experiments::shop::run().await;
+    let shop = experiments::shop::measure().await;
     let waterfall = experiments::waterfall::run_exe(crate::common::debug_lab()).await;
     // Short windows: the plot needs every variant at every load, not a
     // precise figure.
-    let overload = bench::overload::run(bench::overload::Load {
+    let overload = bench::overload::measure(bench::overload::Load {
         window: Duration::from_millis(200),
         ..Default::default()
     })
@@ -68,14 +75,14 @@ async fn report_charts_render_in_headless_chromium() {
     // What follows times nothing: the other runs may go on meanwhile.
     drop(alone);
     for (name, outcome) in [
-        ("waterfall", waterfall),
-        ("chain", chain),
-        ("im", im),
-        ("drift", drift),
-        ("propagation", propagation),
-        ("handler", handler),
-        ("shop", shop),
-        ("bench overload", overload),
+        ("waterfall", table(waterfall)),
+        ("chain", table(chain)),
+        ("im", table(im)),
+        ("drift", table(drift)),
+        ("propagation", table(propagation)),
+        ("handler", table(handler)),
+        ("shop", table(shop)),
+        ("bench overload", table(overload)),
     ] {
         steps.push(Step {
             name: name.to_owned(),

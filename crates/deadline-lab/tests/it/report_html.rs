@@ -14,6 +14,7 @@ use deadline_lab::html::{
     Bar, Skipped, Step, edge_charts, escape, hbars, render, render_with_skipped, resilience,
     waterfall,
 };
+use deadline_lab::registry::Experiment as _;
 use deadline_lab::report::Outcome;
 
 #[test]
@@ -218,7 +219,7 @@ fn overload_plot_draws_one_line_per_variant_over_every_offered_load() {
     };
     let step = Step {
         name: "bench overload".into(),
-        outcome: Ok(deadline_lab::bench::overload::outcome(&overload)),
+        outcome: Ok(overload.outcome()),
         seconds: 0.0,
     };
     let html = render(&[step], 1.0);
@@ -298,12 +299,12 @@ fn the_report_plots_goodput_through_a_trigger_and_attempts_across_hops() {
     let steps = [
         Step {
             name: "metastable".into(),
-            outcome: Ok(metastable::outcome(&m)),
+            outcome: Ok(m.outcome()),
             seconds: 0.0,
         },
         Step {
             name: "amplification".into(),
-            outcome: Ok(amplification::outcome(&a)),
+            outcome: Ok(a.outcome()),
             seconds: 0.0,
         },
     ];
@@ -557,7 +558,7 @@ fn rapid_reset_gets_its_own_section_with_every_flood_and_server() {
 
 #[test]
 fn the_ledger_section_draws_each_traced_call_beside_its_ledger() {
-    use deadline_lab::experiments::ledger::{self, LedgerResult, Row};
+    use deadline_lab::experiments::ledger::{LedgerResult, Row};
     let mut root = hop("client", 0.0, 280.0);
     root.budget_on_entry_ms = Some(300.0);
     let traced = Case {
@@ -587,7 +588,7 @@ fn the_ledger_section_draws_each_traced_call_beside_its_ledger() {
     };
     let steps = [Step {
         name: "ledger".into(),
-        outcome: Ok(ledger::outcome(&result)),
+        outcome: Ok(result.outcome()),
         seconds: 0.0,
     }];
     let html = render(&steps, 1.0);
