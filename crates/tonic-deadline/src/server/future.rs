@@ -8,7 +8,9 @@ use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
-use super::body::{EndGuard, ServerBody, Web};
+use super::body::{ServerBody, Web};
+use super::end_guard::EndGuard;
+use super::entry::Entry;
 use super::observer::Observation;
 use super::protocol::{Answer, Grpc, Protocol};
 use super::timer::LazyTimer;
@@ -63,57 +65,6 @@ pin_project! {
             inner: TaskLocalFuture<Scope, F>,
         },
     }
-}
-
-/// This hop as the ledger tells it: the method it serves, when it arrived
-/// and the budget it had.
-#[cfg(feature = "ledger")]
-#[derive(Debug)]
-pub(super) struct Entry {
-    pub(super) method: http::uri::PathAndQuery,
-    pub(super) arrived: Instant,
-    pub(super) budget: std::time::Duration,
-}
-
-#[cfg(feature = "ledger")]
-impl Entry {
-    pub(super) fn answer(self, headers: &mut http::HeaderMap, scope: &Scope) {
-        crate::ledger::answer(
-            headers,
-            scope,
-            self.method.path(),
-            self.arrived,
-            Some(self.budget),
-        );
-    }
-
-    /// Puts the ledger on the handler's status in `headers` (a
-    /// trailers-only answer, or trailers) if it is due one, taking `entry`
-    /// then; a status that is not (the usual one) leaves it in place,
-    /// unmoved.
-    pub(super) fn answer_handler(
-        entry: &mut Option<Self>,
-        headers: &mut http::HeaderMap,
-        scope: &Scope,
-    ) {
-        if entry.is_some()
-            && crate::ledger::due(scope, headers)
-            && let Some(entry) = entry.take()
-        {
-            entry.answer(headers, scope);
-        }
-    }
-}
-
-/// Without the ledger, nothing is kept.
-#[cfg(not(feature = "ledger"))]
-#[derive(Debug)]
-pub(super) enum Entry {}
-
-#[cfg(not(feature = "ledger"))]
-impl Entry {
-    #[inline]
-    pub(super) fn answer_handler(_: &mut Option<Self>, _: &mut http::HeaderMap, _: &Scope) {}
 }
 
 impl<F, P> std::fmt::Debug for ResponseFuture<F, P> {

@@ -89,6 +89,8 @@
 //! request — gRPC calls, queries, spawned tasks — obeys.
 
 mod body;
+mod end_guard;
+mod entry;
 mod future;
 #[cfg(feature = "server")]
 mod guards;
@@ -331,7 +333,7 @@ where
             .and_then(|(b, now)| now.checked_add(b - self.config.reply_reserve.min(b / 20)));
         #[cfg(feature = "ledger")]
         let entry = budget.zip(now).zip(request.uri().path_and_query()).map(
-            |((budget, arrived), method)| future::Entry {
+            |((budget, arrived), method)| entry::Entry {
                 method: method.clone(),
                 arrived,
                 budget,

@@ -127,3 +127,68 @@ fn no_module_imports_what_is_built_on_it() {
         wrong.join("\n")
     );
 }
+
+/// Every `super::NAME` in `text`, comments left out.
+fn siblings_named(text: &str) -> BTreeSet<String> {
+    let code: String = text
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = BTreeSet::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("super::") {
+        rest = &rest[at + "super::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = group.split('}').next().unwrap_or("");
+            for path in group.split(',') {
+                found.insert(first_segment(path.trim()));
+            }
+        } else {
+            found.insert(first_segment(rest));
+        }
+    }
+    found
+}
+
+#[test]
+fn no_two_files_of_a_module_import_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    // (directory, file stem) → the siblings it names through `super::`.
+    let mut names = std::collections::BTreeMap::new();
+    for path in &files {
+        let is_test = path
+            .components()
+            .any(|c| c.as_os_str() == "tests" || c.as_os_str() == "tests.rs");
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        if is_test || stem == "mod" || stem == "lib" {
+            continue;
+        }
+        let dir = path.parent().expect("a file has a directory").to_owned();
+        let text = std::fs::read_to_string(path).expect("a source file is readable");
+        names.insert((dir, stem.to_owned()), siblings_named(&text));
+    }
+    assert!(
+        names.keys().any(|(_, stem)| stem == "body"),
+        "the sources were read"
+    );
+    let mut circles = Vec::new();
+    for ((dir, stem), named) in &names {
+        for other in named {
+            let back = names.get(&(dir.clone(), other.clone()));
+            if stem < other && back.is_some_and(|b| b.contains(stem)) {
+                circles.push(format!(
+                    "{}: {stem}.rs and {other}.rs import each other",
+                    dir.strip_prefix(&src).unwrap_or(dir).display()
+                ));
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files of one module that import each other (move what both need to a file of its own):\n{}",
+        circles.join("\n")
+    );
+}
