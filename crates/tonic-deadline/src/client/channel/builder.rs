@@ -24,12 +24,12 @@ use super::*;
 /// ```
 #[derive(Debug, Clone)]
 pub struct ReadyChannelBuilder {
-    endpoint: Endpoint,
-    ping_every: Option<Duration>,
-    wait_for_ready: bool,
-    remembered_resets: usize,
+    pub(super) endpoint: Endpoint,
+    pub(super) ping_every: Option<Duration>,
+    pub(super) wait_for_ready: bool,
+    pub(super) remembered_resets: usize,
     #[cfg(unix)]
-    unix_socket: Option<std::path::PathBuf>,
+    pub(super) unix_socket: Option<std::path::PathBuf>,
 }
 
 impl ReadyChannelBuilder {
@@ -143,7 +143,7 @@ impl ReadyChannelBuilder {
 
     /// How [`lazy`](Self::lazy) and [`connect`](Self::connect) reach the
     /// server.
-    fn transport(&self) -> Transport {
+    pub(super) fn transport(&self) -> Transport {
         #[cfg(unix)]
         if let Some(path) = &self.unix_socket {
             return Transport::Unix(UnixConnector(Arc::from(path.as_path())));
@@ -187,14 +187,14 @@ impl ReadyChannelBuilder {
     }
 
     /// The endpoint as tonic is given it.
-    fn endpoint(&self) -> Endpoint {
+    pub(super) fn endpoint(&self) -> Endpoint {
         self.endpoint
             .clone()
             .http2_max_concurrent_reset_streams(self.remembered_resets)
             .http2_max_local_error_reset_streams(None)
     }
 
-    fn parts<C>(&self, connector: C) -> (Parts, Linked<C>)
+    pub(super) fn parts<C>(&self, connector: C) -> (Parts, Linked<C>)
     where
         C: Service<Uri> + Send + 'static,
         C::Response: Read + Write + Unpin + Send + 'static,
@@ -226,16 +226,16 @@ impl ReadyChannelBuilder {
     }
 }
 
-struct Parts {
-    link: Arc<Link>,
-    dial: Arc<dyn Dial>,
-    round_trip: Option<RoundTrip>,
-    wait_for_ready: bool,
-    streams: Arc<Streams>,
+pub(super) struct Parts {
+    pub(super) link: Arc<Link>,
+    pub(super) dial: Arc<dyn Dial>,
+    pub(super) round_trip: Option<RoundTrip>,
+    pub(super) wait_for_ready: bool,
+    pub(super) streams: Arc<Streams>,
 }
 
 impl Parts {
-    fn with(self, channel: Channel) -> ReadyChannel {
+    pub(super) fn with(self, channel: Channel) -> ReadyChannel {
         ReadyChannel {
             channel,
             link: self.link,
@@ -326,7 +326,7 @@ impl ReadyChannel {
 
     /// Ready once a connection is in use or a dial has ended (its stream
     /// or its error stashed); starts the dial when none runs.
-    fn poll_dialled(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(super) fn poll_dialled(&self, cx: &mut Context<'_>) -> Poll<()> {
         match self.link.poll_connected(cx) {
             Connected::Yes => Poll::Ready(()),
             Connected::Waiting => Poll::Pending,

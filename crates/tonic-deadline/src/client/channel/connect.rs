@@ -5,7 +5,7 @@ use super::*;
 
 /// What [`ReadyChannelBuilder::lazy`] and [`ReadyChannelBuilder::connect`]
 /// dial with.
-enum Transport {
+pub(super) enum Transport {
     Tcp(HttpConnector),
     #[cfg(unix)]
     Unix(UnixConnector),
@@ -14,21 +14,21 @@ enum Transport {
 
 /// What a channel whose endpoint came from a `unix:` address, with no path
 /// given, says: at build time, and as the error of every dial.
-const UNIX_PATH_UNKNOWN: &str = "ReadyChannel: this tonic Endpoint was made from a `unix:` \
+pub(super) const UNIX_PATH_UNKNOWN: &str = "ReadyChannel: this tonic Endpoint was made from a `unix:` \
      address, whose socket path tonic keeps to itself (its uri() is the placeholder \
      http://tonic); give the path with ReadyChannelBuilder::unix_socket(path). (A TCP server \
      named `tonic` on port 80: write the port, http://tonic:80.)";
 
 /// Whether `uri` is what tonic's `Endpoint::uri()` answers for an endpoint
 /// made from a `unix:` address: `http://tonic`, with no port.
-fn is_unix_placeholder(uri: &Uri) -> bool {
+pub(super) fn is_unix_placeholder(uri: &Uri) -> bool {
     uri.scheme_str() == Some("http") && uri.authority().is_some_and(|a| a.as_str() == "tonic")
 }
 
 /// Refuses every dial: the socket's path is unknown. Dialling `tonic:80`
 /// over TCP instead would fail on DNS, or reach whatever answers there.
 #[derive(Debug, Clone, Copy)]
-struct UnixPathUnknown;
+pub(super) struct UnixPathUnknown;
 
 impl Service<Uri> for UnixPathUnknown {
     type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
@@ -50,7 +50,7 @@ impl Service<Uri> for UnixPathUnknown {
 /// Dials a Unix socket.
 #[cfg(unix)]
 #[derive(Debug, Clone)]
-struct UnixConnector(Arc<std::path::Path>);
+pub(super) struct UnixConnector(pub(super) Arc<std::path::Path>);
 
 #[cfg(unix)]
 impl Service<Uri> for UnixConnector {
@@ -71,7 +71,7 @@ impl Service<Uri> for UnixConnector {
     }
 }
 
-fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
+pub(super) fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(endpoint.get_tcp_nodelay());

@@ -6,8 +6,8 @@ use super::*;
 /// The pauses between dials of a call that waits for ready: 10 ms, growing
 /// by 1.6 up to 1 s, each ±20 % at random (gRPC's connection backoff
 /// shape, with a start that suits a server coming up within a deadline).
-struct Backoff {
-    next: Duration,
+pub(super) struct Backoff {
+    pub(super) next: Duration,
 }
 
 impl Default for Backoff {
@@ -19,7 +19,7 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    fn next_pause(&mut self) -> Duration {
+    pub(super) fn next_pause(&mut self) -> Duration {
         use std::hash::BuildHasher;
         let pause = self.next;
         self.next = self.next.mul_f64(1.6).min(Duration::from_secs(1));
@@ -41,28 +41,28 @@ impl Backoff {
 ///    use (`live == its generation`), so an old stream closing late cannot
 ///    undo a new connection.
 #[derive(Default)]
-struct Link {
-    ready: AtomicBool,
-    state: Mutex<LinkState>,
+pub(super) struct Link {
+    pub(super) ready: AtomicBool,
+    pub(super) state: Mutex<LinkState>,
 }
 
 #[derive(Default)]
-struct LinkState {
-    dialing: bool,
-    waiters: Vec<Waker>,
+pub(super) struct LinkState {
+    pub(super) dialing: bool,
+    pub(super) waiters: Vec<Waker>,
     /// Generation of the stream tonic uses now; 0 for none.
-    live: u64,
-    generations: u64,
+    pub(super) live: u64,
+    pub(super) generations: u64,
 }
 
-enum Connected {
+pub(super) enum Connected {
     Yes,
     Waiting,
     DialNow,
 }
 
 impl Link {
-    fn poll_connected(&self, cx: &mut Context<'_>) -> Connected {
+    pub(super) fn poll_connected(&self, cx: &mut Context<'_>) -> Connected {
         if self.ready.load(Ordering::Acquire) {
             return Connected::Yes;
         }
@@ -81,7 +81,7 @@ impl Link {
     }
 
     /// A dial finished (its stream or error is in the stash): wake waiters.
-    fn dialed(&self) {
+    pub(super) fn dialed(&self) {
         let waiters = {
             let mut state = self.lock();
             state.dialing = false;
@@ -94,7 +94,7 @@ impl Link {
     }
 
     /// tonic took a stream; returns its generation.
-    fn in_use(&self) -> u64 {
+    pub(super) fn in_use(&self) -> u64 {
         let mut state = self.lock();
         state.generations += 1;
         state.live = state.generations;
@@ -103,7 +103,7 @@ impl Link {
     }
 
     /// A dial's error was handed to tonic: not ready until the next dial.
-    fn failed(&self) {
+    pub(super) fn failed(&self) {
         let state = self.lock();
         if state.live == 0 && !state.dialing {
             self.ready.store(false, Ordering::Release);
@@ -111,7 +111,7 @@ impl Link {
     }
 
     /// The stream of `generation` closed.
-    fn closed(&self, generation: u64, stash_empty: bool) {
+    pub(super) fn closed(&self, generation: u64, stash_empty: bool) {
         let mut state = self.lock();
         if state.live == generation {
             state.live = 0;
@@ -121,7 +121,7 @@ impl Link {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
         // The state stays consistent under a panic (plain fields, no
         // invariant spans two of them), so a poisoned lock is still usable.
         self.state
@@ -131,7 +131,7 @@ impl Link {
 }
 
 /// Starts a dial in the background.
-trait Dial: Send + Sync {
+pub(super) trait Dial: Send + Sync {
     fn start(self: Arc<Self>);
     /// Whether the last dial failed and its error waits to be reported.
     fn failed(&self) -> bool;
@@ -140,20 +140,20 @@ trait Dial: Send + Sync {
     fn forget_failure(&self);
 }
 
-type Stashed<T> = Result<T, BoxError>;
+pub(super) type Stashed<T> = Result<T, BoxError>;
 
-struct Dialer<C: Service<Uri>> {
-    uri: Uri,
+pub(super) struct Dialer<C: Service<Uri>> {
+    pub(super) uri: Uri,
     /// Behind a lock so that the dialer is `Sync`, and so that a dial
     /// readies and calls it in one go.
-    connector: Mutex<C>,
-    link: Arc<Link>,
+    pub(super) connector: Mutex<C>,
+    pub(super) link: Arc<Link>,
     /// A stream dialed ahead of tonic asking for it, or the dial's error.
-    stash: Mutex<Option<Stashed<C::Response>>>,
+    pub(super) stash: Mutex<Option<Stashed<C::Response>>>,
     /// Where to measure each connection's round trip, and how often.
-    round_trip: Option<(RoundTrip, Duration)>,
+    pub(super) round_trip: Option<(RoundTrip, Duration)>,
     /// Told the limit each connection's server sets.
-    streams: Arc<Streams>,
+    pub(super) streams: Arc<Streams>,
 }
 
 impl<C> Dialer<C>
@@ -161,7 +161,7 @@ where
     C: Service<Uri>,
     C::Error: Into<BoxError>,
 {
-    async fn dial(&self) -> Stashed<C::Response> {
+    pub(super) async fn dial(&self) -> Stashed<C::Response> {
         // Readied and called under one lock, as tower asks; the dial itself
         // runs outside it. Not cloned: a connector may be one-shot (a
         // stream made in advance, handed out once).
@@ -178,14 +178,14 @@ where
         dialing.await.map_err(Into::into)
     }
 
-    fn take_stash(&self) -> Option<Stashed<C::Response>> {
+    pub(super) fn take_stash(&self) -> Option<Stashed<C::Response>> {
         self.stash
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
     }
 
-    fn stash_is_empty(&self) -> bool {
+    pub(super) fn stash_is_empty(&self) -> bool {
         self.stash
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -241,8 +241,8 @@ where
 }
 
 /// The connector tonic is given: hands out the stashed stream, or dials.
-struct Linked<C: Service<Uri>> {
-    dialer: Arc<Dialer<C>>,
+pub(super) struct Linked<C: Service<Uri>> {
+    pub(super) dialer: Arc<Dialer<C>>,
 }
 
 impl<C: Service<Uri>> Clone for Linked<C> {

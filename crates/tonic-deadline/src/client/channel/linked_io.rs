@@ -5,27 +5,27 @@ use super::*;
 
 /// The connection's stream: tells the channel when it is gone (hyper drops
 /// it when the connection ends, by either side).
-struct LinkedIo<T> {
-    io: T,
-    on_close: Box<dyn Fn() + Send + Sync>,
+pub(super) struct LinkedIo<T> {
+    pub(super) io: T,
+    pub(super) on_close: Box<dyn Fn() + Send + Sync>,
     /// Set when the channel measures round trips: reads then go through a
     /// buffer of ours, to take our PING ACKs out.
-    meter: Option<Box<Metered>>,
+    pub(super) meter: Option<Box<Metered>>,
     /// Reads the server's stream limit; `None` once the stream turned out
     /// not to be HTTP/2 in the clear.
-    scan: Option<Box<Scanned>>,
+    pub(super) scan: Option<Box<Scanned>>,
 }
 
 /// A [`SettingsScan`] of the bytes the server sends, where it reports, and
 /// the streams the client reset (see [`Resets`]).
-struct Scanned {
-    scan: SettingsScan,
-    streams: Arc<Streams>,
+pub(super) struct Scanned {
+    pub(super) scan: SettingsScan,
+    pub(super) streams: Arc<Streams>,
     /// Reads land here first, to be scanned, when no [`Metered`] reads them.
-    scratch: Vec<u8>,
-    resets: Resets,
+    pub(super) scratch: Vec<u8>,
+    pub(super) resets: Resets,
     /// The last read was held back for a reset due.
-    held_back: bool,
+    pub(super) held_back: bool,
 }
 
 impl Scanned {
@@ -34,7 +34,7 @@ impl Scanned {
     /// a read finds nothing, and an answer read before it would be charged
     /// (see [`Streams::take_reset_due`]). Never twice in a row, so reads
     /// go on under a storm of resets.
-    fn hold_back(&mut self, cx: &Context<'_>) -> bool {
+    pub(super) fn hold_back(&mut self, cx: &Context<'_>) -> bool {
         if std::mem::take(&mut self.held_back) || !self.streams.take_reset_due() {
             return false;
         }
@@ -43,14 +43,14 @@ impl Scanned {
         true
     }
 
-    fn scan(&mut self, bytes: &mut [u8]) {
+    pub(super) fn scan(&mut self, bytes: &mut [u8]) {
         if let Limit::Set(limit) = self.scan.scan(bytes, &self.resets) {
             self.streams.set_limit(limit);
         }
     }
 
     /// Follows the first `n` bytes of `bufs`, written.
-    fn wrote(&mut self, bufs: &[io::IoSlice<'_>], mut n: usize) {
+    pub(super) fn wrote(&mut self, bufs: &[io::IoSlice<'_>], mut n: usize) {
         for buf in bufs {
             if n == 0 {
                 break;
@@ -63,14 +63,14 @@ impl Scanned {
 }
 
 /// A [`Meter`] and the read bytes waiting for hyper.
-struct Metered {
-    meter: Meter,
-    ready: VecDeque<u8>,
-    scratch: Vec<u8>,
+pub(super) struct Metered {
+    pub(super) meter: Meter,
+    pub(super) ready: VecDeque<u8>,
+    pub(super) scratch: Vec<u8>,
 }
 
 impl Metered {
-    fn new(round_trip: RoundTrip, every: Duration) -> Self {
+    pub(super) fn new(round_trip: RoundTrip, every: Duration) -> Self {
         Self {
             meter: Meter::new(round_trip, every),
             ready: VecDeque::new(),
@@ -79,7 +79,7 @@ impl Metered {
     }
 
     /// Moves what waits for hyper into `buf`; whether anything moved.
-    fn hand_over(&mut self, buf: &mut ReadBufCursor<'_>) -> bool {
+    pub(super) fn hand_over(&mut self, buf: &mut ReadBufCursor<'_>) -> bool {
         let n = self.ready.len().min(buf.remaining());
         if n == 0 {
             return false;
@@ -230,4 +230,3 @@ impl<T: Write + Unpin> Write for LinkedIo<T> {
         Poll::Ready(Ok(n))
     }
 }
-

@@ -58,6 +58,16 @@
 //! (give the channel a connector that does TLS itself to count it; a
 //! channel whose connection tonic encrypts cannot read the server's
 //! SETTINGS, and leaves a stream limit to h2's queue).
+//!
+//! # Layout
+//!
+//! This file holds the channel as a service: its readiness, its calls and
+//! their bodies. Beside it: `builder` (how a channel is made), `connect`
+//! (TCP or a Unix socket), `link` (the connection's state, the dialer and
+//! its backoff) and `linked_io` (the connection's stream, which reads the
+//! server's stream limit and meters the round trip). Each part takes what
+//! it shares from here (`use super::*`); none imports a sibling that
+//! imports it back.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -86,12 +96,16 @@ use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
 mod builder;
 mod connect;
-mod io;
 mod link;
+mod linked_io;
 
 pub use builder::ReadyChannelBuilder;
-use link::{Backoff, Dial, Link};
-
+use connect::{
+    Transport, UNIX_PATH_UNKNOWN, UnixConnector, UnixPathUnknown, is_unix_placeholder,
+    tcp_connector,
+};
+use link::{Backoff, Connected, Dial, Dialer, Link, Linked};
+use linked_io::{LinkedIo, Metered, Scanned};
 
 /// A tonic [`Channel`] whose readiness means "connected": put it under a
 /// [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) and the budget on the
