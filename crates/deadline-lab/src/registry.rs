@@ -2,11 +2,11 @@
 //! and the lookups over the one list of them: `experiments::ALL` then
 //! `bench::ALL`, in the order the demo runs them.
 //!
-//! An experiment says its name, its flags, how it runs and the table it
-//! prints. The command line builds `experiment NAME` (and `bench NAME`) from
-//! it and the demo runs it, so adding an experiment is its file, with its
-//! `impl Experiment`, and its line in the list of `experiments/mod.rs`
-//! (beside its `mod` line).
+//! An experiment says its name, its flags, how it runs, the table it prints
+//! and what it draws in the report. The command line builds `experiment
+//! NAME` (and `bench NAME`) from it, the demo runs it and the report draws
+//! it, so adding an experiment is its file, with its `impl Experiment`, and
+//! its line in the list of `experiments/mod.rs` (beside its `mod` line).
 
 use std::fmt;
 use std::pin::Pin;
@@ -15,6 +15,7 @@ use clap::{ArgMatches, FromArgMatches};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::html::{Part, Section};
 use crate::otlp::Receiver;
 use crate::report::Outcome;
 use crate::{bench, experiments};
@@ -108,8 +109,9 @@ pub struct NoArgs {}
 ///
 /// The command line offers it as `experiment NAME` (or `bench NAME`) with
 /// its [`Args`](Experiment::Args), the demo runs it with
-/// [`demo_args`](Experiment::demo_args), and both print its
-/// [`outcome`](Experiment::outcome).
+/// [`demo_args`](Experiment::demo_args), both print its
+/// [`outcome`](Experiment::outcome), and the demo's report draws its
+/// [`report`](Experiment::report) from the result and that same table.
 pub trait Experiment: Serialize + DeserializeOwned + 'static {
     /// Its name on the command line (`db-cancel`, `overload`).
     const NAME: &'static str;
@@ -126,6 +128,11 @@ pub trait Experiment: Serialize + DeserializeOwned + 'static {
     /// this process ([`Spans::Collected`]); the demo runs it as a child
     /// process instead.
     const COLLECTS_SPANS: bool = false;
+    /// The report's section it draws in, and where the report says it
+    /// failed or was skipped; `None`: only its table, with every other.
+    const SECTION: Option<Section> = None;
+    /// CSS its charts need, added to the report's.
+    const STYLE: &'static str = "";
 
     /// Its flags ([`NoArgs`] for none).
     type Args: clap::Args;
@@ -142,6 +149,14 @@ pub trait Experiment: Serialize + DeserializeOwned + 'static {
     /// The table it prints: its title, columns, rows and notes, and this
     /// result as the JSON `--json` prints.
     fn outcome(&self) -> Outcome;
+
+    /// What it draws in the report: charts from this result, and the rows
+    /// of `table` (its own [`outcome`](Experiment::outcome), as the demo
+    /// printed it) rather than a copy made again. Nothing by default.
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        let _ = table;
+        Vec::new()
+    }
 }
 
 /// The values `A`'s flags take when none is given.
@@ -173,9 +188,14 @@ pub struct Entry {
     pub in_demo: bool,
     /// [`Experiment::COLLECTS_SPANS`].
     pub collects_spans: bool,
+    /// [`Experiment::SECTION`].
+    pub section: Option<Section>,
+    /// [`Experiment::STYLE`].
+    pub style: &'static str,
     command: fn() -> clap::Command,
     run: fn(&ArgMatches, Spans) -> Run,
     demo: fn() -> Run,
+    report: fn(&Outcome) -> Vec<Part>,
 }
 
 impl Entry {
@@ -188,9 +208,12 @@ impl Entry {
             needs: E::NEEDS,
             in_demo: E::IN_DEMO,
             collects_spans: E::COLLECTS_SPANS,
+            section: E::SECTION,
+            style: E::STYLE,
             command: command::<E>,
             run: run::<E>,
             demo: demo::<E>,
+            report: report::<E>,
         }
     }
 
@@ -227,6 +250,12 @@ impl Entry {
     pub fn run_in_demo(&self) -> Run {
         (self.demo)()
     }
+
+    /// What it draws in the report from its printed `table`: nothing when
+    /// the table's JSON does not read back as its result.
+    pub fn report(&self, table: &Outcome) -> Vec<Part> {
+        (self.report)(table)
+    }
 }
 
 fn command<E: Experiment>() -> clap::Command {
@@ -239,6 +268,13 @@ fn command<E: Experiment>() -> clap::Command {
 fn run<E: Experiment>(matches: &ArgMatches, spans: Spans) -> Run {
     let args = E::Args::from_arg_matches(matches);
     Box::pin(async move { Ok(E::run(args?, spans).await?.outcome()) })
+}
+
+fn report<E: Experiment>(table: &Outcome) -> Vec<Part> {
+    // The result read back from the JSON it printed, as `--json` readers
+    // read it.
+    serde_json::from_value::<E>(table.json.clone())
+        .map_or_else(|_| Vec::new(), |result| result.report(table))
 }
 
 fn demo<E: Experiment>() -> Run {

@@ -38,6 +38,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::admission::{Admission, Discipline};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
+use crate::html::chart::{self, Series};
+use crate::html::{Part, Section};
 use crate::net;
 use crate::registry::{Experiment, Kind, Spans};
 use crate::report::Outcome;
@@ -459,6 +461,7 @@ impl Experiment for Overload {
     const ABOUT: &'static str =
         "Goodput at 1x, 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines";
     const KIND: Kind = Kind::Bench;
+    const SECTION: Option<Section> = Some(Section::Overload);
     type Args = Args;
 
     /// 1 s windows: a dozen windows are the demo's longest step, and at 1x
@@ -514,5 +517,51 @@ impl Experiment for Overload {
                 "goodput = OK answers before the client's deadline per second / capacity (goal: ours >= 0.90 at 2x, >= 0.80 at 4x)".into(),
             ],
         }
+    }
+
+    /// Goodput over offered load, one line per variant, with the goals
+    /// (0.90 at 2×, 0.80 at 4×) as ticks.
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        let xs: Vec<String> = self
+            .rows
+            .iter()
+            .map(|r| format!("{}× ({:.0} req/s)", r.offered_x, r.offered_rps))
+            .collect();
+        let series: Vec<Series> = Overload::VARIANTS
+            .iter()
+            .enumerate()
+            .map(|(v, name)| {
+                (
+                    (*name).to_owned(),
+                    self.rows.iter().map(|r| r.goodputs()[v]).collect(),
+                )
+            })
+            .collect();
+        let goals: Vec<(usize, f64)> = self
+            .rows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r.offered_x {
+                2 => Some((i, 0.90)),
+                4 => Some((i, 0.80)),
+                _ => None,
+            })
+            .collect();
+        let mut html = chart::lines(
+            "overload",
+            &format!(
+                "Goodput (OK before the {} ms deadline ÷ capacity) over offered load; capacity {:.0} req/s",
+                self.deadline_ms, self.capacity_rps
+            ),
+            "of capacity",
+            &xs,
+            &series,
+            &goals,
+        );
+        html.push_str(&format!(
+            r#"<p class="note">a pool of {} connections × {} ms queries; {} s open-loop windows per variant and load</p>"#,
+            self.connections, self.query_ms, self.window_s
+        ));
+        vec![Part::new(html)]
     }
 }

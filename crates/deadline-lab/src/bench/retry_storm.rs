@@ -19,6 +19,7 @@
 //! Goodput = OK answers before the caller's deadline per second ÷ capacity;
 //! amplification = attempts the server saw per call.
 
+use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,8 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::bench::overload::{self, Load};
 use crate::experiments::hedge::pseudo_random_share;
+use crate::html::chart::escape;
+use crate::html::{Part, Section};
 use crate::net;
 use crate::registry::{Experiment, Kind, Spans};
 use crate::report::Outcome;
@@ -279,6 +282,7 @@ impl Experiment for Storm {
     const NAME: &'static str = "retry-storm";
     const ABOUT: &'static str = "The overload setup at 2x capacity with a downstream failing 10 % of calls: no retries, naive retries, ours";
     const KIND: Kind = Kind::Bench;
+    const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = Args;
 
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
@@ -323,4 +327,56 @@ impl Experiment for Storm {
             ],
         }
     }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        vec![Part::new(storm_chart(self))]
+    }
+}
+
+/// Goodput per storm variant as bars, with the 90 % goal marked.
+fn storm_chart(storm: &Storm) -> String {
+    const W: f64 = 760.0;
+    const LABEL: f64 = 170.0;
+    const ROW: f64 = 30.0;
+    const TOP: f64 = 34.0;
+    let plot = W - LABEL - 230.0;
+    let max = storm.rows.iter().map(|r| r.goodput).fold(1.0_f64, f64::max);
+    let height = TOP + ROW * storm.rows.len() as f64 + 26.0;
+    let title = format!(
+        "Retry storm: goodput at {:.0} of {:.0} req/s, {:.0} % of calls failing downstream",
+        storm.offered_rps,
+        storm.capacity_rps,
+        storm.failing_share * 100.0
+    );
+    let mut svg = format!(
+        r#"<svg class="chart" data-chart="retry-storm" viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" aria-label="{t}"><text class="title" x="0" y="18">{t}</text>"#,
+        t = escape(&title)
+    );
+    for (i, row) in storm.rows.iter().enumerate() {
+        let y = TOP + ROW * i as f64;
+        let w = (row.goodput.max(0.0) / max * plot).max(1.0);
+        let _ = write!(
+            svg,
+            r#"<text class="label" x="{x}" y="{ty}" text-anchor="end">{label}</text><rect class="bar{s}" x="{LABEL}" y="{y}" width="{w:.1}" height="20" rx="2"><title>{label}: {g:.0} % of capacity</title></rect><text class="value" x="{vx:.1}" y="{ty}">{g:.0} % of capacity, {a:.2} attempts per call</text>"#,
+            x = LABEL - 8.0,
+            ty = y + 15.0,
+            label = escape(&row.variant),
+            s = if row.variant.starts_with("naive") {
+                " s1"
+            } else {
+                ""
+            },
+            g = row.goodput * 100.0,
+            a = row.amplification,
+            vx = LABEL + w + 6.0,
+        );
+    }
+    let goal = LABEL + 0.9 / max * plot;
+    let _ = write!(
+        svg,
+        r#"<line class="seed" x1="{goal:.1}" x2="{goal:.1}" y1="{TOP}" y2="{y2}"/><text class="legend" x="{LABEL}" y="{ly}">┃ the goal: 90 % of capacity</text></svg>"#,
+        y2 = height - 26.0,
+        ly = height - 6.0
+    );
+    svg
 }

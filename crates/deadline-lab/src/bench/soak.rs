@@ -53,6 +53,8 @@ use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 use tonic_deadline_db::sqlite::SqlitePool;
 
+use crate::html::chart::{self, Bar};
+use crate::html::{Part, Section};
 use crate::net::{self, Layered};
 use crate::report::{Outcome, code_name};
 use crate::systems::chain::{Hop, Next, Plan};
@@ -238,6 +240,7 @@ impl crate::registry::Experiment for Soak {
     const NAME: &'static str = "soak";
     const ABOUT: &'static str = "Many calls through A -> B -> C with random deadlines and client cancels; then memory, tasks, permits and connections left over";
     const KIND: crate::registry::Kind = crate::registry::Kind::Bench;
+    const SECTION: Option<Section> = Some(Section::LeftBehind);
     type Args = Args;
 
     fn demo_args() -> Args {
@@ -344,6 +347,30 @@ impl crate::registry::Experiment for Soak {
             ],
             notes,
         }
+    }
+
+    /// Resident memory through the soak, and what it left behind as its
+    /// table tells it.
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        let bars = vec![
+            Bar::new("start", self.rss_start_mb, None),
+            Bar::new("after warm-up", self.rss_after_warmup_mb, None),
+            Bar::new("end", self.rss_end_mb, None).note(format!(
+                "{:+.1} MB after warm-up",
+                self.rss_growth_after_warmup_mb
+            )),
+        ];
+        let mut html = chart::hbars(
+            "soak-rss",
+            &format!(
+                "Soak, {} calls with 1-50 ms deadlines and client cancels: resident memory",
+                self.calls
+            ),
+            "MB",
+            &bars,
+        );
+        html.push_str(&chart::rows(table));
+        vec![Part::new(html)]
     }
 }
 

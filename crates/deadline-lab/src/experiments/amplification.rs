@@ -36,6 +36,8 @@ use tonic_deadline::Scope;
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 
+use crate::html::chart::{self, Group};
+use crate::html::{Part, Section};
 use crate::net;
 use crate::registry::{Experiment, Spans};
 use crate::report::Outcome;
@@ -414,6 +416,7 @@ pub async fn measure(fan_in_outage: Duration) -> anyhow::Result<Amplification> {
 impl Experiment for Amplification {
     const NAME: &'static str = "amplification";
     const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, and under fan-in: attempts reaching C per root call, one budget for the chain beside per-hop retries";
+    const SECTION: Option<Section> = Some(Section::RetriesAcrossHops);
     type Args = Args;
 
     fn demo_args() -> Args {
@@ -466,5 +469,30 @@ impl Experiment for Amplification {
                 "goals for ours: at most 3 attempts at C per root call from the first on; at least 0.995 of root calls OK with 5 % failures; fan-in with throttling: at most 1.1 attempts at C per root call".into(),
             ],
         }
+    }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        let groups: Vec<Group> = CASES
+            .iter()
+            .map(|case| {
+                let values = STACKS
+                    .iter()
+                    .map(|stack| {
+                        let at_leaf = self
+                            .row(case, stack)
+                            .map_or(0.0, |r| r.attempts_at_leaf_per_root);
+                        ((at_leaf * 100.0).round() / 100.0, None)
+                    })
+                    .collect();
+                ((*case).to_owned(), values)
+            })
+            .collect();
+        vec![Part::new(chart::grouped(
+            "amplification",
+            "Attempts at the failing leaf per call at the root: client → A → B → C, maxAttempts 3 on each",
+            "attempts",
+            &STACKS,
+            &groups,
+        ))]
     }
 }

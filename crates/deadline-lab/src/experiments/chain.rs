@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
 use crate::experiments::layered_client;
+use crate::html::chart::{self, Bar};
+use crate::html::{Part, Section};
 use crate::registry::{Experiment, Spans};
 use crate::report::{Outcome, code_name};
 use crate::systems::chain::{self, Plan};
@@ -85,6 +87,7 @@ pub async fn measure(hop: Duration) -> anyhow::Result<Chain> {
 impl Experiment for Chain {
     const NAME: &'static str = "chain";
     const ABOUT: &'static str = "Remaining budget on entry at A, B and C";
+    const SECTION: Option<Section> = Some(Section::BudgetPerHop);
     type Args = Args;
 
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
@@ -121,5 +124,24 @@ impl Experiment for Chain {
             rows,
             notes: vec![format!("status: {}", self.status)],
         }
+    }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        const SEED: [f64; 3] = [999.9, 899.2, 798.6];
+        let bars: Vec<Bar> = self
+            .hops
+            .iter()
+            .zip(SEED)
+            .map(|(h, seed)| {
+                Bar::new(&h.service, h.remaining_ms, Some(seed))
+                    .note(format!("grpc-timeout {}", h.header))
+            })
+            .collect();
+        vec![Part::new(chart::hbars(
+            "chain",
+            "Chain A → B → C: remaining budget on entry (1 s client budget, 100 ms per hop)",
+            "ms",
+            &bars,
+        ))]
     }
 }

@@ -17,6 +17,8 @@ use tonic_deadline::Scope;
 
 use crate::capture::{Capture, Direction, Options};
 use crate::experiments::{status_name, wire_lines, without_deadline};
+use crate::html::chart::{self, Group};
+use crate::html::{Part, Section};
 use crate::net;
 use crate::pb::WorkReq;
 use crate::pb::worker_client::WorkerClient;
@@ -195,6 +197,7 @@ pub async fn measure() -> anyhow::Result<Drift> {
 impl Experiment for Drift {
     const NAME: &'static str = "drift";
     const ABOUT: &'static str = "Relative timeouts under injected client → server delay";
+    const SECTION: Option<Section> = Some(Section::Transit);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -263,5 +266,40 @@ impl Experiment for Drift {
                  Same law either way: the server sees the full budget, the client has the budget less the transit time".into(),
             ],
         }
+    }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        const SEED: [(f64, f64); 3] = [(999.0, 999.0), (999.0, 798.0), (999.0, 598.0)];
+        let groups: Vec<Group> = self
+            .rows
+            .iter()
+            .zip(SEED)
+            .map(|(r, (ss, sc))| {
+                (
+                    format!("{} ms delay", r.delay_ms),
+                    vec![
+                        (r.server_sees_ms.unwrap_or(0.0), Some(ss)),
+                        (r.client_left_ms, Some(sc)),
+                    ],
+                )
+            })
+            .collect();
+        let mut parts = vec![Part::new(chart::grouped(
+            "drift",
+            "Relative timeouts: what the server sees vs what the client really has left (1 s budget)",
+            "ms",
+            &["server sees", "client really has"],
+            &groups,
+        ))];
+        parts.extend(self.rows.iter().map(|row| {
+            Part::in_section(
+                Section::OnTheWire,
+                chart::wire_block(
+                    &format!("drift, {} ms injected delay", row.delay_ms),
+                    &row.wire,
+                ),
+            )
+        }));
+        parts
     }
 }

@@ -33,6 +33,8 @@ use tonic_deadline_db::sqlx_postgres::{SqlxPgPool, sqlx};
 use sqlx::{Connection, Executor, Row};
 
 use crate::experiments::db_cancel::Throwaway;
+use crate::html::chart::{self, Bar};
+use crate::html::{Part, Section};
 use crate::net;
 use crate::pb::worker_client::WorkerClient;
 use crate::pb::worker_server::{Worker, WorkerServer};
@@ -518,6 +520,7 @@ fn cell(v: Option<f64>) -> String {
 impl crate::registry::Experiment for Edge {
     const NAME: &'static str = "edge";
     const ABOUT: &'static str = "An axum edge → tonic → sqlx query (and → reqwest → REST) under one 900 ms budget, the client giving up at 300 ms (needs PostgreSQL)";
+    const SECTION: Option<Section> = Some(Section::BeyondTonic);
     type Args = crate::registry::NoArgs;
 
     async fn run(_: Self::Args, _: crate::registry::Spans) -> anyhow::Result<Self> {
@@ -592,5 +595,46 @@ impl crate::registry::Experiment for Edge {
             rows,
             notes,
         }
+    }
+
+    /// Budget on entry and when each layer stopped, with the pool after and
+    /// plain sqlx's contrast as the table's notes tell them.
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        let entry: Vec<Bar> = self
+            .rows
+            .iter()
+            .map(|r| Bar::new(&r.layer, r.remaining_on_entry_ms.unwrap_or(0.0), None))
+            .collect();
+        let stopped: Vec<Bar> = self
+            .rows
+            .iter()
+            .map(|r| {
+                Bar::new(&r.layer, r.stopped_ms.unwrap_or(0.0), None).note(if r.stopped_on_server {
+                    "stopped on the server"
+                } else {
+                    "ran on"
+                })
+            })
+            .collect();
+        let mut html = chart::hbars(
+            "edge-entry",
+            &format!(
+                "Budget on entry (the edge's default is {} ms)",
+                chart::fmt_ms(self.edge_budget_ms)
+            ),
+            "ms",
+            &entry,
+        );
+        html.push_str(&chart::hbars(
+            "edge-stopped",
+            &format!(
+                "When each layer stopped; the client gave up at {} ms",
+                chart::fmt_ms(self.client_gave_up_ms)
+            ),
+            "ms",
+            &stopped,
+        ));
+        html.push_str(&chart::notes(&table.notes));
+        vec![Part::new(html)]
     }
 }

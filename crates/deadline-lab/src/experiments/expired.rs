@@ -10,6 +10,8 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::capture::Capture;
 use crate::experiments::layered_client;
+use crate::html::chart;
+use crate::html::{Part, Section};
 use crate::net;
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, code_name};
@@ -78,6 +80,7 @@ pub async fn measure() -> anyhow::Result<Expired> {
 impl Experiment for Expired {
     const NAME: &'static str = "expired";
     const ABOUT: &'static str = "An already-expired call: status, time, frames on the wire";
+    const SECTION: Option<Section> = Some(Section::OnTheWire);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -97,5 +100,12 @@ impl Experiment for Expired {
             ]],
             notes: vec!["frames are counted by a TCP proxy that parses every HTTP/2 frame header the client sends".into()],
         }
+    }
+
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        vec![Part::new(format!(
+            "<h3>expired call</h3>{}",
+            chart::rows(table)
+        ))]
     }
 }

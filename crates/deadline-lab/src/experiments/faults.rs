@@ -26,6 +26,8 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::capture::{Capture, Options};
 use crate::experiments::status_name;
+use crate::html::chart;
+use crate::html::{Part, Section};
 use crate::net::{self, Layered};
 use crate::process::{Spawned, lab_exe};
 use crate::registry::{Experiment, NoArgs, Spans};
@@ -324,6 +326,7 @@ pub async fn measure() -> anyhow::Result<Faults> {
 impl Experiment for Faults {
     const NAME: &'static str = "faults";
     const ABOUT: &'static str = "A downstream process killed, a connection cut mid-message, a downstream hung: the upstream hop's answer and what it released";
+    const SECTION: Option<Section> = Some(Section::Across);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -371,5 +374,12 @@ impl Experiment for Faults {
                 "leaked: what the upstream hop still held 500 ms after answering — request scopes not ended, admission permits in use, tasks it spawned in its scope still running".into(),
             ],
         }
+    }
+
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        vec![Part::new(format!(
+            "<h3>faults below a hop</h3>{}",
+            chart::table(table)
+        ))]
     }
 }

@@ -17,6 +17,8 @@ use tonic_deadline::observe::Metrics;
 
 use crate::capture::Capture;
 use crate::experiments::{status_name, wire_lines};
+use crate::html::chart;
+use crate::html::{Part, Section};
 use crate::net;
 use crate::pb::WorkReq;
 use crate::pb::worker_client::WorkerClient;
@@ -136,6 +138,7 @@ pub async fn measure() -> anyhow::Result<Handler> {
 impl Experiment for Handler {
     const NAME: &'static str = "handler";
     const ABOUT: &'static str = "A handler that watches its scope vs one that ignores it";
+    const SECTION: Option<Section> = Some(Section::WorkAfterGivingUp);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -191,5 +194,27 @@ impl Experiment for Handler {
                 "an async handler that ignores its scope cannot be a zombie here: the server layer drops it at the deadline; blocking threads cannot be dropped".into(),
             ],
         }
+    }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        vec![
+            Part::bars(vec![
+                (
+                    "handler watches".to_owned(),
+                    vec![(f64::from(self.watching.completed), Some(0.0))],
+                ),
+                (
+                    "handler ignores".to_owned(),
+                    vec![(f64::from(self.ignoring.completed), Some(1.0))],
+                ),
+            ]),
+            Part::in_section(
+                Section::OnTheWire,
+                chart::wire_block(
+                    "handler, 150 ms budget: the server's DEADLINE_EXCEEDED and the client's RST_STREAM",
+                    &self.watching.wire,
+                ),
+            ),
+        ]
     }
 }

@@ -8,6 +8,7 @@
 //! call is known.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,8 @@ use tonic_deadline::observe::Metrics;
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
+use crate::html::chart::{self, escape};
+use crate::html::{Part, Section};
 use crate::net;
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms, quantile};
@@ -431,6 +434,7 @@ pub async fn measure() -> anyhow::Result<(HedgeRows, Metrics)> {
 impl Experiment for HedgeRows {
     const NAME: &'static str = "hedge";
     const ABOUT: &'static str = "Hedging against a 5 % slow tail: none, ours, tower::hedge";
+    const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -491,4 +495,116 @@ impl Experiment for HedgeRows {
             ],
         }
     }
+
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        let mut html = cdf_chart(self);
+        html.push_str(&chart::table(table));
+        vec![Part::new(html)]
+    }
+}
+
+/// Stroke colours of the CDF's lines, in the order of the bar series.
+const STROKES: [&str; 4] = ["#e76f51", "#2a9d8f", "#8ab17d", "#6d597a"];
+
+/// How far up the tail a quantile is: 0 at p0, 1 at p90, 2 at p99, 3 at
+/// p99.9, so the tail hedging changes gets as much room as the body.
+fn tail_depth(q: f64) -> f64 {
+    -(1.0 - q.min(0.999)).log10()
+}
+
+/// The latency CDF of every hedging variant: milliseconds on a log scale
+/// across, the quantile down the tail (p50, p90, p99, p99.9) upwards.
+fn cdf_chart(hedge: &HedgeRows) -> String {
+    const W: f64 = 760.0;
+    const H: f64 = 340.0;
+    const LEFT: f64 = 56.0;
+    const RIGHT: f64 = 20.0;
+    const TOP: f64 = 34.0;
+    const BOTTOM: f64 = 84.0;
+    let plot_w = W - LEFT - RIGHT;
+    let plot_h = H - TOP - BOTTOM;
+    let max = hedge
+        .rows
+        .iter()
+        .flat_map(|r| r.cdf_ms.iter().copied().chain([r.p999_ms]))
+        .fold(10.0_f64, f64::max);
+    let hi = max.log10().ceil().max(1.0);
+    let x = |ms: f64| LEFT + ms.max(1.0).log10() / hi * plot_w;
+    let y = |q: f64| TOP + (1.0 - tail_depth(q) / 3.0) * plot_h;
+    let title = format!(
+        "Latency CDF, {} calls, {:.0} % of answers slow: without and with hedging",
+        hedge.calls,
+        hedge.slow_share * 100.0
+    );
+    let mut svg = format!(
+        r#"<svg class="chart" data-chart="hedge-cdf" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{t}"><text class="title" x="0" y="18">{t}</text>"#,
+        t = escape(&title)
+    );
+    let base = TOP + plot_h;
+    let _ = write!(
+        svg,
+        r#"<line class="axis" x1="{LEFT}" x2="{x2}" y1="{base}" y2="{base}"/><line class="axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{base}"/>"#,
+        x2 = W - RIGHT
+    );
+    let mut decade = 1.0;
+    while decade <= 10f64.powf(hi) {
+        let _ = write!(
+            svg,
+            r#"<text class="label" x="{:.1}" y="{}" text-anchor="middle">{} ms</text>"#,
+            x(decade),
+            base + 16.0,
+            decade
+        );
+        decade *= 10.0;
+    }
+    for (q, name) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p99.9")] {
+        let _ = write!(
+            svg,
+            r#"<line class="axis" stroke-dasharray="3 3" x1="{LEFT}" x2="{x2}" y1="{yy:.1}" y2="{yy:.1}"/><text class="label" x="{lx}" y="{ty:.1}" text-anchor="end">{name}</text>"#,
+            x2 = W - RIGHT,
+            yy = y(q),
+            lx = LEFT - 4.0,
+            ty = y(q) + 4.0,
+        );
+    }
+    for (i, row) in hedge.rows.iter().enumerate() {
+        let n = row.cdf_ms.len().saturating_sub(1).max(1) as f64;
+        // The 101 quantiles up to p99, then p99.9 (p100 is off the scale).
+        let points: Vec<String> = row
+            .cdf_ms
+            .iter()
+            .enumerate()
+            .map(|(k, ms)| (k as f64 / n, *ms))
+            .filter(|(q, _)| *q < 0.9995)
+            .chain([(0.999, row.p999_ms)])
+            .map(|(q, ms)| format!("{:.1},{:.1}", x(ms), y(q)))
+            .collect();
+        let stroke = STROKES[i % STROKES.len()];
+        let _ = write!(
+            svg,
+            r#"<polyline class="cdf" fill="none" stroke="{stroke}" stroke-width="2.5" points="{}"><title>{}: p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms</title></polyline>"#,
+            points.join(" "),
+            escape(&row.variant),
+            row.p50_ms,
+            row.p99_ms,
+            row.p999_ms
+        );
+        let label = format!(
+            "{} (p99 {:.0} ms, p99.9 {:.0} ms)",
+            row.variant, row.p99_ms, row.p999_ms
+        );
+        let (lx, ly) = (
+            LEFT + 340.0 * (i % 2) as f64,
+            H - 42.0 + 20.0 * (i / 2) as f64,
+        );
+        let _ = write!(
+            svg,
+            r#"<rect class="bar" style="fill:{stroke}" x="{lx}" y="{ry}" width="12" height="12"/><text class="legend" x="{tx}" y="{ly}">{l}</text>"#,
+            ry = ly - 10.0,
+            tx = lx + 16.0,
+            l = escape(&label)
+        );
+    }
+    svg.push_str("</svg>");
+    svg
 }

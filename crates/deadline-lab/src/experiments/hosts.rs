@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
 use crate::clock::{deadline_ns, diff_ms};
+use crate::html::chart::{self, Group};
+use crate::html::{Part, Section};
 use crate::net::{self, Transit};
 use crate::netns::{Host, Link, Network};
 use crate::pb::PushReq;
@@ -425,6 +427,7 @@ impl Experiment for Hosts {
     const NAME: &'static str = "hosts";
     const ABOUT: &'static str = "Every service in its own network namespace with one-way latency: what each hop's deadline gains over its parent's (needs root)";
     const NEEDS: &'static [Needs] = &[Needs::NetNamespaces];
+    const SECTION: Option<Section> = Some(Section::Across);
     type Args = Args;
 
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
@@ -489,5 +492,43 @@ impl Experiment for Hosts {
             rows,
             notes,
         }
+    }
+
+    /// A chart of each hop's excess at the largest latency, without and
+    /// with compensation, and the whole table.
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        let mut html = String::from("<h3>hosts: every service in its own network namespace</h3>");
+        if let Some(one_way) = self.rows.iter().map(|r| r.one_way_ms).max() {
+            let mut groups: Vec<Group> = Vec::new();
+            for r in self
+                .rows
+                .iter()
+                .filter(|r| r.one_way_ms == one_way && !r.compensation)
+            {
+                let with = self
+                    .rows
+                    .iter()
+                    .find(|c| {
+                        c.compensation
+                            && c.one_way_ms == one_way
+                            && c.system == r.system
+                            && c.hop == r.hop
+                    })
+                    .map_or(0.0, |c| c.deadline_excess_ms);
+                groups.push((
+                    format!("{} {}", r.system, r.hop),
+                    vec![(r.deadline_excess_ms, None), (with, None)],
+                ));
+            }
+            html.push_str(&chart::grouped(
+                "hosts",
+                &format!("Across namespaces, {one_way} ms one-way: what each hop's deadline gains over its parent's"),
+                "ms",
+                &["without compensation", "with compensation"],
+                &groups,
+            ));
+        }
+        html.push_str(&chart::table(table));
+        vec![Part::new(html)]
     }
 }

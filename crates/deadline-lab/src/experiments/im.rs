@@ -9,6 +9,8 @@ use tokio::time::Instant;
 use tonic_deadline::Scope;
 
 use crate::experiments::{status_name, without_deadline};
+use crate::html::chart::{self, Bar};
+use crate::html::{Part, Section};
 use crate::pb::{PushReq, Trace};
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
@@ -224,6 +226,7 @@ pub async fn measure() -> anyhow::Result<Im> {
 impl Experiment for Im {
     const NAME: &'static str = "im";
     const ABOUT: &'static str = "The IM chain's per-hop budgets, normal and with route stalling";
+    const SECTION: Option<Section> = Some(Section::BudgetPerHop);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -291,4 +294,59 @@ impl Experiment for Im {
             ],
         }
     }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        vec![
+            Part::new(chart::hbars(
+                "im-normal",
+                "IM chain, normal request: budget on entry and handed on (client 800 ms)",
+                "ms",
+                &bars(&self.normal),
+            )),
+            Part::new(chart::hbars(
+                "im-stall",
+                "IM chain, route stalls: route's 200 ms cap ends it; logic answers early",
+                "ms",
+                &bars(&self.route_stall),
+            )),
+        ]
+    }
+}
+
+/// A case's budgets as bars: each hop's on entry (beside the seed's) and
+/// what it handed on.
+fn bars(case: &Case) -> Vec<Bar> {
+    let seed = |service: &str| match service {
+        "gateway" => Some(800.0),
+        "logic" => Some(500.0),
+        "route" => Some(200.0),
+        _ => None,
+    };
+    let mut bars = Vec::new();
+    for hop in &case.hops {
+        if let Some(entry) = hop.entry_ms {
+            let work = hop
+                .work
+                .as_ref()
+                .map(|w| format!("own work: {}", w.outcome))
+                .unwrap_or_default();
+            bars.push(
+                Bar::new(
+                    format!("{} on entry", hop.service),
+                    entry,
+                    seed(&hop.service),
+                )
+                .note(work),
+            );
+        }
+        for gave in &hop.gave {
+            if let Some(ms) = gave.ms {
+                bars.push(
+                    Bar::new(format!("  {} → {}", hop.service, gave.to), ms, None)
+                        .note(gave.outcome.clone()),
+                );
+            }
+        }
+    }
+    bars
 }

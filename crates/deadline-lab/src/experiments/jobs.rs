@@ -36,6 +36,8 @@ use tonic_deadline_db::postgres::{PgPool, tokio_postgres};
 use tonic_deadline_jobs::JobState;
 
 use crate::experiments::db_cancel;
+use crate::html::chart;
+use crate::html::{Part, Section};
 use crate::netns::{self, Host, Network};
 use crate::report::{Outcome, ms};
 use crate::systems::jobs::{Setup, query};
@@ -104,6 +106,7 @@ pub struct JobsRun {
 impl crate::registry::Experiment for JobsRun {
     const NAME: &'static str = "jobs";
     const ABOUT: &'static str = "Jobs on PostgreSQL, two worker processes, one killed mid-job";
+    const SECTION: Option<Section> = Some(Section::LeftBehind);
     type Args = crate::registry::NoArgs;
 
     async fn run(_: Self::Args, _: crate::registry::Spans) -> anyhow::Result<Self> {
@@ -177,6 +180,10 @@ impl crate::registry::Experiment for JobsRun {
                 ),
             ],
         }
+    }
+
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        vec![Part::new(chart::table(table))]
     }
 }
 

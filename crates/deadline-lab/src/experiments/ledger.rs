@@ -29,6 +29,8 @@ use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
 use crate::experiments::waterfall::{self, Case};
+use crate::html::chart::{self, escape};
+use crate::html::{Part, Section};
 use crate::otlp::Receiver;
 use crate::pb::{CheckoutReq, PushReq};
 use crate::registry::{Experiment, Spans};
@@ -409,6 +411,7 @@ impl Experiment for LedgerResult {
     const NAME: &'static str = "ledger";
     const ABOUT: &'static str = "Where the budget of a DEADLINE_EXCEEDED went: the ledger the root caller receives for the IM chain with route stalled, the shop with pricing late and a retried call, over many runs";
     const COLLECTS_SPANS: bool = true;
+    const SECTION: Option<Section> = Some(Section::Ledger);
     type Args = Args;
 
     async fn run(args: Args, spans: Spans) -> anyhow::Result<Self> {
@@ -470,6 +473,40 @@ impl Experiment for LedgerResult {
             rows,
             notes,
         }
+    }
+
+    /// Per stall case, how often the ledger reached the root and named the
+    /// stalled hop, one ledger as the root received it, and one call
+    /// traced: its waterfall beside the ledger it brought back.
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        let mut html = String::from(
+            "<p class=\"muted\">The ledger a root caller receives with a DEADLINE_EXCEEDED: every hop's line, the root's first. For each case one more call is traced over OTLP; its waterfall is drawn from the spans every hop exported, and under it is the ledger the same call brought back.</p>",
+        );
+        html.push_str(&chart::rows(table));
+        // The first note explains the columns; the rest print the examples
+        // and traced calls as text, drawn here instead.
+        html.push_str(&chart::notes(table.notes.get(..1).unwrap_or_default()));
+        for row in &self.rows {
+            html.push_str(&format!(
+                "<h3>{}</h3><pre>{}\n{}</pre>",
+                escape(&row.case),
+                escape(&row.example),
+                escape(&row.example_lines.join("\n"))
+            ));
+            if let Some(case) = &row.traced {
+                let budget_ms = case
+                    .spans
+                    .first()
+                    .and_then(|h| h.budget_on_entry_ms)
+                    .unwrap_or(case.client_ms);
+                html.push_str(&waterfall::chart(case, budget_ms));
+                html.push_str(&format!(
+                    "<p class=\"muted\">The ledger this traced call brought back:</p><pre>{}</pre>",
+                    escape(&case.ledger.join("\n"))
+                ));
+            }
+        }
+        vec![Part::new(html)]
     }
 }
 

@@ -48,6 +48,8 @@ use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
+use crate::html::chart::{self, Series};
+use crate::html::{Part, Section};
 use crate::net;
 use crate::registry::{Experiment, Spans};
 use crate::report::Outcome;
@@ -491,6 +493,7 @@ pub async fn measure(timeline: [Duration; 3]) -> anyhow::Result<Metastable> {
 impl Experiment for Metastable {
     const NAME: &'static str = "metastable";
     const ABOUT: &'static str = "A service at 0.9 of capacity under retrying clients, hit by a capacity cut or a load spike that then ends: goodput per second and the time it takes to come back, plain tonic beside ours";
+    const SECTION: Option<Section> = Some(Section::Metastable);
     type Args = Args;
 
     fn demo_args() -> Args {
@@ -576,5 +579,54 @@ impl Experiment for Metastable {
             rows,
             notes,
         }
+    }
+
+    /// Goodput second by second through the trigger, one chart per
+    /// trigger, plain and ours, beside the load offered.
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        let [before, during, _] = self.timeline_s;
+        let mut parts = Vec::new();
+        for trigger in TRIGGERS {
+            let rows: Vec<&Row> = STACKS
+                .iter()
+                .filter_map(|stack| self.row(stack, trigger))
+                .collect();
+            let Some(seconds) = rows.iter().map(|r| r.goodput.len()).max() else {
+                continue;
+            };
+            // Each figure is the second that starts at its label.
+            let xs: Vec<String> = (0..seconds).map(|s| format!("{s} s")).collect();
+            let mut series: Vec<Series> = rows
+                .iter()
+                .map(|r| (r.stack.clone(), r.goodput.clone()))
+                .collect();
+            if let Some(first) = rows.first() {
+                series.push((
+                    "offered".to_owned(),
+                    first
+                        .offered
+                        .iter()
+                        .map(|o| o / self.capacity_rps)
+                        .collect(),
+                ));
+            }
+            let what = if trigger == "capacity" {
+                "capacity cut to 20 %"
+            } else {
+                "twice the load"
+            };
+            parts.push(Part::new(chart::lines(
+                &format!("metastable-{trigger}"),
+                &format!(
+                    "Goodput ÷ capacity, each second from its start: {what} from {before:.1} s to {:.1} s",
+                    before + during
+                ),
+                "of capacity",
+                &xs,
+                &series,
+                &[],
+            )));
+        }
+        parts
     }
 }

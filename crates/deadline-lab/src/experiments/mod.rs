@@ -1,9 +1,10 @@
 //! Experiments: each runs real services on loopback and measures one claim.
 //!
 //! An experiment is one file: its result type implements
-//! [`Experiment`](crate::registry::Experiment) (its name, flags, run and
-//! table), and its line in [`ALL`] (beside its `mod` line here) puts it on
-//! the command line and in the demo.
+//! [`Experiment`](crate::registry::Experiment) (its name, flags, run, table
+//! and what it draws in the report), and its line in [`ALL`] (beside its
+//! `mod` line here) puts it on the command line, in the demo and in the
+//! report.
 
 pub mod amplification;
 pub mod chain;

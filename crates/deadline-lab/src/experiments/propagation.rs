@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tonic_deadline::Scope;
 
 use crate::experiments::layered_client;
+use crate::html::{Part, Section};
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, code_name, ms};
 use crate::systems::chain::{self, Plan};
@@ -95,6 +96,7 @@ impl Experiment for Propagation {
     const NAME: &'static str = "propagation";
     const ABOUT: &'static str =
         "Completions downstream after the client gives up: propagate vs detach";
+    const SECTION: Option<Section> = Some(Section::WorkAfterGivingUp);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -122,5 +124,27 @@ impl Experiment for Propagation {
             columns: vec!["variant", "client status", "client ms", "B completed", "C completed", "seed B / C"],
             notes: vec!["the detached variant needs an explicit `tonic_deadline::detach` in A".into()],
         }
+    }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        let count = |n: u64| n as f64;
+        vec![Part::bars(vec![
+            (
+                "B, propagate".to_owned(),
+                vec![(count(self.propagate.b_completed), Some(0.0))],
+            ),
+            (
+                "C, propagate".to_owned(),
+                vec![(count(self.propagate.c_completed), Some(0.0))],
+            ),
+            (
+                "B, detached".to_owned(),
+                vec![(count(self.detached.b_completed), Some(1.0))],
+            ),
+            (
+                "C, detached".to_owned(),
+                vec![(count(self.detached.c_completed), Some(1.0))],
+            ),
+        ])]
     }
 }

@@ -23,6 +23,8 @@ use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 use crate::capture::{Capture, Direction};
 use crate::clock::deadline_ns;
 use crate::experiments::{layered_client, status_name};
+use crate::html::chart;
+use crate::html::{Part, Section};
 use crate::nginx::{Config, Nginx};
 use crate::registry::{Experiment, Needs, NoArgs, Spans};
 use crate::report::{Outcome, ms, quantile};
@@ -386,6 +388,7 @@ impl Experiment for Proxy {
     const NAME: &'static str = "proxy";
     const ABOUT: &'static str = "Debian's nginx (grpc_pass) between two hops: the header it forwards, the transit, and whether a client's cancel reaches the hop behind it";
     const NEEDS: &'static [Needs] = &[Needs::Nginx];
+    const SECTION: Option<Section> = Some(Section::Across);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -456,5 +459,12 @@ impl Experiment for Proxy {
                 "a client's RST_STREAM reaches B through nginx: nginx ends its upstream request, and B's scope ends as Abandoned (with or without upstream keepalive)".into(),
             ],
         }
+    }
+
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        vec![Part::new(format!(
+            "<h3>proxy: nginx between two hops</h3>{}",
+            chart::table(table)
+        ))]
     }
 }

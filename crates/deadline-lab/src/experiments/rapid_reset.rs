@@ -54,6 +54,8 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+use crate::html::chart;
+use crate::html::{Part, Section};
 use crate::net::{self, Layered};
 use crate::registry::{Experiment, Spans};
 use crate::report::{Outcome, ms};
@@ -740,6 +742,7 @@ fn or_dash(n: Option<u32>) -> String {
 impl Experiment for RapidReset {
     const NAME: &'static str = "rapid-reset";
     const ABOUT: &'static str = "HTTP/2 Rapid Reset floods, fast and slow, on one connection and four, in the clear and over TLS: how plain tonic, the layer alone and ours cut them off, and an honest client's latency beside them";
+    const SECTION: Option<Section> = Some(Section::ResetFloods);
     type Args = Args;
 
     fn demo_args() -> Args {
@@ -845,5 +848,9 @@ impl Experiment for RapidReset {
             rows,
             notes,
         }
+    }
+
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        vec![Part::new(chart::table(table))]
     }
 }

@@ -23,6 +23,8 @@ use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::experiments::status_name;
+use crate::html::chart;
+use crate::html::{Part, Section};
 use crate::net;
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
@@ -397,6 +399,7 @@ fn list(values: &[f64]) -> String {
 impl Experiment for RetryCases {
     const NAME: &'static str = "retry";
     const ABOUT: &'static str = "Retries inside one deadline: succeeding on the 3rd attempt, the deadline ending the backoff, pushback, outcome-unknown codes";
+    const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -440,5 +443,12 @@ impl Experiment for RetryCases {
                 "the WARN logged at this step is the 'not idempotent' case's, on purpose: the layer names a config that lists DEADLINE_EXCEEDED for a method not declared idempotent".into(),
             ],
         }
+    }
+
+    fn report(&self, table: &Outcome) -> Vec<Part> {
+        vec![Part::new(format!(
+            "<h3>retry cases</h3>{}",
+            chart::table(table)
+        ))]
     }
 }

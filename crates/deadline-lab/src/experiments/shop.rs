@@ -9,6 +9,8 @@ use tokio::time::Instant;
 
 use crate::experiments::im::{Hop, cell, find, hops};
 use crate::experiments::{status_name, without_deadline};
+use crate::html::chart::{self, Bar};
+use crate::html::{Part, Section};
 use crate::pb::{BrowseReq, CheckoutReq};
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
@@ -180,6 +182,7 @@ impl Experiment for Shop {
     const NAME: &'static str = "shop";
     const ABOUT: &'static str =
         "The API's 900 ms shared by inventory and pricing, the cache cap, fan-out";
+    const SECTION: Option<Section> = Some(Section::BudgetPerHop);
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {
@@ -247,5 +250,32 @@ impl Experiment for Shop {
             rows,
             notes,
         }
+    }
+
+    fn report(&self, _: &Outcome) -> Vec<Part> {
+        let bars = vec![
+            Bar::new(
+                "inventory (propagated)",
+                self.inventory_budget_ms.unwrap_or(0.0),
+                Some(900.0),
+            ),
+            Bar::new(
+                "pricing (propagated)",
+                self.pricing_budget_ms.unwrap_or(0.0),
+                Some(self.expected_pricing_ms as f64),
+            )
+            .note("≈ 250 − 50 reserve"),
+            Bar::new(
+                "cache (capped)",
+                self.cache_budget_ms.unwrap_or(0.0),
+                Some(self.cache_cap_ms as f64),
+            ),
+        ];
+        vec![Part::new(chart::hbars(
+            "shop",
+            "Shop API (900 ms): inventory took 650 ms; pricing gets what is left",
+            "ms",
+            &bars,
+        ))]
     }
 }

@@ -1,7 +1,6 @@
-//! The report's HTML, drawn from typed results: every chart and table it
-//! promises, and nothing fetched from the network.
-
-use serde_json::Value;
+//! The report's HTML, drawn by each experiment from its typed result and
+//! its own table: every chart and table it promises, and nothing fetched
+//! from the network.
 
 use deadline_lab::bench::overload::Overload;
 use deadline_lab::bench::retry_storm::{self, Storm};
@@ -10,12 +9,26 @@ use deadline_lab::experiments::hedge::{self, HedgeRows};
 use deadline_lab::experiments::metastable::{self, Metastable};
 use deadline_lab::experiments::retry::{self, RetryCases};
 use deadline_lab::experiments::waterfall::{Case, Hop, Waterfall};
-use deadline_lab::html::{
-    Bar, Skipped, Step, edge_charts, escape, hbars, render, render_with_skipped, resilience,
-    waterfall,
-};
-use deadline_lab::registry::Experiment as _;
-use deadline_lab::report::Outcome;
+use deadline_lab::html::chart::{Bar, escape, hbars};
+use deadline_lab::html::{Skipped, Step, render, render_with_skipped};
+use deadline_lab::registry::Experiment;
+
+/// A finished step of the demo with the table `result` prints, as the demo
+/// makes it.
+fn step(name: &str, result: &impl Experiment) -> Step {
+    Step {
+        name: name.into(),
+        outcome: Ok(result.outcome()),
+        seconds: 0.0,
+    }
+}
+
+/// The section of `page` under the heading `heading`, up to the next one.
+fn section<'a>(page: &'a str, heading: &str) -> &'a str {
+    page.split("<h2>")
+        .find(|s| s.starts_with(&format!("{heading}</h2>")))
+        .unwrap_or_else(|| panic!("the report must have the section {heading:?}"))
+}
 
 #[test]
 fn charts_are_inline_svg_with_bars_and_seed_ticks() {
@@ -73,15 +86,13 @@ fn edge_charts_draw_every_layer_from_the_typed_result() {
             call_extra_us: 60.0,
         },
     };
-    let json = serde_json::to_value(&edge).expect("serialises");
-    let back = serde_json::from_value(json).expect("the JSON reads back as the result type");
-    let html = edge_charts(&back);
+    let html = render(&[step("edge", &edge)], 1.0);
     assert_eq!(
         html.matches("class=\"bar\"").count(),
         8,
         "two charts, one bar per layer"
     );
-    assert!(html.contains("sqlx query") && html.contains("kept running"));
+    assert!(html.contains("sqlx query") && html.contains("still ran on the server"));
 }
 
 #[test]
@@ -116,7 +127,7 @@ fn a_skipped_step_is_shown_as_skipped_not_failed() {
 
 #[test]
 fn hosts_and_faults_get_their_own_tables() {
-    use deadline_lab::experiments::{faults, hosts};
+    use deadline_lab::experiments::hosts;
     let hosts = hosts::Hosts {
         delay_by: "netem".into(),
         netem_error: String::new(),
@@ -136,41 +147,7 @@ fn hosts_and_faults_get_their_own_tables() {
             })
             .into(),
     };
-    let faults = faults::Faults {
-        cases: vec![faults::Case {
-            case: "downstream killed".into(),
-            status: "UNAVAILABLE".into(),
-            message: String::new(),
-            detected_ms: 2.0,
-            deadline_ms: 2000.0,
-            answered_ms: 102.0,
-            upstream_scope_ended: true,
-            leaked: 0,
-            permits_held: 0,
-            tasks_running: 0,
-        }],
-    };
-    let step = |name: &str, json: Value| Step {
-        name: name.into(),
-        outcome: Ok(Outcome {
-            title: name.into(),
-            json,
-            columns: Vec::new(),
-            rows: Vec::new(),
-            notes: Vec::new(),
-        }),
-        seconds: 0.0,
-    };
-    let html = render(
-        &[
-            step("hosts", serde_json::to_value(&hosts).expect("serializable")),
-            step(
-                "faults",
-                serde_json::to_value(&faults).expect("serializable"),
-            ),
-        ],
-        1.0,
-    );
+    let html = render(&[step("hosts", &hosts), step("faults", &faults())], 1.0);
     assert!(html.contains("Across hosts, proxies and faults"));
     assert!(
         html.contains("dlab-1-0-A"),
@@ -184,6 +161,66 @@ fn hosts_and_faults_get_their_own_tables() {
         html.contains("<td>downstream killed</td><td>UNAVAILABLE</td>"),
         "the faults table must list each case and its status"
     );
+}
+
+fn faults() -> deadline_lab::experiments::faults::Faults {
+    use deadline_lab::experiments::faults::{Case, Faults};
+    Faults {
+        cases: vec![Case {
+            case: "downstream killed".into(),
+            status: "UNAVAILABLE".into(),
+            message: String::new(),
+            detected_ms: 2.0,
+            deadline_ms: 2000.0,
+            answered_ms: 102.0,
+            upstream_scope_ended: true,
+            leaked: 0,
+            permits_held: 0,
+            tasks_running: 0,
+        }],
+    }
+}
+
+#[test]
+fn a_section_draws_the_rows_its_experiment_printed_not_a_copy_made_again() {
+    let mut printed = faults().outcome();
+    printed.rows[0][1] = "UNAVAILABLE, as printed".into();
+    let step = Step {
+        name: "faults".into(),
+        outcome: Ok(printed),
+        seconds: 0.0,
+    };
+    let html = render(&[step], 1.0);
+    let across = section(&html, "Across hosts, proxies and faults");
+    assert!(
+        across.contains("<td>downstream killed</td><td>UNAVAILABLE, as printed</td>"),
+        "the section must show the row as the experiment printed it"
+    );
+}
+
+#[test]
+fn a_failed_step_is_named_in_its_section() {
+    let failed = Step {
+        name: "edge".into(),
+        outcome: Err("needs PostgreSQL".into()),
+        seconds: 1.0,
+    };
+    let html = render(&[failed], 1.0);
+    let edge = section(&html, "Beyond tonic: HTTP edge → gRPC → SQL, and → reqwest");
+    assert!(edge.contains("edge: failed (needs PostgreSQL)"));
+}
+
+#[test]
+fn every_section_of_the_report_is_the_home_of_a_step_of_the_demo() {
+    use deadline_lab::html::Section;
+    use deadline_lab::registry::demo_steps;
+    for section in Section::ALL {
+        assert!(
+            demo_steps().any(|e| e.section == Some(section)),
+            "a demo that runs every step must show the section {:?}",
+            section.heading()
+        );
+    }
 }
 
 #[test]
@@ -217,12 +254,7 @@ fn overload_plot_draws_one_line_per_variant_over_every_offered_load() {
         window_s: 3.0,
         rows: vec![level(1, 0.99), level(2, 0.05), level(4, 0.01)],
     };
-    let step = Step {
-        name: "bench overload".into(),
-        outcome: Ok(overload.outcome()),
-        seconds: 0.0,
-    };
-    let html = render(&[step], 1.0);
+    let html = render(&[step("bench overload", &overload)], 1.0);
     assert!(
         html.contains("data-chart=\"overload\""),
         "the report must plot bench overload"
@@ -296,19 +328,7 @@ fn the_report_plots_goodput_through_a_trigger_and_attempts_across_hops() {
             .collect(),
         fan_in_ms: 2000.0,
     };
-    let steps = [
-        Step {
-            name: "metastable".into(),
-            outcome: Ok(m.outcome()),
-            seconds: 0.0,
-        },
-        Step {
-            name: "amplification".into(),
-            outcome: Ok(a.outcome()),
-            seconds: 0.0,
-        },
-    ];
-    let html = render(&steps, 1.0);
+    let html = render(&[step("metastable", &m), step("amplification", &a)], 1.0);
     for chart in ["metastable-capacity", "metastable-spike"] {
         let svg = html
             .split("<svg ")
@@ -409,7 +429,15 @@ fn the_section_draws_a_cdf_line_per_variant_and_every_table_from_the_typed_resul
             expected: String::new(),
         }],
     };
-    let html = resilience::section(Some(&retry), Some(&hedge), Some(&storm));
+    let page = render(
+        &[
+            step("retry", &retry),
+            step("hedge", &hedge),
+            step("bench retry-storm", &storm),
+        ],
+        1.0,
+    );
+    let html = section(&page, "Retries and hedging inside one deadline");
     assert_eq!(
         html.matches("<polyline class=\"cdf\"").count(),
         3,
@@ -430,8 +458,8 @@ fn the_section_draws_a_cdf_line_per_variant_and_every_table_from_the_typed_resul
         "the retry case's budgets on the wire"
     );
     assert!(
-        html.contains("49 / 50"),
-        "losers reset on the server, of all losers"
+        html.contains("<td>50</td><td>49</td><td>50</td>"),
+        "the losers, those reset on the server and those ended there, as the hedge's table has them"
     );
 }
 
@@ -475,7 +503,8 @@ fn waterfall_draws_a_bar_per_hop_with_deadlines_caps_reserves_and_ends() {
             ledger: vec!["/lab.v1.Route/GetRoute budget=200.00 took=190.02".into()],
         }],
     };
-    let html = waterfall::section(&waterfall);
+    let page = render(&[step("waterfall", &waterfall)], 1.0);
+    let html = section(&page, "Where the budget went");
     assert!(
         html.contains("<pre>/lab.v1.Route/GetRoute budget=200.00 took=190.02</pre>"),
         "the call's ledger is shown under its waterfall"
@@ -532,19 +561,7 @@ fn rapid_reset_gets_its_own_section_with_every_flood_and_server() {
         cut_within: 1000,
         cpus_split: true,
     };
-    let json = serde_json::to_value(&floods).expect("serialisable");
-    let step = Step {
-        name: "rapid-reset".into(),
-        outcome: Ok(Outcome {
-            title: "rapid-reset".into(),
-            json,
-            columns: Vec::new(),
-            rows: Vec::new(),
-            notes: Vec::new(),
-        }),
-        seconds: 0.0,
-    };
-    let html = render(&[step], 1.0);
+    let html = render(&[step("rapid-reset", &floods)], 1.0);
     assert!(html.contains("Reset floods (HTTP/2 Rapid Reset)"));
     assert!(
         html.contains("<td>1 × fast</td><td>plain tonic</td><td>not cut</td>"),
@@ -586,16 +603,8 @@ fn the_ledger_section_draws_each_traced_call_beside_its_ledger() {
             traced: Some(traced),
         }],
     };
-    let steps = [Step {
-        name: "ledger".into(),
-        outcome: Ok(result.outcome()),
-        seconds: 0.0,
-    }];
-    let html = render(&steps, 1.0);
-    let section = html
-        .split("<h2>")
-        .find(|s| s.starts_with("Where the budget went: the ledger"))
-        .expect("the report has the ledger's section");
+    let html = render(&[step("ledger", &result)], 1.0);
+    let section = section(&html, "Where the budget went: the ledger");
     assert!(
         section.contains("data-chart=\"waterfall-a-retried-call\""),
         "the traced call's waterfall"
