@@ -22,6 +22,7 @@ pub mod timeout_header;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod tonic_status;
+pub mod warn_limit;
 
 pub use code::Code;
 pub use scope::{Cause, Ended, JoinSet, Scope, detach, spawn};

@@ -20,7 +20,6 @@ pub mod server;
 #[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
 pub mod service_config;
 pub mod status;
-mod warn_limit;
 mod wire;
 
 pub use client::ClientDeadlineLayer;

@@ -241,7 +241,7 @@ impl Running {
                     .serve_with_incoming_shutdown(incoming, signal),
             ),
             Kind::Ours => {
-                let guard = ResetGuard::new().metrics(metrics);
+                let guard = ResetGuard::new().observed_by(metrics.clone());
                 tonic_deadline::detach(
                     guard
                         .builder()

@@ -281,7 +281,7 @@ impl Running {
                     .serve_with_incoming_shutdown(incoming, signal),
             ),
             Kind::Ours => {
-                let guard = ResetGuard::new().metrics(metrics);
+                let guard = ResetGuard::new().observed_by(metrics.clone());
                 tonic_deadline::detach(
                     guard
                         .builder()
@@ -300,7 +300,7 @@ impl Running {
                 )
             }
             Kind::OursTls => {
-                let guard = ResetGuard::new().metrics(metrics);
+                let guard = ResetGuard::new().observed_by(metrics.clone());
                 let tls = ServerTls::new(&pki.server_cert_pem, &pki.server_key_pem);
                 tonic_deadline::detach(
                     guard

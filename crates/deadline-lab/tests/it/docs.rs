@@ -103,6 +103,7 @@ fn pages() -> Vec<String> {
         "README.md",
         "crates/grpc-deadline/README.md",
         "crates/grpc-deadline-reqwest/README.md",
+        "crates/tonic-deadline-guard/README.md",
         "crates/tonic-deadline-db/README.md",
         "crates/tonic-deadline-jobs/README.md",
         "crates/tonic-deadline/README.md",

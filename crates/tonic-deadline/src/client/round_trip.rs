@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::wire::frames::{FRAME_HEADER, Frames, Header};
+use tonic_deadline_guard::frames::{FRAME_HEADER, Frames, Header};
 
 const PING: u8 = 0x6;
 const ACK: u8 = 0x1;

@@ -31,7 +31,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use crate::wire::frames::{DATA, END_STREAM, FRAME_HEADER, Frames, Header, PREFACE, RST_STREAM};
+use tonic_deadline_guard::frames::{
+    DATA, END_STREAM, FRAME_HEADER, Frames, Header, PREFACE, RST_STREAM,
+};
 
 const SETTINGS: u8 = 0x4;
 const ACK: u8 = 0x1;

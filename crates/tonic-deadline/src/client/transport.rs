@@ -82,7 +82,7 @@ pub(crate) fn reset_guard_status(err: &(dyn Error + 'static)) -> Option<tonic::S
     let said = format!("{h2:?}");
     let small_data = said.contains("too_many_data_frames");
     Some(
-        if h2.is_remote() && said.contains(crate::wire::FLOOD_GO_AWAY) {
+        if h2.is_remote() && said.contains(tonic_deadline_guard::FLOOD_GO_AWAY) {
             tonic::Status::resource_exhausted(
                 "the server's reset guard closed the connection (HTTP/2 GOAWAY ENHANCE_YOUR_CALM): \
              this client reset more streams soon after opening them, long before their \

@@ -92,13 +92,14 @@ mod body;
 mod end_guard;
 mod entry;
 mod future;
-#[cfg(feature = "server")]
-mod guards;
 mod layer;
 pub(crate) mod observer;
 mod protocol;
+/// The reset guard: the crate `tonic-deadline-guard`, re-exported (see
+/// [`ResetGuard`]).
 #[cfg(feature = "server")]
-pub mod reset_guard;
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
+pub use tonic_deadline_guard as reset_guard;
 mod timer;
 
 use std::sync::{Arc, OnceLock};
@@ -114,18 +115,17 @@ use observer::{Arrival, Observer};
 
 pub use body::ServerBody;
 pub use future::ResponseFuture;
-#[cfg(feature = "server")]
-pub use guards::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS};
 pub use layer::ServerDeadlineLayer;
 #[cfg(feature = "http")]
 pub use protocol::Http;
 pub use protocol::{Grpc, Protocol};
 #[cfg(feature = "server")]
-pub use reset_guard::{
-    Guarded, GuardedIncoming, GuardedRouter, GuardedServer, PeerAddress, ResetGuard, ServeError,
+pub use tonic_deadline_guard::{
+    Guarded, GuardedIncoming, GuardedRouter, GuardedServer, LOCAL_ERROR_RESETS,
+    PENDING_ACCEPT_RESETS, PeerAddress, ResetGuard, ServeError,
 };
 #[cfg(feature = "tls")]
-pub use reset_guard::{ServerTls, TlsError, TlsIncoming};
+pub use tonic_deadline_guard::{ServerTls, TlsError, TlsIncoming};
 
 /// The limits, forwarding rules and protocol of a server layer.
 #[derive(Debug, Clone, Default)]

@@ -1,19 +1,12 @@
-//! What travels on the wire, and nothing else: the `grpc-timeout` codec,
-//! the status headers and the names of gRPC's status codes. The bottom of
-//! the crate: it imports nothing of it.
+//! What travels on the wire, and nothing else: the status headers and the
+//! names of gRPC's status codes (the `grpc-timeout` codec is the core's;
+//! the HTTP/2 frame walker the reset guard's). The bottom of the crate: it
+//! imports nothing of it.
 
-#[cfg(any(feature = "server", feature = "channel"))]
-pub(crate) mod frames;
-#[cfg(feature = "server")]
-pub(crate) mod hpack;
 pub(crate) use grpc_deadline::timeout_header;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tonic::Code;
-
-/// The debug data of the GOAWAY a reset guard sends when it closes a
-/// connection for a reset flood: the client layer names the cause from it.
-pub(crate) const FLOOD_GO_AWAY: &str = "too many streams reset long before their deadlines";
 
 /// `grpc-status`, made once: a lookup by a `&str` parses the name first.
 pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");

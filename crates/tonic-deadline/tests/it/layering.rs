@@ -13,8 +13,6 @@ use std::path::{Path, PathBuf};
 /// floors below its own, or on its own floor when that floor allows it.
 const FLOORS: &[(&str, u8)] = &[
     ("wire", 0),
-    // A warning that repeats at most so often: imports nothing of the crate.
-    ("warn_limit", 0),
     ("scope", 1),
     ("status", 2),
     ("service_config", 2),

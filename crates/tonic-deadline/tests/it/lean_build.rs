@@ -1,6 +1,7 @@
 //! The default build compiles nothing that tonic itself does not: every
 //! crate in tonic-deadline's dependency tree with its default features is
-//! the core (grpc-deadline), tonic or one of tonic's own dependencies. Metrics, service config, the
+//! the core (grpc-deadline), the reset guard (tonic-deadline-guard), tonic
+//! or one of tonic's own dependencies. Metrics, service config, the
 //! databases, HTTP and OpenTelemetry are features.
 //!
 //! Read from `cargo tree` (offline: the lock file already names every
@@ -59,7 +60,14 @@ fn the_default_build_compiles_nothing_plain_tonic_does_not() {
     let extra: Vec<_> = all
         .iter()
         .filter(|name| {
-            !["tonic-deadline", "grpc-deadline", "tonic"].contains(name) && !tonics.contains(*name)
+            ![
+                "tonic-deadline",
+                "grpc-deadline",
+                "tonic-deadline-guard",
+                "tonic",
+            ]
+            .contains(name)
+                && !tonics.contains(*name)
         })
         .collect();
     assert!(

@@ -51,7 +51,11 @@ fn serve_guarded(
     node: Node,
     metrics: &Metrics,
 ) -> impl Future<Output = Result<(), tonic::transport::Error>> + use<> {
-    serve_with(ResetGuard::new().metrics(metrics), listener, node)
+    serve_with(
+        ResetGuard::new().observed_by(metrics.clone()),
+        listener,
+        node,
+    )
 }
 
 /// A server on `listener` with `guard` and the layer.
@@ -222,7 +226,7 @@ async fn floods_are_cut_off_over(
     let (_events, tx) = Events::new();
     let (listener, addr) = loopback().await;
     let metrics = Metrics::new();
-    let guard = ResetGuard::new().metrics(&metrics);
+    let guard = ResetGuard::new().observed_by(metrics.clone());
     let node = Node::new("S", &tx);
     let mut honest = match &tls {
         None => {
@@ -423,7 +427,7 @@ async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
     let free_metrics = Metrics::new();
     let free_guard = ResetGuard::new()
         .hold_after_cut(None)
-        .metrics(&free_metrics);
+        .observed_by(free_metrics.clone());
     tokio::spawn(serve_with(free_guard, listener, Node::new("U", &tx)));
     let free = reconnecting_flood(free_addr, WINDOW).await.len();
 
@@ -546,7 +550,7 @@ async fn connections_beyond_those_that_may_be_held_are_cut_off_at_once() {
     let (listener, addr) = loopback().await;
     let metrics = Metrics::new();
     let guard = ResetGuard::new()
-        .metrics(&metrics)
+        .observed_by(metrics.clone())
         .hold_after_cut(Some(LONG_HOLD));
     tokio::spawn(serve_with(guard, listener, Node::new("S", &tx)));
     let cut = reconnecting_flood(addr, Duration::from_millis(1)).await;

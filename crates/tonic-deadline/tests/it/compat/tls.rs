@@ -163,7 +163,7 @@ async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly()
     let (seer, _sightings) = Seer::new(Answer::Echo);
     let (listener, addr) = loopback().await;
     let metrics = Metrics::new();
-    let guard = ResetGuard::new().metrics(&metrics);
+    let guard = ResetGuard::new().observed_by(metrics.clone());
     let identity = Identity::from_pem(&pki.server_cert_pem, &pki.server_key_pem);
     let server = guard.builder().configure(|server| {
         server

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::timeout_header;
+use grpc_deadline::timeout_header;
 
 /// The header the shadow reads.
 const GRPC_TIMEOUT: &[u8] = b"grpc-timeout";

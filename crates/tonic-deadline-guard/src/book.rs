@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::wire::frames::{
+use crate::frames::{
     CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, Header, PADDED, PRIORITY, RST_STREAM,
     Sink,
 };
-use crate::wire::hpack::Shadow;
+use crate::hpack::Shadow;
 
-use super::Rules;
+use crate::guard::Rules;
 
 /// The most bytes of one header block the account assembles to read its
 /// `grpc-timeout`. Beyond it the block is not read (h2 refuses header
@@ -399,12 +399,12 @@ impl Sink for Book {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frames::{Frames, PREFACE, frame};
+    use crate::frames::{Frames, PREFACE, frame};
 
     const RULES: Rules = Rules {
         allowance: 10,
-        early: super::super::EARLY,
-        deadline_slack: super::super::DEADLINE_SLACK,
+        early: crate::guard::EARLY,
+        deadline_slack: crate::guard::DEADLINE_SLACK,
         refill_per_second: 0.0,
         hold: None,
     };

@@ -15,8 +15,9 @@ use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
 use super::book::{Book, Breach};
-use super::{Held, Shared};
-use crate::wire::frames::{self, Frames, GOAWAY, Header, Sink};
+use crate::frames::{self, Frames, GOAWAY, Header, Sink};
+use crate::guard::Shared;
+use crate::peers::Held;
 
 /// HTTP/2's `ENHANCE_YOUR_CALM`, the code of the GOAWAY a breach sends.
 const ENHANCE_YOUR_CALM: u32 = 0xb;
@@ -47,7 +48,7 @@ const LINGER_BYTES: usize = 256 * 1024;
 /// connection info as the wrapped stream's.
 ///
 /// ```
-/// use tonic_deadline::server::{Guarded, ResetGuard};
+/// use tonic_deadline_guard::{Guarded, ResetGuard};
 /// # async fn run(tcp: tokio::net::TcpStream) {
 /// let guarded: Guarded<tokio::net::TcpStream> = ResetGuard::new().wrap(tcp);
 /// # let _ = guarded;
@@ -193,7 +194,7 @@ impl State {
 fn go_away(breach: &Breach) -> Vec<u8> {
     let mut payload = breach.last_stream.to_be_bytes().to_vec();
     payload.extend(ENHANCE_YOUR_CALM.to_be_bytes());
-    payload.extend_from_slice(crate::wire::FLOOD_GO_AWAY.as_bytes());
+    payload.extend_from_slice(crate::FLOOD_GO_AWAY.as_bytes());
     frames::frame(GOAWAY, 0, 0, &payload)
 }
 

@@ -1,42 +1,76 @@
 //! HTTP/2's framing (RFC 9113, 4.1), followed through a byte stream that
 //! arrives in pieces of any size: each frame's 9-byte header once it is
-//! whole, then its payload in the pieces it came in. The client's channel
-//! and the server's reset guard both follow a connection with it.
-
-// A client-only build uses the walker and the frame kinds it reads; the
-// rest is the reset guard's.
-#![cfg_attr(not(feature = "server"), allow(dead_code))]
+//! whole, then its payload in the pieces it came in. The reset guard
+//! follows each connection with it, and tonic-deadline's channel the
+//! server's side of its own (the one HTTP/2 frame parser of both): public
+//! for that, and for whoever reads HTTP/2 from a byte stream.
+//!
+//! ```
+//! use tonic_deadline_guard::frames::{Frames, Header, PREFACE, RST_STREAM, Sink, frame};
+//!
+//! #[derive(Default)]
+//! struct Resets(Vec<u32>);
+//! impl Sink for Resets {
+//!     fn header(&mut self, header: Header) {
+//!         if header.kind == RST_STREAM {
+//!             self.0.push(header.stream);
+//!         }
+//!     }
+//! }
+//!
+//! let mut bytes = PREFACE.to_vec();
+//! bytes.extend(frame(RST_STREAM, 0, 3, &8u32.to_be_bytes()));
+//! let mut walk = Frames::from_client();
+//! let mut resets = Resets::default();
+//! for piece in bytes.chunks(5) {
+//!     walk.walk(piece, &mut resets); // any split of the bytes reads the same
+//! }
+//! assert_eq!(resets.0, [3]);
+//! assert!(walk.at_boundary());
+//! ```
 
 /// The length of a frame header.
-pub(crate) const FRAME_HEADER: usize = 9;
+pub const FRAME_HEADER: usize = 9;
 
-/// Frame types.
-pub(crate) const DATA: u8 = 0x0;
-pub(crate) const HEADERS: u8 = 0x1;
-pub(crate) const RST_STREAM: u8 = 0x3;
-pub(crate) const GOAWAY: u8 = 0x7;
-pub(crate) const CONTINUATION: u8 = 0x9;
+/// The frame type `DATA`.
+pub const DATA: u8 = 0x0;
+/// The frame type `HEADERS`.
+pub const HEADERS: u8 = 0x1;
+/// The frame type `RST_STREAM`.
+pub const RST_STREAM: u8 = 0x3;
+/// The frame type `GOAWAY`.
+pub const GOAWAY: u8 = 0x7;
+/// The frame type `CONTINUATION`.
+pub const CONTINUATION: u8 = 0x9;
 
-/// Flags.
-pub(crate) const END_STREAM: u8 = 0x1;
-pub(crate) const END_HEADERS: u8 = 0x4;
-pub(crate) const PADDED: u8 = 0x8;
-pub(crate) const PRIORITY: u8 = 0x20;
+/// The flag `END_STREAM`.
+pub const END_STREAM: u8 = 0x1;
+/// The flag `END_HEADERS`.
+pub const END_HEADERS: u8 = 0x4;
+/// The flag `PADDED`.
+pub const PADDED: u8 = 0x8;
+/// The flag `PRIORITY`.
+pub const PRIORITY: u8 = 0x20;
 
 /// The client connection preface, which precedes a client's frames.
-pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// A frame's header, read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub(crate) len: usize,
-    pub(crate) kind: u8,
-    pub(crate) flags: u8,
-    pub(crate) stream: u32,
+pub struct Header {
+    /// The payload's length.
+    pub len: usize,
+    /// The frame's type.
+    pub kind: u8,
+    /// The frame's flags.
+    pub flags: u8,
+    /// The stream it belongs to (0: the connection).
+    pub stream: u32,
 }
 
 impl Header {
-    pub(crate) fn parse(h: &[u8; FRAME_HEADER]) -> Self {
+    /// Reads a frame header.
+    pub fn parse(h: &[u8; FRAME_HEADER]) -> Self {
         let (len, kind) = len_and_kind(h);
         Self {
             len,
@@ -46,7 +80,8 @@ impl Header {
         }
     }
 
-    pub(crate) fn has(&self, flag: u8) -> bool {
+    /// Whether `flag` is set.
+    pub fn has(&self, flag: u8) -> bool {
         self.flags & flag != 0
     }
 }
@@ -59,7 +94,7 @@ fn len_and_kind(h: &[u8; FRAME_HEADER]) -> (usize, u8) {
 }
 
 /// What a [`Frames`] walk shows, in order.
-pub(crate) trait Sink {
+pub trait Sink {
     /// Whether frames of `kind` with `flags` are told: a frame that is not
     /// is passed over, its header unread beyond its length.
     fn wants(&self, _kind: u8, _flags: u8) -> bool {
@@ -83,7 +118,7 @@ impl<F: FnMut(Header)> Sink for F {
 
 /// Where a byte stream is in HTTP/2's framing.
 #[derive(Debug, Default)]
-pub(crate) struct Frames {
+pub struct Frames {
     /// Preface bytes still to come.
     preface: usize,
     header: [u8; FRAME_HEADER],
@@ -98,7 +133,7 @@ pub(crate) struct Frames {
 
 impl Frames {
     /// Follows a client's writes: the preface first.
-    pub(crate) fn from_client() -> Self {
+    pub fn from_client() -> Self {
         Self {
             preface: PREFACE.len(),
             ..Self::default()
@@ -106,21 +141,17 @@ impl Frames {
     }
 
     /// Whether the stream is between two frames.
-    pub(crate) fn at_boundary(&self) -> bool {
+    pub fn at_boundary(&self) -> bool {
         self.preface == 0 && self.header_len == 0 && self.payload == 0
     }
 
     /// Whole frames seen so far.
-    #[cfg_attr(
-        not(feature = "channel"),
-        allow(dead_code, reason = "the channel's PINGs read it")
-    )]
-    pub(crate) fn frames(&self) -> u64 {
+    pub fn frames(&self) -> u64 {
         self.frames
     }
 
     /// Follows `bytes` through the framing, telling `sink` what it sees.
-    pub(crate) fn walk(&mut self, mut bytes: &[u8], sink: &mut impl Sink) {
+    pub fn walk(&mut self, mut bytes: &[u8], sink: &mut impl Sink) {
         loop {
             if self.at_boundary() {
                 // Whole frame headers, read in place: most pieces hold
@@ -188,7 +219,7 @@ impl Frames {
 /// The preface bytes of a client seen so far match HTTP/2's: `Some(true)`
 /// once all are seen, `Some(false)` as soon as one differs, `None` while
 /// they match but more are to come.
-pub(crate) fn is_preface(start: &[u8]) -> Option<bool> {
+pub fn is_preface(start: &[u8]) -> Option<bool> {
     let n = start.len().min(PREFACE.len());
     if start[..n] != PREFACE[..n] {
         return Some(false);
@@ -197,7 +228,7 @@ pub(crate) fn is_preface(start: &[u8]) -> Option<bool> {
 }
 
 /// A frame, whole, for tests and for what a layer writes itself.
-pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len();
     let mut out = Vec::with_capacity(FRAME_HEADER + len);
     out.extend([(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);

@@ -45,7 +45,7 @@ const MAX_PEERS: usize = 4096;
 ///
 /// ```
 /// use std::net::IpAddr;
-/// use tonic_deadline::server::PeerAddress;
+/// use tonic_deadline_guard::PeerAddress;
 ///
 /// #[derive(Clone)]
 /// struct MyInfo { from: IpAddr }

@@ -20,7 +20,7 @@ use tonic::transport::{Error, Server};
 use tower_layer::{Identity, Layer, Stack};
 use tower_service::Service;
 
-use super::{Incoming, Shared};
+use crate::guard::{Incoming, Shared};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -61,8 +61,8 @@ impl From<Error> for ServeError {
 }
 
 #[cfg(feature = "tls")]
-impl From<super::TlsError> for ServeError {
-    fn from(error: super::TlsError) -> Self {
+impl From<crate::TlsError> for ServeError {
+    fn from(error: crate::TlsError) -> Self {
         Self {
             source: error.into(),
         }
@@ -80,14 +80,14 @@ impl From<super::TlsError> for ServeError {
 /// built.
 ///
 /// ```no_run
-/// use tonic_deadline::ServerDeadlineLayer;
-/// use tonic_deadline::server::ResetGuard;
+/// use tonic_deadline_guard::ResetGuard;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let (_, health) = tonic_health::server::health_reporter();
 /// ResetGuard::new()
 ///     .builder()
-///     .layer(ServerDeadlineLayer::new())
+///     .configure(|server| server.tcp_nodelay(true)) // tonic's own `Server` settings
+///     // .layer(tonic_deadline::ServerDeadlineLayer::new()) with tonic-deadline
 ///     .add_service(health)
 ///     .serve("127.0.0.1:50051".parse()?)
 ///     .await?;
@@ -126,7 +126,7 @@ impl<L> GuardedServer<L> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let builder = tonic_deadline::server::ResetGuard::new()
+    /// let builder = tonic_deadline_guard::ResetGuard::new()
     ///     .builder()
     ///     .configure(|server| server.http2_keepalive_interval(Some(Duration::from_secs(30))));
     /// # let _ = builder;
@@ -198,7 +198,7 @@ impl<L> GuardedServer<L> {
 /// ```no_run
 /// # async fn run(listener: tokio::net::TcpListener) -> Result<(), tonic::transport::Error> {
 /// let (_, health) = tonic_health::server::health_reporter();
-/// let guard = tonic_deadline::server::ResetGuard::new();
+/// let guard = tonic_deadline_guard::ResetGuard::new();
 /// let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
 /// guard.builder().add_service(health).serve_with_incoming(guard.incoming(incoming)).await
 /// # }
@@ -209,7 +209,7 @@ impl<L> GuardedServer<L> {
 /// ```compile_fail
 /// # async fn run(listener: tokio::net::TcpListener) -> Result<(), tonic::transport::Error> {
 /// let (_, health) = tonic_health::server::health_reporter();
-/// let guard = tonic_deadline::server::ResetGuard::new();
+/// let guard = tonic_deadline_guard::ResetGuard::new();
 /// let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
 /// guard.builder().add_service(health).serve_with_incoming(incoming).await
 /// # }
@@ -238,9 +238,9 @@ impl<I> sealed::Sealed for Incoming<I> {}
 impl<I> GuardedIncoming for Incoming<I> where Self: Stream {}
 
 #[cfg(feature = "tls")]
-impl<I, IO> sealed::Sealed for super::TlsIncoming<I, IO> {}
+impl<I, IO> sealed::Sealed for crate::TlsIncoming<I, IO> {}
 #[cfg(feature = "tls")]
-impl<I, IO> GuardedIncoming for super::TlsIncoming<I, IO> where Self: Stream {}
+impl<I, IO> GuardedIncoming for crate::TlsIncoming<I, IO> where Self: Stream {}
 
 impl<L> GuardedRouter<L> {
     /// tonic's `Router::add_service`.
@@ -382,7 +382,7 @@ impl<L> GuardedRouter<L> {
     pub async fn serve_tls<ResBody>(
         self,
         addr: SocketAddr,
-        tls: super::ServerTls,
+        tls: crate::ServerTls,
     ) -> Result<(), ServeError>
     where
         L: Layer<Routes>,
@@ -393,7 +393,7 @@ impl<L> GuardedRouter<L> {
         ResBody::Error: Into<BoxError>,
     {
         let tcp = TcpIncoming::bind(addr)?.with_nodelay(Some(true));
-        let guard = super::ResetGuard {
+        let guard = crate::ResetGuard {
             shared: self.shared.clone(),
         };
         let incoming = guard.incoming_tls(tcp, tls)?;

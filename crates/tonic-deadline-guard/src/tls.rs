@@ -28,7 +28,8 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::{Connected, TlsConnectInfo};
 
-use super::{Guarded, PeerAddress, ResetGuard, Shared};
+use crate::guard::Shared;
+use crate::{Guarded, PeerAddress, ResetGuard};
 
 /// How long a client may take over its handshake by default (tonic sets
 /// none: a client that never finishes holds its connection forever).
@@ -44,7 +45,7 @@ const ALPN_H2: &[u8] = b"h2";
 /// [`ResetGuard::incoming_tls`].
 ///
 /// ```
-/// use tonic_deadline::server::ServerTls;
+/// use tonic_deadline_guard::ServerTls;
 /// # fn run(cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8]) {
 /// let tls = ServerTls::new(cert_pem, key_pem);
 /// let mutual = ServerTls::new(cert_pem, key_pem).client_ca_root(ca_pem);
@@ -116,7 +117,7 @@ impl ServerTls {
     ///
     /// ```
     /// # fn run(config: tokio_rustls::rustls::ServerConfig) {
-    /// let tls = tonic_deadline::server::ServerTls::from_rustls(config);
+    /// let tls = tonic_deadline_guard::ServerTls::from_rustls(config);
     /// # let _ = tls;
     /// # }
     /// ```
@@ -233,8 +234,7 @@ impl ResetGuard {
     ///
     /// ```no_run
     /// use tonic::transport::server::TcpIncoming;
-    /// use tonic_deadline::ServerDeadlineLayer;
-    /// use tonic_deadline::server::{ResetGuard, ServerTls};
+    /// use tonic_deadline_guard::{ResetGuard, ServerTls};
     ///
     /// # async fn run(cert: Vec<u8>, key: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
     /// let (_, health) = tonic_health::server::health_reporter();
@@ -242,7 +242,6 @@ impl ResetGuard {
     /// let incoming = TcpIncoming::bind("127.0.0.1:50051".parse()?)?;
     /// guard
     ///     .builder()
-    ///     .layer(ServerDeadlineLayer::new())
     ///     .add_service(health)
     ///     .serve_with_incoming(guard.incoming_tls(incoming, ServerTls::new(cert, key))?)
     ///     .await?;

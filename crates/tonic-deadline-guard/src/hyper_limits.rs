@@ -12,7 +12,7 @@
 /// loop, and loosely.
 ///
 /// ```
-/// assert!(tonic_deadline::server::PENDING_ACCEPT_RESETS > 20);
+/// assert!(tonic_deadline_guard::PENDING_ACCEPT_RESETS > 20);
 /// ```
 pub const PENDING_ACCEPT_RESETS: usize = 4096;
 
@@ -24,6 +24,6 @@ pub const PENDING_ACCEPT_RESETS: usize = 4096;
 /// `http2_max_local_error_reset_streams(Some(LOCAL_ERROR_RESETS))`.
 ///
 /// ```
-/// assert_eq!(tonic_deadline::server::LOCAL_ERROR_RESETS, 1024);
+/// assert_eq!(tonic_deadline_guard::LOCAL_ERROR_RESETS, 1024);
 /// ```
 pub const LOCAL_ERROR_RESETS: usize = 1024;

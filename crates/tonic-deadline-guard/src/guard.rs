@@ -1,98 +1,5 @@
-//! A guard against reset floods that knows deadlines.
-//!
-//! Every call that ends before its answer resets its stream: at its
-//! deadline, or when its caller cancels. With deadlines propagated, short
-//! ones under load make many resets, often before the server has accepted
-//! the stream (its connection task had no CPU for a moment). HTTP/2 Rapid
-//! Reset (CVE-2023-44487) is made of the same frames: a client opens
-//! streams and resets them at once, so that the server does work no stream
-//! limit bounds. hyper's guard counts resets of streams not yet accepted
-//! and closes a connection with more than 20 at once: it takes a deadline
-//! storm on a busy server for a flood, and misses a flood slower than the
-//! server's accept loop, whose streams are accepted before they are reset.
-//!
-//! [`ResetGuard`] tells the two apart by what an honest reset looks like.
-//! It follows each connection's frames (an I/O wrapper on the accepted
-//! stream, [`Guarded`]): the streams the client opens, the `grpc-timeout`
-//! each carries (read from the header block with a shadow of the server's
-//! HPACK table, which decodes no other header), the streams the server
-//! answers, and the streams the client resets. A reset is *early* when it
-//! comes before the server answered the stream, less than 0.5 ms after its
-//! HEADERS (a client that gives up after its own timeout, 1 ms or more,
-//! without telling the server, is never early), and more than 10 ms before
-//! its deadline, if it has one. A reset that its deadline explains is never
-//! early: a server kept off the CPU reads a while of its client's frames at
-//! once, HEADERS and resets together, so a stream's age is taken at the
-//! most its reads allow (since the read before its HEADERS). Early resets
-//! spend an allowance of 32 per connection; every stream that ends by
-//! itself or at its deadline earns 4 back (a hedged call's winner pays for
-//! its losers, reset as soon as it is answered), and time 100 a second, up
-//! to 32. A connection whose client spends more is sent
-//! `GOAWAY ENHANCE_YOUR_CALM` and closed; the guard logs the rule it broke
-//! (a `WARN`, at most one every 10 s) and counts it
-//! ([`Metrics::reset_floods_cut`](crate::observe::Metrics::reset_floods_cut)).
-//!
-//! What an honest client cannot do is reset streams within half a
-//! millisecond of opening them, long before their deadlines, faster than
-//! its calls end: a client that cancels most of its calls the moment it
-//! makes them is, on the wire, a flood.
-//!
-//! A flood that connects again as soon as it is cut off costs the server
-//! a connection each time (its accept, its handshake, its allowance). So
-//! the guard remembers the addresses it cut off: for 10 s after its last
-//! cut, an address's new connections are on *probation*. They are read as
-//! any other, but start with no allowance: one that resets a stream early
-//! is held unread for a second before it is cut off
-//! ([`ResetGuard::hold_after_cut`]), so that a flood's thread has one
-//! connection a second read; beyond 20 held at once from one address, the
-//! rest are cut off at once. What is held is only what floods again: a
-//! client sharing the address (behind a NAT, or a proxy that hides its
-//! clients' addresses) is served as any other. The guard says so when it
-//! holds or cuts one (a `WARN` naming the address, at most one every 10 s,
-//! and [`Metrics::connections_held`](crate::observe::Metrics::connections_held),
-//! [`Metrics::connections_refused`](crate::observe::Metrics::connections_refused)).
-//!
-//! hyper's own guard stays as a backstop, raised out of the way of honest
-//! storms ([`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS)) by the
-//! builder the guard gives ([`ResetGuard::builder`]). A server of that
-//! builder must therefore never serve what the guard cannot read, and it
-//! does not: its router serves only connections the guard wraps
-//! ([`GuardedRouter`]: an address it binds, [`ResetGuard::incoming`], or
-//! `incoming_tls`), and a server serving anything else does not compile.
-//! TLS set on tonic's `Server` (through [`GuardedServer::configure`]; it
-//! encrypts after the incoming stream, so that the guard would read
-//! ciphertext) has every TLS connection refused, said at once as an
-//! `ERROR` naming the fix, and counted
-//! ([`Metrics::unguarded_servers`](crate::observe::Metrics::unguarded_servers)).
-//! For TLS, the guard terminates it itself ([`GuardedRouter::serve_tls`],
-//! `ResetGuard::incoming_tls`, the `tls` feature): rustls as tonic's
-//! `tls-ring` builds it, and the handlers see the client's certificates and
-//! address as under tonic's own TLS.
-//!
-//! # Example
-//!
-//! ```no_run
-//! use tonic_deadline::ServerDeadlineLayer;
-//! use tonic_deadline::server::ResetGuard;
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let (_, health) = tonic_health::server::health_reporter();
-//! ResetGuard::new()
-//!     .builder()
-//!     .layer(ServerDeadlineLayer::new())
-//!     .add_service(health)
-//!     .serve("127.0.0.1:50051".parse()?)
-//!     .await?;
-//! # Ok(())
-//! # }
-//! ```
-
-mod book;
-mod builder;
-mod io;
-mod peers;
-#[cfg(feature = "tls")]
-mod tls;
+//! The guard: its rules, what its connections share, and the builder of a
+//! server that serves only what it wraps.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -108,39 +15,40 @@ use tokio::time::Instant;
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
 
-use crate::warn_limit::WarnLimit;
-use book::Breach;
-pub use builder::{GuardedIncoming, GuardedRouter, GuardedServer, ServeError};
-pub use io::Guarded;
-pub use peers::PeerAddress;
-use peers::{Held, Peers};
+use grpc_deadline::warn_limit::WarnLimit;
+
+use crate::book::Breach;
+pub use crate::builder::{GuardedIncoming, GuardedRouter, GuardedServer, ServeError};
+pub use crate::io::Guarded;
+pub use crate::peers::PeerAddress;
+use crate::peers::{Held, Peers};
 #[cfg(feature = "tls")]
-pub use tls::{ServerTls, TlsError, TlsIncoming};
+pub use crate::tls::{ServerTls, TlsError, TlsIncoming};
 
 /// The early resets a connection may spend, and hold back, by default:
 /// what each connection of a flood that reconnects costs the server
 /// (`experiment rapid-reset`: at 128, the honest client's median under
 /// fast floods was 1.5 to 2.4 × plain tonic's; at 32, within 1.3 ×).
-const ALLOWANCE: u32 = 32;
+pub(crate) const ALLOWANCE: u32 = 32;
 
 /// How soon after its HEADERS a reset counts as early: half tokio's timer
 /// tick, the shortest timeout a Rust client gives up at without telling the
 /// server (`tokio::time::timeout` of 1 ms fires no sooner than 1 ms after
 /// the call).
-const EARLY: Duration = Duration::from_micros(500);
+pub(crate) const EARLY: Duration = Duration::from_micros(500);
 
 /// How far before its deadline a reset may come and still be explained by
 /// it: a client's HEADERS can wait in its own connection's queue while its
 /// deadline runs, and reach the server together with the reset.
-const DEADLINE_SLACK: Duration = Duration::from_millis(10);
+pub(crate) const DEADLINE_SLACK: Duration = Duration::from_millis(10);
 
 /// How many early resets a second time gives back.
-const REFILL_PER_SECOND: f64 = 100.0;
+pub(crate) const REFILL_PER_SECOND: f64 = 100.0;
 
 /// How long a connection that floods again, from an address cut off
 /// lately, is held unread before it is cut off: a flood that reconnects
 /// at once has one connection a second read per thread.
-const HOLD: Duration = Duration::from_secs(1);
+pub(crate) const HOLD: Duration = Duration::from_secs(1);
 
 /// The rules of a guard: fixed when it is built.
 #[derive(Debug, Clone, Copy)]
@@ -154,8 +62,26 @@ pub(crate) struct Rules {
     pub(crate) hold: Option<Duration>,
 }
 
-/// Told when a guard closes a connection, or refuses one it cannot read.
-pub(crate) trait Observer: Send + Sync + fmt::Debug {
+/// Told when a guard closes a connection, or refuses one it cannot read:
+/// how a guard reports, without a registry of its own (tonic-deadline's
+/// `observe::Metrics` implements it). Give it with
+/// [`ResetGuard::observed_by`].
+///
+/// ```
+/// #[derive(Debug, Default)]
+/// struct Floods(std::sync::atomic::AtomicU64);
+/// impl tonic_deadline_guard::Observer for Floods {
+///     fn reset_flood_cut(&self) {
+///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///     }
+///     fn unguarded(&self) {}
+///     fn connection_held(&self) {}
+///     fn connection_refused(&self) {}
+/// }
+/// let guard = tonic_deadline_guard::ResetGuard::new().observed_by(Floods::default());
+/// # let _ = guard;
+/// ```
+pub trait Observer: Send + Sync + fmt::Debug {
     /// A connection was closed for its early resets.
     fn reset_flood_cut(&self);
 
@@ -176,20 +102,20 @@ pub(crate) trait Observer: Send + Sync + fmt::Debug {
 /// What a guard and its connections share.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    rules: Rules,
-    observer: Option<Arc<dyn Observer>>,
-    warnings: WarnLimit,
-    held_warnings: WarnLimit,
+    pub(crate) rules: Rules,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+    pub(crate) warnings: WarnLimit,
+    pub(crate) held_warnings: WarnLimit,
     /// The addresses cut off lately.
-    peers: Arc<Peers>,
+    pub(crate) peers: Arc<Peers>,
     /// A connection that is TLS, which the guard cannot read, was refused.
-    saw_tls: AtomicBool,
+    pub(crate) saw_tls: AtomicBool,
 }
 
 impl Shared {
     /// Whether a connection from `peer`, accepted at `now`, is on
     /// probation: its address was cut off lately.
-    fn probation(&self, peer: Option<IpAddr>, now: Instant) -> bool {
+    pub(crate) fn probation(&self, peer: Option<IpAddr>, now: Instant) -> bool {
         match (peer, self.rules.hold) {
             (Some(ip), Some(_)) => self.peers.on_probation(ip, now),
             _ => false,
@@ -199,7 +125,7 @@ impl Shared {
     /// A connection that does not start with HTTP/2's preface: TLS (which
     /// the guard cannot read: refused, and said plainly, at once), or
     /// HTTP/1 (nothing to guard). Whether it is refused.
-    fn not_http2(&self, start: &[u8]) -> bool {
+    pub(crate) fn not_http2(&self, start: &[u8]) -> bool {
         // A TLS record of the handshake: content type 22, version 3.x.
         let tls = matches!(start, [0x16, 0x03, ..]);
         if tls && !self.saw_tls.swap(true, Ordering::Relaxed) {
@@ -211,7 +137,9 @@ impl Shared {
                  on tonic's Server, around the guard, so nothing would bound reset floods on it \
                  (the guard's builder raised hyper's own bound for the guard). Every TLS \
                  connection is refused until the guard terminates TLS itself: serve with \
-                 guard.incoming_tls(incoming, ServerTls::from_pem(..)?) and no tls_config"
+                 guard.builder()...serve_tls(addr, ServerTls::new(cert_pem, key_pem)), or \
+                 guard.incoming_tls(incoming, ServerTls::new(cert_pem, key_pem))?, and no \
+                 tls_config (feature tls)"
             );
         }
         tls
@@ -221,7 +149,7 @@ impl Shared {
     /// unread for, if it was on probation and may be held; cut off at once
     /// otherwise.
     #[cold]
-    fn breached(
+    pub(crate) fn breached(
         &self,
         breach: &Breach,
         peer: Option<IpAddr>,
@@ -252,7 +180,7 @@ impl Shared {
                 Some(_) => format!("holding it unread for {hold:?}, then cutting it off"),
                 None => format!(
                     "cutting it off at once: {} of its address's connections are held already",
-                    peers::HELD
+                    crate::peers::HELD
                 ),
             };
             tracing::warn!(
@@ -262,13 +190,13 @@ impl Shared {
                 "reset guard: a connection from an address cut off for a reset flood within the \
                  last {} s reset streams early again: {what}. Its address's other connections \
                  are served as any other",
-                peers::FORGET.as_secs(),
+                crate::peers::FORGET.as_secs(),
             );
         }
         held.map(|held| (held, hold))
     }
 
-    fn warn_cut(&self, breach: &Breach) {
+    pub(crate) fn warn_cut(&self, breach: &Breach) {
         if let Some(similar) = self.warnings.admit() {
             tracing::warn!(
                 early_resets = breach.early_resets,
@@ -287,13 +215,13 @@ impl Shared {
 }
 
 /// A guard against HTTP/2 reset floods that lets honest deadline storms
-/// through. See the [module docs](self).
+/// through. See the [crate docs](crate).
 ///
 /// Configure it, then use it: its builder and every connection it wraps
 /// share one frozen configuration, its warnings and what it reports to.
 #[derive(Debug, Clone)]
 pub struct ResetGuard {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl Default for ResetGuard {
@@ -303,7 +231,7 @@ impl Default for ResetGuard {
 }
 
 impl ResetGuard {
-    /// A guard with the rules of the [module docs](self).
+    /// A guard with the rules of the [crate docs](crate).
     pub fn new() -> Self {
         Self::with(
             Rules {
@@ -317,7 +245,7 @@ impl ResetGuard {
         )
     }
 
-    fn with(rules: Rules, observer: Option<Arc<dyn Observer>>) -> Self {
+    pub(crate) fn with(rules: Rules, observer: Option<Arc<dyn Observer>>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 rules,
@@ -337,7 +265,7 @@ impl ResetGuard {
     /// is what every connection of a reconnecting flood gets for free.
     ///
     /// ```
-    /// let guard = tonic_deadline::server::ResetGuard::new().allowance(256);
+    /// let guard = tonic_deadline_guard::ResetGuard::new().allowance(256);
     /// # let _ = guard;
     /// ```
     pub fn allowance(self, resets: u32) -> Self {
@@ -364,7 +292,7 @@ impl ResetGuard {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tonic_deadline::server::ResetGuard;
+    /// use tonic_deadline_guard::ResetGuard;
     /// let longer = ResetGuard::new().hold_after_cut(Some(Duration::from_secs(5)));
     /// let without = ResetGuard::new().hold_after_cut(None);
     /// # let _ = (longer, without);
@@ -377,12 +305,12 @@ impl ResetGuard {
         Self::with(rules, self.shared.observer.clone())
     }
 
-    #[cfg_attr(
-        not(feature = "metrics"),
-        allow(dead_code, reason = "observe's Metrics calls it")
-    )]
-    pub(crate) fn observed_by(self, observer: Arc<dyn Observer>) -> Self {
-        Self::with(self.shared.rules, Some(observer))
+    /// Reports to `observer` the connections the guard closes for reset
+    /// floods, the new connections it holds for their turn or closes
+    /// unread, and a server of its builder serving connections it never
+    /// wrapped. With tonic-deadline: `.observed_by(metrics.clone())`.
+    pub fn observed_by(self, observer: impl Observer + 'static) -> Self {
+        Self::with(self.shared.rules, Some(Arc::new(observer)))
     }
 
     /// Guards one accepted connection (never on probation: the guard does
@@ -396,7 +324,7 @@ impl ResetGuard {
     /// ([`hold_after_cut`](Self::hold_after_cut)).
     ///
     /// ```
-    /// use tonic_deadline::server::ResetGuard;
+    /// use tonic_deadline_guard::ResetGuard;
     /// # async fn run(tcp: tokio::net::TcpStream) -> std::io::Result<()> {
     /// let peer = tcp.peer_addr()?.ip();
     /// let guarded = ResetGuard::new().wrap_from(tcp, Some(peer));
@@ -424,17 +352,17 @@ impl ResetGuard {
 
     /// tonic's `Server::builder()` with hyper's guards set for this one:
     /// its bound on streams reset before they are accepted raised to
-    /// [`PENDING_ACCEPT_RESETS`](super::PENDING_ACCEPT_RESETS) (a backstop
+    /// [`PENDING_ACCEPT_RESETS`](crate::PENDING_ACCEPT_RESETS) (a backstop
     /// far beyond what this guard allows), and its bound on streams the
     /// server resets for a client's protocol errors at
-    /// [`LOCAL_ERROR_RESETS`](super::LOCAL_ERROR_RESETS), which tonic's
+    /// [`LOCAL_ERROR_RESETS`](crate::LOCAL_ERROR_RESETS), which tonic's
     /// builder leaves off. Its router serves only connections this guard
     /// wraps (see [`GuardedServer`]).
     pub fn builder(&self) -> GuardedServer {
         GuardedServer::new(
             Server::builder()
-                .http2_max_pending_accept_reset_streams(Some(super::PENDING_ACCEPT_RESETS))
-                .http2_max_local_error_reset_streams(Some(super::LOCAL_ERROR_RESETS)),
+                .http2_max_pending_accept_reset_streams(Some(crate::PENDING_ACCEPT_RESETS))
+                .http2_max_local_error_reset_streams(Some(crate::LOCAL_ERROR_RESETS)),
             self.shared.clone(),
         )
     }
@@ -445,8 +373,8 @@ pin_project! {
     /// [`ResetGuard::incoming`].
     pub struct Incoming<I> {
         #[pin]
-        inner: I,
-        shared: Arc<Shared>,
+        pub(crate) inner: I,
+        pub(crate) shared: Arc<Shared>,
     }
 }
 
