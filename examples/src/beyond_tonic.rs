@@ -10,18 +10,16 @@
 //! runs its query with it; when the budget runs out the edge answers 504 and
 //! the query is stopped on the PostgreSQL server.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::get;
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest, Hop};
-use tokio_stream::Stream;
 use tonic::transport::Server;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tonic_deadline_db::sqlx_postgres::SqlxPgPool;
@@ -32,10 +30,8 @@ struct Orders {
     pool: SqlxPgPool,
 }
 
-type Replies = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Orders {
+impl probe::CallOnly for Orders {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = Scope::current(); // installed by ServerDeadlineLayer
         let entry = scope.remaining();
@@ -54,16 +50,6 @@ impl Probe for Orders {
             }],
             payload: String::new(),
         }))
-    }
-
-    type WatchStream = Replies;
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("not in this example"))
-    }
-
-    type ChatStream = Replies;
-    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("not in this example"))
     }
 }
 

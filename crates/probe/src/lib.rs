@@ -20,3 +20,66 @@ pub use generated::*;
 
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/probe_descriptor.bin");
+
+/// The stream of a probe's streaming replies.
+pub type ReplyStream = std::pin::Pin<
+    Box<dyn tonic::codegen::tokio_stream::Stream<Item = Result<CallReply, tonic::Status>> + Send>,
+>;
+
+/// A probe that answers `Call` and nothing else: every such type is a whole
+/// [`probe_server::Probe`] service, whose `Watch` and `Chat` answer
+/// `UNIMPLEMENTED`. Most tests and experiments need `Call` alone; this
+/// writes the two refusals once.
+///
+/// ```
+/// use probe::{CallOnly, CallReply, CallRequest};
+/// use tonic::{Request, Response, Status};
+///
+/// struct Echo;
+///
+/// #[tonic::async_trait]
+/// impl CallOnly for Echo {
+///     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+///         let payload = request.into_inner().payload;
+///         Ok(Response::new(CallReply { payload, ..Default::default() }))
+///     }
+/// }
+///
+/// let _server = probe::probe_server::ProbeServer::new(Echo);
+/// ```
+#[tonic::async_trait]
+pub trait CallOnly: Send + Sync + 'static {
+    /// Answers one `Call`.
+    async fn call(
+        &self,
+        request: tonic::Request<CallRequest>,
+    ) -> Result<tonic::Response<CallReply>, tonic::Status>;
+}
+
+#[tonic::async_trait]
+impl<T: CallOnly> probe_server::Probe for T {
+    async fn call(
+        &self,
+        request: tonic::Request<CallRequest>,
+    ) -> Result<tonic::Response<CallReply>, tonic::Status> {
+        CallOnly::call(self, request).await
+    }
+
+    type WatchStream = ReplyStream;
+
+    async fn watch(
+        &self,
+        _: tonic::Request<CallRequest>,
+    ) -> Result<tonic::Response<ReplyStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("this probe answers Call only"))
+    }
+
+    type ChatStream = ReplyStream;
+
+    async fn chat(
+        &self,
+        _: tonic::Request<tonic::Streaming<CallRequest>>,
+    ) -> Result<tonic::Response<ReplyStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("this probe answers Call only"))
+    }
+}

@@ -23,14 +23,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::server::NamedService;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 use tower::Service;
 
@@ -161,10 +161,8 @@ impl<F> Drop for Stamped<F> {
     }
 }
 
-type Never = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Watcher {
+impl probe::CallOnly for Watcher {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = self.ours.then(Scope::current);
         if let Some(scope) = scope.clone() {
@@ -181,18 +179,6 @@ impl Probe for Watcher {
         };
         let _ = self.entered.send(());
         std::future::pending().await
-    }
-
-    type WatchStream = Never;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Never>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-
-    type ChatStream = Never;
-
-    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Result<Response<Never>, Status> {
-        Err(Status::unimplemented("not used"))
     }
 }
 

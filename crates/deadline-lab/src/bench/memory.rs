@@ -22,13 +22,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use super::instructions::{Allocated, Variant};
@@ -217,27 +217,13 @@ struct Holder {
     release: watch::Receiver<bool>,
 }
 
-type Never = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Holder {
+impl probe::CallOnly for Holder {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.arrived.fetch_add(1, Ordering::Relaxed);
         let mut release = self.release.clone();
         let _ = release.wait_for(|released| *released).await;
         Ok(Response::new(CallReply::default()))
-    }
-
-    type WatchStream = Never;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Never>, Status> {
-        Err(Status::unimplemented("not used by the bench"))
-    }
-
-    type ChatStream = Never;
-
-    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Result<Response<Never>, Status> {
-        Err(Status::unimplemented("not used by the bench"))
     }
 }
 

@@ -21,20 +21,18 @@
 //! Goodput = answers received OK before the client's deadline, per second,
 //! ÷ capacity.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tokio_stream::Stream;
 use tonic::service::Routes;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::admission::{Admission, Discipline};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
@@ -139,28 +137,11 @@ impl Service {
     }
 }
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Service {
+impl probe::CallOnly for Service {
     async fn call(&self, _request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.serve().await?;
         Ok(Response::new(CallReply::default()))
-    }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this benchmark"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this benchmark"))
     }
 }
 

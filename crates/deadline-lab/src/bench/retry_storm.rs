@@ -20,19 +20,17 @@
 //! amplification = attempts the server saw per call.
 
 use std::fmt::Write as _;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
-use tokio_stream::Stream;
 use tonic::service::Routes;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer, RetryBudget};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
@@ -113,10 +111,8 @@ struct Flaky {
     seen: Arc<AtomicU64>,
 }
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Flaky {
+impl probe::CallOnly for Flaky {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let n = self.seen.fetch_add(1, Ordering::Relaxed);
         if pseudo_random_share(n, FAILING_SHARE) {
@@ -124,21 +120,6 @@ impl Probe for Flaky {
         }
         self.pool.serve().await?;
         Ok(Response::new(CallReply::default()))
-    }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this benchmark"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this benchmark"))
     }
 }
 

@@ -32,21 +32,20 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::{Stream, StreamExt};
 use tonic::service::Routes;
 use tonic::transport::Endpoint;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::admission::Admission;
 use tonic_deadline::client::{ReadyChannel, ReadyChannelBuilder};
 use tonic_deadline::server::ResetGuard;
@@ -382,10 +381,8 @@ struct Store {
     children: Arc<AtomicU64>,
 }
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Store {
+impl probe::CallOnly for Store {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let rows = request.into_inner().work_ms.min(MAX_ROWS);
         let scope = Scope::current();
@@ -412,21 +409,6 @@ impl Probe for Store {
             hops: Vec::new(),
             payload: count.to_string(),
         }))
-    }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not used by the soak"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not used by the soak"))
     }
 }
 

@@ -26,12 +26,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::Scope;
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
@@ -152,11 +152,8 @@ struct Relay {
     seen: Arc<AtomicU64>,
 }
 
-type ReplyStream =
-    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Last {
+impl probe::CallOnly for Last {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.seen.fetch_add(1, Ordering::Relaxed);
         let fails = match self.mode {
@@ -168,44 +165,14 @@ impl Probe for Last {
         }
         Ok(Response::new(CallReply::default()))
     }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
-    }
 }
 
 #[tonic::async_trait]
-impl Probe for Relay {
+impl probe::CallOnly for Relay {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.seen.fetch_add(1, Ordering::Relaxed);
         let mut next = self.next.clone();
         next.call(request.into_inner()).await
-    }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
     }
 }
 

@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::admission::Admission;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
@@ -111,7 +111,7 @@ impl Drop for Running {
 }
 
 #[tonic::async_trait]
-impl Probe for Upstream {
+impl probe::CallOnly for Upstream {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = Scope::current();
         if let Ok(mut scopes) = self.scopes.lock() {
@@ -128,21 +128,6 @@ impl Probe for Upstream {
         self.entered.notify_one();
         let reply = self.next.clone().call(request.into_inner()).await?;
         Ok(Response::new(reply.into_inner()))
-    }
-
-    type WatchStream = tokio_stream::Empty<Result<CallReply, Status>>;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("the upstream hop only forwards Call"))
-    }
-
-    type ChatStream = tokio_stream::Empty<Result<CallReply, Status>>;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented("the upstream hop only forwards Call"))
     }
 }
 

@@ -15,13 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tokio_stream::Stream;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::observe::Metrics;
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
@@ -132,10 +131,8 @@ pub(crate) fn pseudo_random_share(n: u64, share: f64) -> bool {
     ((z >> 11) as f64 / (1u64 << 53) as f64) < share
 }
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Tail {
+impl probe::CallOnly for Tail {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let id = request.into_inner().payload;
         let index = {
@@ -168,21 +165,6 @@ impl Probe for Tail {
             payload: index.to_string(),
             ..Default::default()
         }))
-    }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this experiment"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this experiment"))
     }
 }
 

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use probe::flood::{self, Shape};
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -46,7 +46,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::observe::Metrics;
 use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::server::ResetGuard;
@@ -172,7 +172,7 @@ impl Kind {
 struct Worker;
 
 #[tonic::async_trait]
-impl Probe for Worker {
+impl probe::CallOnly for Worker {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let r = request.into_inner();
         let work = if r.count > 0 {
@@ -188,22 +188,6 @@ impl Probe for Worker {
             tokio::time::sleep(Duration::from_millis(work)).await;
         }
         Ok(Response::new(CallReply::default()))
-    }
-
-    type WatchStream =
-        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CallReply, Status>> + Send>>;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
-    }
-
-    type ChatStream = Self::WatchStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
     }
 }
 

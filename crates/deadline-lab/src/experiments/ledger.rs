@@ -23,7 +23,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::ledger::Ledger;
 use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
@@ -95,9 +95,6 @@ struct Run {
     waited: Duration,
 }
 
-type Replies =
-    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<probe::CallReply, Status>> + Send>>;
-
 type Retrying = probe::probe_client::ProbeClient<
     tonic_deadline::resilience::Resilience<
         tonic_deadline::client::ClientDeadline<tonic::transport::Channel>,
@@ -112,7 +109,7 @@ struct RetriedHop {
 }
 
 #[tonic::async_trait]
-impl probe::probe_server::Probe for RetriedHop {
+impl probe::CallOnly for RetriedHop {
     async fn call(
         &self,
         request: Request<probe::CallRequest>,
@@ -134,21 +131,6 @@ impl probe::probe_server::Probe for RetriedHop {
             .check()
             .err()
             .map_or_else(|| Status::deadline_exceeded("stalled"), Status::from))
-    }
-
-    type WatchStream = Replies;
-
-    async fn watch(&self, _: Request<probe::CallRequest>) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("unary only"))
-    }
-
-    type ChatStream = Replies;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<probe::CallRequest>>,
-    ) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("unary only"))
     }
 }
 

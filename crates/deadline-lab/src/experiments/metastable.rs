@@ -28,21 +28,19 @@
 //! had already given up on its attempt (work for callers gone).
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tokio_stream::Stream;
 use tonic::service::Routes;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::admission::Admission;
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
@@ -228,10 +226,8 @@ struct Service {
     shared: Arc<Shared>,
 }
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Service {
+impl probe::CallOnly for Service {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         // When the attempt's caller gives up, µs from the start.
         let gives_up = request.get_ref().interval_ms;
@@ -265,21 +261,6 @@ impl Probe for Service {
             }
         }
         Ok(Response::new(CallReply::default()))
-    }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not this experiment's"))
     }
 }
 

@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest, Hop};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::service::Routes;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use crate::capture::{Capture, Direction};
@@ -141,7 +141,7 @@ impl Downstream {
 }
 
 #[tonic::async_trait]
-impl Probe for Downstream {
+impl probe::CallOnly for Downstream {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = Scope::current();
         let header = request
@@ -173,21 +173,6 @@ impl Probe for Downstream {
             }],
             payload: String::new(),
         }))
-    }
-
-    type WatchStream = tokio_stream::Empty<Result<CallReply, Status>>;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("B only answers Call"))
-    }
-
-    type ChatStream = tokio_stream::Empty<Result<CallReply, Status>>;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented("B only answers Call"))
     }
 }
 

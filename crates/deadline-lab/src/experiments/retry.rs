@@ -4,19 +4,17 @@
 //! over our client layer.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::time::Instant;
-use tokio_stream::Stream;
 use tonic::service::Routes;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status};
 use tonic_deadline::client::ClientDeadline;
 use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
@@ -114,10 +112,8 @@ struct Scripted {
     seen: Arc<Mutex<HashMap<String, Vec<Seen>>>>,
 }
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
-
 #[tonic::async_trait]
-impl Probe for Scripted {
+impl probe::CallOnly for Scripted {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let budget = request
             .metadata()
@@ -159,21 +155,6 @@ impl Probe for Scripted {
             );
         }
         Err(status)
-    }
-
-    type WatchStream = ReplyStream;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this experiment"))
-    }
-
-    type ChatStream = ReplyStream;
-
-    async fn chat(
-        &self,
-        _: Request<Streaming<CallRequest>>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("not part of this experiment"))
     }
 }
 

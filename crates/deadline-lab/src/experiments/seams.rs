@@ -16,16 +16,16 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{Request, Response};
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Status;
 use tonic::body::Body;
 use tonic::transport::Server;
-use tonic::{Status, Streaming};
 use tonic_deadline::client::{ReadyChannel, Unscoped, capture_scope};
 use tonic_deadline::observe::Metrics;
 use tonic_deadline::{Cause, ClientDeadlineLayer, JoinSet, Scope, ServerDeadlineLayer};
@@ -111,7 +111,7 @@ impl Sink {
 }
 
 #[tonic::async_trait]
-impl Probe for Sink {
+impl probe::CallOnly for Sink {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,
@@ -141,24 +141,6 @@ impl Probe for Sink {
             entries[index].completed = true;
         }
         Ok(tonic::Response::new(CallReply::default()))
-    }
-
-    type WatchStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<CallReply, Status>> + Send>>;
-
-    async fn watch(
-        &self,
-        _: tonic::Request<CallRequest>,
-    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("the seams sink only answers Call"))
-    }
-
-    type ChatStream = Self::WatchStream;
-
-    async fn chat(
-        &self,
-        _: tonic::Request<Streaming<CallRequest>>,
-    ) -> Result<tonic::Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented("the seams sink only answers Call"))
     }
 }
 
@@ -285,30 +267,12 @@ struct Relay {
 }
 
 #[tonic::async_trait]
-impl Probe for Relay {
+impl probe::CallOnly for Relay {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,
     ) -> Result<tonic::Response<CallReply>, Status> {
         Ok(tonic::Response::new(self.call.call(&self.next).await?))
-    }
-
-    type WatchStream = <Sink as Probe>::WatchStream;
-
-    async fn watch(
-        &self,
-        _: tonic::Request<CallRequest>,
-    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("the relay only relays Call"))
-    }
-
-    type ChatStream = <Sink as Probe>::ChatStream;
-
-    async fn chat(
-        &self,
-        _: tonic::Request<Streaming<CallRequest>>,
-    ) -> Result<tonic::Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented("the relay only relays Call"))
     }
 }
 

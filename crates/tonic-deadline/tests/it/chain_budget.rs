@@ -8,18 +8,16 @@
 // Servers of these tests belong to no request.
 #![allow(clippy::disallowed_methods)]
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
-use tokio_stream::Stream;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status};
 use tonic_deadline::client::ClientDeadline;
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
@@ -34,7 +32,6 @@ const CONFIG: &str = r#"{"methodConfig": [{"name": [{"service": "probe.v1.Probe"
 const PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 type Retrying = ProbeClient<Resilience<ClientDeadline<Channel>>>;
-type Replies = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
 
 /// What B's handler does with C's failure.
 #[derive(Debug, Clone, Copy)]
@@ -57,7 +54,7 @@ struct Hop {
 }
 
 #[tonic::async_trait]
-impl Probe for Hop {
+impl probe::CallOnly for Hop {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let Some((next, handler)) = &self.next else {
@@ -76,18 +73,6 @@ impl Probe for Hop {
             Handler::OtherCode => Err(Status::internal("inventory failed")),
             Handler::Recovers => Ok(Response::new(CallReply::default())),
         }
-    }
-
-    type WatchStream = Replies;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("unary only"))
-    }
-
-    type ChatStream = Replies;
-
-    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("unary only"))
     }
 }
 

@@ -39,7 +39,7 @@ struct Hop {
 }
 
 #[tonic::async_trait]
-impl Probe for Hop {
+impl probe::CallOnly for Hop {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         match &self.next {
             Some(next) => next.clone().call(request.into_inner()).await,
@@ -48,18 +48,6 @@ impl Probe for Hop {
                 Ok(Response::new(CallReply::default()))
             }
         }
-    }
-
-    type WatchStream = Replies;
-
-    async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("unary only"))
-    }
-
-    type ChatStream = Replies;
-
-    async fn chat(&self, _: Request<Streaming<CallRequest>>) -> Result<Response<Replies>, Status> {
-        Err(Status::unimplemented("unary only"))
     }
 }
 

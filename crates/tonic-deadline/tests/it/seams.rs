@@ -15,13 +15,13 @@ use common::{Event, Events, Node, PATIENCE, channel, code, connect, loopback, se
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{Request, Response};
 use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
+use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Status;
 use tonic::body::Body;
 use tonic::transport::{Endpoint, Server};
-use tonic::{Status, Streaming};
 use tonic_deadline::client::{ReadyChannel, Unscoped, capture_scope};
 use tonic_deadline::observe::Metrics;
 use tonic_deadline::{BoxError, Cause, ClientDeadlineLayer, JoinSet, Scope, ServerDeadlineLayer};
@@ -196,31 +196,13 @@ struct Relay {
 }
 
 #[tonic::async_trait]
-impl Probe for Relay {
+impl probe::CallOnly for Relay {
     async fn call(
         &self,
         request: tonic::Request<CallRequest>,
     ) -> Result<tonic::Response<CallReply>, Status> {
         let reply = self.way.call(&self.next, request.into_inner()).await?;
         Ok(tonic::Response::new(reply))
-    }
-
-    type WatchStream = common::Ticks;
-
-    async fn watch(
-        &self,
-        _: tonic::Request<CallRequest>,
-    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("the relay only relays Call"))
-    }
-
-    type ChatStream = common::Echo;
-
-    async fn chat(
-        &self,
-        _: tonic::Request<Streaming<CallRequest>>,
-    ) -> Result<tonic::Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented("the relay only relays Call"))
     }
 }
 
@@ -800,27 +782,13 @@ async fn capped_step() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 }
 
 #[tonic::async_trait]
-impl Probe for Boxing {
+impl probe::CallOnly for Boxing {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,
     ) -> Result<tonic::Response<CallReply>, Status> {
         capped_step().await.map_err(Status::from_error)?;
         Ok(tonic::Response::new(CallReply::default()))
-    }
-    type WatchStream = common::Ticks;
-    async fn watch(
-        &self,
-        _: tonic::Request<CallRequest>,
-    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("not used"))
-    }
-    type ChatStream = common::Echo;
-    async fn chat(
-        &self,
-        _: tonic::Request<Streaming<CallRequest>>,
-    ) -> Result<tonic::Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented("not used"))
     }
 }
 
@@ -923,7 +891,7 @@ impl Drop for Guard {
 }
 
 #[tonic::async_trait]
-impl Probe for Cleaning {
+impl probe::CallOnly for Cleaning {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,
@@ -937,20 +905,6 @@ impl Probe for Cleaning {
         });
         std::future::pending::<()>().await;
         unreachable!("the handler waits until it is dropped")
-    }
-    type WatchStream = common::Ticks;
-    async fn watch(
-        &self,
-        _: tonic::Request<CallRequest>,
-    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented(""))
-    }
-    type ChatStream = common::Echo;
-    async fn chat(
-        &self,
-        _: tonic::Request<Streaming<CallRequest>>,
-    ) -> Result<tonic::Response<Self::ChatStream>, Status> {
-        Err(Status::unimplemented(""))
     }
 }
 
