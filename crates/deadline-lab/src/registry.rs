@@ -115,8 +115,8 @@ pub struct NoArgs {}
 pub trait Experiment: Serialize + DeserializeOwned + 'static {
     /// Its name on the command line (`db-cancel`, `overload`).
     const NAME: &'static str;
-    /// One line on what it measures: its `--help`, and the report's line
-    /// under its table.
+    /// One line on what it measures: its `--help`, and the line above its
+    /// table in the report.
     const ABOUT: &'static str;
     /// Experiment or benchmark.
     const KIND: Kind = Kind::Experiment;
