@@ -1192,9 +1192,8 @@ fn code_in_the_readme_and_docs_is_compiled_by_the_crates_doc_tests() {
         }
     }
     // An excerpt (`rust,ignore`) quotes an example's code line for line.
-    let examples: BTreeSet<String> = files("crates/tonic-deadline/examples", ".rs")
+    let examples: BTreeSet<String> = files("examples/src", ".rs")
         .into_iter()
-        .chain(files("examples/src", ".rs"))
         .flat_map(|path| {
             read(&path)
                 .lines()
