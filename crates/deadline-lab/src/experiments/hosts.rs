@@ -337,6 +337,20 @@ async fn run_layout(layout: &Layout, one_way: Duration) -> anyhow::Result<(Vec<R
             .warm()
             .await
             .map_err(|e| context("warm-up call", e))?;
+        if compensated {
+            // Each connection's estimate is the least of its PINGs, one
+            // every PING_EVERY while calls flow: warm calls for two of
+            // them, so that no hop compensates with one sample a busy
+            // moment delayed, or with none yet.
+            let warming = tokio::time::Instant::now();
+            while warming.elapsed() < 2 * net::PING_EVERY + Duration::from_millis(100) {
+                client
+                    .warm()
+                    .await
+                    .map_err(|e| context("warm-up call", e))?;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         let mut calls = Vec::with_capacity(CALLS);
         for i in 0..CALLS {
             calls.push(

@@ -102,8 +102,10 @@ async fn measured_round_trip_compensates_the_transit_the_header_cannot_see() {
         .expect("uri")
         .tcp_nodelay(true);
 
+    // PINGs every 25 ms: the estimate is the least of the last eight
+    // samples, which leaves out the queueing a busy core adds to some.
     let channel = ReadyChannel::builder(&endpoint)
-        .measure_round_trip(Duration::from_millis(200))
+        .measure_round_trip(Duration::from_millis(25))
         .connect()
         .await
         .expect("the proxy must accept a connection");
@@ -117,19 +119,36 @@ async fn measured_round_trip_compensates_the_transit_the_header_cannot_see() {
         ClientDeadlineLayer::new().layer(ReadyChannel::connect(&endpoint).await.expect("connect")),
     );
 
-    // Warm both connections; the first PING comes back after one round trip.
-    let _ = excess(&mut compensated, &mut events).await;
+    // Warm both connections, and let a window of PINGs come back: a PING
+    // goes out between the connection's own frames, so calls carry them
+    // (bounded: a few calls on an idle machine).
     let _ = excess(&mut plain, &mut events).await;
-    let measured = round_trip
-        .estimate()
-        .expect("a PING must have come back by now");
+    let waited = Instant::now();
+    while round_trip.samples() < 8 && waited.elapsed() < Duration::from_secs(10) {
+        let _ = excess(&mut compensated, &mut events).await;
+    }
+    assert!(
+        round_trip.samples() >= 8,
+        "a window of PINGs must come back within 10 s of calls ({} did)",
+        round_trip.samples()
+    );
+    let measured = round_trip.estimate().expect("PINGs came back");
     assert!(
         measured >= 2 * ONE_WAY && measured < 2 * ONE_WAY + Duration::from_millis(30),
-        "the PING round trip must be the path's: {measured:?}"
+        "the PING round trip must be the path's: {measured:?} (the least of eight)"
     );
 
-    let without = excess(&mut plain, &mut events).await;
-    let with = excess(&mut compensated, &mut events).await;
+    // Each side's median of five calls: one call's transit can wait for a
+    // busy core; the server's belief is what the median shows.
+    let mut without = Vec::new();
+    let mut with = Vec::new();
+    for _ in 0..5 {
+        without.push(excess(&mut plain, &mut events).await);
+        with.push(excess(&mut compensated, &mut events).await);
+    }
+    without.sort();
+    with.sort();
+    let (without, with) = (without[2], with[2]);
     assert!(
         without >= ONE_WAY - Duration::from_millis(2),
         "uncompensated, the server believes it has the transit more ({without:?})"
@@ -138,7 +157,6 @@ async fn measured_round_trip_compensates_the_transit_the_header_cannot_see() {
         with < Duration::from_millis(10),
         "compensated, the server's deadline must be the client's (+{with:?})"
     );
-    assert!(round_trip.samples() >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
