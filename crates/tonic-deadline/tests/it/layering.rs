@@ -55,6 +55,12 @@ fn module_of(src: &Path, path: &Path) -> Option<String> {
 /// Every `crate::NAME` in `text`, comments left out; tests of a module
 /// (`tests.rs`, `tests/`) may reach anywhere, and are not read.
 fn named(text: &str) -> BTreeSet<String> {
+    paths_after(text, "crate::")
+}
+
+/// The first segment of every path in `text` that follows `prefix`
+/// (`crate::`, `super::`), comments left out.
+fn paths_after(text: &str, prefix: &str) -> BTreeSet<String> {
     let code: String = text
         .lines()
         .map(|line| line.split("//").next().unwrap_or(""))
@@ -62,8 +68,8 @@ fn named(text: &str) -> BTreeSet<String> {
         .join("\n");
     let mut found = BTreeSet::new();
     let mut rest = code.as_str();
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(prefix) {
+        rest = &rest[at + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // `crate::{a, b::c}`: the first segment of each path in it.
             let group = group.split('}').next().unwrap_or("");
@@ -126,29 +132,6 @@ fn no_module_imports_what_is_built_on_it() {
     );
 }
 
-/// Every `super::NAME` in `text`, comments left out.
-fn siblings_named(text: &str) -> BTreeSet<String> {
-    let code: String = text
-        .lines()
-        .map(|line| line.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut found = BTreeSet::new();
-    let mut rest = code.as_str();
-    while let Some(at) = rest.find("super::") {
-        rest = &rest[at + "super::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let group = group.split('}').next().unwrap_or("");
-            for path in group.split(',') {
-                found.insert(first_segment(path.trim()));
-            }
-        } else {
-            found.insert(first_segment(rest));
-        }
-    }
-    found
-}
-
 #[test]
 fn no_two_files_of_a_module_import_each_other() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -166,7 +149,7 @@ fn no_two_files_of_a_module_import_each_other() {
         }
         let dir = path.parent().expect("a file has a directory").to_owned();
         let text = std::fs::read_to_string(path).expect("a source file is readable");
-        names.insert((dir, stem.to_owned()), siblings_named(&text));
+        names.insert((dir, stem.to_owned()), paths_after(&text, "super::"));
     }
     assert!(
         names.keys().any(|(_, stem)| stem == "body"),
