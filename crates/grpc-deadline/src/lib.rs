@@ -17,6 +17,9 @@
 
 mod code;
 pub mod deadline_headers;
+#[cfg(feature = "ledger")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
+pub mod ledger;
 pub mod scope;
 pub mod timeout_header;
 #[cfg(feature = "tonic")]

@@ -1,5 +1,6 @@
 //! The core depends on no gRPC stack, HTTP/2 implementation or transport:
-//! `cargo tree -e normal` of its default build names none of them.
+//! `cargo tree -e normal` of its default build, and with the ledger, names
+//! none of them.
 //!
 //! Read from `cargo tree` (offline: the lock file already names every
 //! crate).
@@ -32,7 +33,21 @@ fn tree(features: &[&str]) -> Vec<String> {
 
 #[test]
 fn the_core_depends_on_no_grpc_stack() {
-    let names = tree(&[]);
+    assert_no_stack(&[]);
+}
+
+#[test]
+fn the_ledger_adds_no_grpc_stack() {
+    let names = assert_no_stack(&["--features", "ledger"]);
+    assert!(
+        names.iter().any(|n| n == "prost"),
+        "the ledger's format is read with prost: {names:?}"
+    );
+}
+
+/// The tree with `features` names tokio and no stack; returns its names.
+fn assert_no_stack(features: &[&str]) -> Vec<String> {
+    let names = tree(features);
     assert!(
         names.iter().any(|n| n == "tokio"),
         "the tree was read: {names:?}"
@@ -43,8 +58,9 @@ fn the_core_depends_on_no_grpc_stack() {
         .collect();
     assert!(
         stacks.is_empty(),
-        "the core's default build must know no stack, and pulls in {stacks:?}"
+        "the core's build ({features:?}) must know no stack, and pulls in {stacks:?}"
     );
+    names
 }
 
 #[test]

@@ -8,9 +8,6 @@
 
 pub mod admission;
 pub mod client;
-#[cfg(feature = "ledger")]
-#[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
-pub mod ledger;
 pub mod observe;
 #[cfg(feature = "service-config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
@@ -23,6 +20,11 @@ pub mod status;
 mod wire;
 
 pub use client::ClientDeadlineLayer;
+/// The ledger is the core's too: its format and reader are the same
+/// whichever stack writes or reads it; the layers here keep it.
+#[cfg(feature = "ledger")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
+pub use grpc_deadline::ledger;
 /// The scope and the `grpc-timeout` codec are the core's
 /// ([`grpc_deadline`]), the same for every stack; re-exported here so that
 /// a tonic service needs one dependency.

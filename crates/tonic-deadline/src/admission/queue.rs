@@ -520,9 +520,7 @@ struct Waiting<'a> {
 #[cfg(feature = "ledger")]
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if let Some(book) = self.scope.root_notes::<crate::ledger::Book>() {
-            book.queued(self.since.elapsed());
-        }
+        grpc_deadline::ledger::note_queued(self.scope, self.since.elapsed());
     }
 }
 

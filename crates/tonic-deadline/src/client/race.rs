@@ -71,7 +71,7 @@ pub(crate) enum CallNote {}
 
 #[cfg(not(feature = "ledger"))]
 impl CallNote {
-    pub(crate) fn ended(self, _: &Scope, _: tonic::Code, _: Option<&HeaderMap>, _: Instant) {
+    pub(crate) fn ended(self, _: &Scope, _: crate::Code, _: Option<&HeaderMap>, _: Instant) {
         match self {}
     }
 }
@@ -88,7 +88,7 @@ fn end_note(
     if let Some(note) = note.take()
         && let (Some(scope), Some(told)) = (scope, told)
     {
-        note.ended(scope, code, headers, told);
+        note.ended(scope, code.into(), headers, told);
     }
 }
 

@@ -16,7 +16,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("scope", 1),
     ("status", 2),
     ("service_config", 2),
-    ("ledger", 2),
+    ("ledger", 1),
     ("server", 3),
     ("client", 3),
     ("admission", 3),

@@ -7,13 +7,52 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STAN
 use http::{HeaderMap, HeaderValue};
 use percent_encoding::{AsciiSet, CONTROLS};
 use prost::Message as _;
-use tonic_types::pb::{DebugInfo, Status};
 
 use super::{DETAIL, Ledger, MAX_HOPS, message_with};
-use crate::wire::{GRPC_MESSAGE, GRPC_STATUS};
+use crate::Code;
 
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 const GRPC_STATUS_DETAILS: http::HeaderName =
     http::HeaderName::from_static("grpc-status-details-bin");
+
+/// `google.rpc.Status` (google/rpc/status.proto): what
+/// `grpc-status-details-bin` carries, as every gRPC implementation's rich
+/// error model reads it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Status {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<Any>,
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Any {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+/// `google.rpc.DebugInfo` (google/rpc/error_details.proto).
+#[derive(Clone, PartialEq, prost::Message)]
+struct DebugInfo {
+    #[prost(string, repeated, tag = "1")]
+    stack_entries: Vec<String>,
+    #[prost(string, tag = "2")]
+    detail: String,
+}
+
+/// The code of the status in `headers` (`grpc-status`), if there is one
+/// (a number gRPC does not define reads as `UNKNOWN`).
+pub(super) fn status_code(headers: &HeaderMap) -> Option<Code> {
+    let value = std::str::from_utf8(headers.get(GRPC_STATUS)?.as_bytes()).ok()?;
+    Some(value.trim().parse().map_or(Code::Unknown, Code::from_i32))
+}
 
 /// The type URL of a `google.rpc.DebugInfo` in an `Any`.
 const DEBUG_INFO: &str = "type.googleapis.com/google.rpc.DebugInfo";
@@ -34,7 +73,7 @@ const LENIENT: GeneralPurpose = GeneralPurpose::new(
 
 /// The ledger's lines in `details` (a `google.rpc.Status`), and whether
 /// some were dropped for the cap; `None` without a ledger.
-pub(super) fn entries_of_details(details: &[u8]) -> Option<(Vec<String>, bool)> {
+pub(crate) fn entries_of_details(details: &[u8]) -> Option<(Vec<String>, bool)> {
     if details.is_empty() || details.len() > MAX_DETAILS_BYTES {
         return None;
     }
@@ -43,7 +82,7 @@ pub(super) fn entries_of_details(details: &[u8]) -> Option<(Vec<String>, bool)> 
 }
 
 /// The ledger's lines in a `google.rpc.Status` detail, if it is one.
-fn ledger_of(any: &prost_types::Any) -> Option<(Vec<String>, bool)> {
+fn ledger_of(any: &Any) -> Option<(Vec<String>, bool)> {
     if any.type_url != DEBUG_INFO {
         return None;
     }
@@ -74,10 +113,9 @@ pub(crate) fn entries_of_headers(headers: &HeaderMap) -> Option<(Vec<String>, bo
 /// `google.rpc.Status` are left as they are: the ledger is then in the
 /// message only.
 pub(crate) fn attach(headers: &mut HeaderMap, entries: Vec<String>) {
-    let Some(code) = headers.get(GRPC_STATUS).map(|c| c.as_bytes().to_vec()) else {
+    let Some(code) = status_code(headers) else {
         return;
     };
-    let code = tonic::Code::from_bytes(&code);
     let message = headers.get(GRPC_MESSAGE).map_or_else(String::new, |m| {
         percent_encoding::percent_decode(m.as_bytes())
             .decode_utf8_lossy()
@@ -94,7 +132,7 @@ pub(crate) fn attach(headers: &mut HeaderMap, entries: Vec<String>) {
     };
     if let Some(mut details) = details {
         details.details.retain(|any| ledger_of(any).is_none());
-        details.details.push(prost_types::Any {
+        details.details.push(Any {
             type_url: DEBUG_INFO.to_owned(),
             value: DebugInfo {
                 stack_entries: entries,

@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use http::HeaderMap;
 use prost::Message as _;
-use tonic::Code;
 
+use super::wire::{attach, entries_of_headers};
 use super::*;
 
 fn ms(ms: u64) -> Duration {
@@ -105,7 +105,7 @@ fn the_ledger_goes_into_the_details_and_the_message_beside_what_the_handler_set(
         details: vec![handler_detail.clone()],
     };
     let status = tonic::Status::with_details(
-        Code::DeadlineExceeded,
+        tonic::Code::DeadlineExceeded,
         "route: slow 100%",
         details.encode_to_vec().into(),
     );
@@ -122,7 +122,7 @@ fn the_ledger_goes_into_the_details_and_the_message_beside_what_the_handler_set(
     ];
     attach(&mut headers, entries.clone());
     let status = status_of(&headers);
-    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
     assert_eq!(
         status.message(),
         "route: slow 100% [ledger] 800.00 ms budget: Logic/Send 1.00 ms → Deliver 798.00 ms (stalled here)"
@@ -135,7 +135,7 @@ fn the_ledger_goes_into_the_details_and_the_message_beside_what_the_handler_set(
         read.details[0], handler_detail,
         "the handler's detail is kept"
     );
-    let ledger = Ledger::from_status(&status).expect("a ledger");
+    let ledger = from_status(&status).expect("a ledger");
     assert_eq!(ledger.hops().len(), 2);
     assert_eq!(
         ledger.stalled().map(|h| h.method.as_str()),
@@ -156,16 +156,16 @@ fn the_ledger_goes_into_the_details_and_the_message_beside_what_the_handler_set(
     );
     let read = tonic_types::pb::Status::decode(status.details()).expect("well-formed details");
     assert_eq!(read.details.len(), 2, "the handler's and one ledger");
-    assert_eq!(
-        Ledger::from_status(&status).map(|l| l.hops().len()),
-        Some(3)
-    );
+    assert_eq!(from_status(&status).map(|l| l.hops().len()), Some(3));
 }
 
 #[test]
 fn details_that_are_not_a_status_are_kept_and_the_ledger_goes_in_the_message() {
-    let status =
-        tonic::Status::with_details(Code::DeadlineExceeded, "late", vec![0xff, 0x01].into());
+    let status = tonic::Status::with_details(
+        tonic::Code::DeadlineExceeded,
+        "late",
+        vec![0xff, 0x01].into(),
+    );
     let mut headers = headers_of(&status);
     attach(&mut headers, vec![hop("/a.B/C", 10, 10, vec![]).to_line()]);
     let status = status_of(&headers);
@@ -175,7 +175,7 @@ fn details_that_are_not_a_status_are_kept_and_the_ledger_goes_in_the_message() {
             .message()
             .starts_with("late [ledger] 10.00 ms budget: B/C 10.00 ms")
     );
-    assert!(Ledger::from_status(&status).is_none());
+    assert!(from_status(&status).is_none());
 }
 
 #[test]
@@ -193,7 +193,11 @@ fn a_malformed_or_huge_ledger_is_capped_and_said_so_never_a_panic() {
                 value: info.encode_to_vec(),
             }],
         };
-        tonic::Status::with_details(Code::DeadlineExceeded, "x", details.encode_to_vec().into())
+        tonic::Status::with_details(
+            tonic::Code::DeadlineExceeded,
+            "x",
+            details.encode_to_vec().into(),
+        )
     };
     let good = hop("/a.B/C", 10, 10, vec![]).to_line();
     for bad in [
@@ -207,13 +211,13 @@ fn a_malformed_or_huge_ledger_is_capped_and_said_so_never_a_panic() {
         "/a.B/C call=/x,1,2,4,l,NaN".into(),
         format!("/a.B/C {}", "x=1 ".repeat(100)),
     ] {
-        let ledger = Ledger::from_status(&ledger_status(vec![good.clone(), bad.clone()]))
-            .expect("still a ledger");
+        let ledger =
+            from_status(&ledger_status(vec![good.clone(), bad.clone()])).expect("still a ledger");
         assert!(ledger.capped(), "{bad}");
         assert_eq!(ledger.hops().len(), 1, "{bad}");
         assert!(ledger.summary().ends_with("(capped)"));
     }
-    let many = Ledger::from_status(&ledger_status(vec![good.clone(); 100])).expect("a ledger");
+    let many = from_status(&ledger_status(vec![good.clone(); 100])).expect("a ledger");
     assert_eq!(many.hops().len(), MAX_HOPS);
     assert!(many.capped());
 
@@ -223,7 +227,7 @@ fn a_malformed_or_huge_ledger_is_capped_and_said_so_never_a_panic() {
     assert!(entries_of_headers(&headers).is_none());
     attach(&mut headers, vec![hop("/a.B/D", 5, 5, vec![]).to_line()]);
     let status = status_of(&headers);
-    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
     assert!(status.message().starts_with("x [ledger] "));
     // Not base64 at all: tonic's own reading would panic; ours reads none.
     let mut headers = headers_of(&tonic::Status::deadline_exceeded("y"));
@@ -332,4 +336,9 @@ fn the_transit_is_the_call_less_the_next_hop_and_the_summary_tells_queue_and_tra
          Route/Get 60.00 ms + 700.00 ms queued (stalled here)"
     );
     assert_eq!(ledger.cut(), None);
+}
+
+/// What a `tonic::Status` caller reads: the ledger in its details.
+fn from_status(status: &tonic::Status) -> Option<Ledger> {
+    Ledger::from_details(status.details())
 }

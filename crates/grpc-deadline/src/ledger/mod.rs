@@ -25,7 +25,7 @@
 //! ```
 //!
 //! milliseconds throughout; `queued` (left out when none) is the time spent
-//! waiting for an [`Admission`](crate::admission::Admission) permit; each
+//! waiting for an admission permit (tonic-deadline's `Admission`); each
 //! `call=` is `method,granted (or -),took,code,reply,started`, where the
 //! reply is `l` (its ledger came back), `n` (an answer without a ledger:
 //! the chain was cut below here — a foreign hop, a proxy, a hop without the
@@ -38,12 +38,16 @@
 //! ledger says so ([`Ledger::capped`]), and the status's code and message
 //! stay as sent.
 //!
-//! ```
-//! use std::time::Duration;
-//! use tonic_deadline::ledger::Ledger;
+//! Each stack reads it from the answer as it holds it: from the trailers
+//! ([`Ledger::from_headers`]), the status's details bytes
+//! ([`Ledger::from_details`]), or, with the `tonic` feature, a
+//! `tonic::Status` (`Ledger::from_status`).
 //!
-//! # fn on_failure(status: &tonic::Status) {
-//! if let Some(ledger) = Ledger::from_status(status) {
+//! ```
+//! use grpc_deadline::ledger::Ledger;
+//!
+//! # fn on_failure(trailers: &http::HeaderMap) {
+//! if let Some(ledger) = Ledger::from_headers(trailers) {
 //!     for hop in ledger.hops() {
 //!         println!("{} had {:?}, spent {:?} itself", hop.method, hop.budget, hop.own());
 //!     }
@@ -53,14 +57,24 @@
 //! }
 //! # }
 //! ```
+//!
+//! # For layers
+//!
+//! A stack's layers keep the ledger with four calls: the client layer
+//! makes a [`CallNote`] when a call goes out under a scope and says how it
+//! [ended](CallNote::ended); an admission queue tells the time a request
+//! waited ([`note_queued`]); the server layer asks whether the handler's
+//! status is [`due`] a ledger and writes it with [`answer`].
 
+mod book;
 mod wire;
 
 use std::fmt::{self, Write as _};
-use std::sync::Mutex;
 use std::time::Duration;
 
-pub(crate) use wire::{attach, entries_of_headers};
+use crate::Code;
+
+pub use book::{CallNote, answer, due, note_queued};
 
 /// The most bytes one hop's line takes.
 pub const MAX_ENTRY_BYTES: usize = 200;
@@ -114,7 +128,7 @@ pub struct Call {
     /// From its start to its end.
     pub took: Duration,
     /// How it ended.
-    pub code: tonic::Code,
+    pub code: Code,
     /// What came back.
     pub reply: Reply,
     /// From the hop's arrival to this call's start (`None` when the line
@@ -156,12 +170,11 @@ impl Hop {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tonic_deadline::ledger::Ledger;
-    /// let status = tonic::Status::deadline_exceeded("late");
-    /// let gaps: Vec<Duration> = Ledger::from_status(&status)
-    ///     .map(|l| l.hops()[0].gaps())
-    ///     .unwrap_or_default();
-    /// assert!(gaps.is_empty());
+    /// use grpc_deadline::ledger::Ledger;
+    /// let line = "/a.A/Run budget=900.00 took=900.00 call=/b.B/Do,300.00,300.00,4,n,0.00 call=/b.B/Do,580.00,580.00,4,n,320.00";
+    /// let ledger = Ledger::from_lines(&[line.to_owned()]);
+    /// // The second attempt started 20 ms after the first ended.
+    /// assert_eq!(ledger.hops()[0].gaps(), [Duration::from_millis(20)]);
     /// ```
     pub fn gaps(&self) -> Vec<Duration> {
         let mut ended: Option<Duration> = None;
@@ -253,7 +266,7 @@ impl Hop {
                         granted => Some(ms(granted)?),
                     };
                     let took = ms(fields.next()?)?;
-                    let code = tonic::Code::from_i32(fields.next()?.parse().ok()?);
+                    let code = Code::from_i32(fields.next()?.parse().ok()?);
                     let reply = match fields.next()? {
                         "l" => Reply::Ledger,
                         "n" => Reply::NoLedger,
@@ -284,18 +297,57 @@ impl Hop {
 }
 
 impl Ledger {
-    /// The ledger a status carries, if any: from its details (a
+    /// The ledger a `tonic::Status` carries, if any: from its details (a
     /// `google.rpc.Status` holding a `google.rpc.DebugInfo` whose `detail`
     /// is [`DETAIL`]).
     ///
     /// ```
-    /// use tonic_deadline::ledger::Ledger;
+    /// use grpc_deadline::ledger::Ledger;
     /// let plain = tonic::Status::deadline_exceeded("deadline exceeded");
     /// assert!(Ledger::from_status(&plain).is_none());
     /// ```
+    #[cfg(feature = "tonic")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
     pub fn from_status(status: &tonic::Status) -> Option<Ledger> {
-        let (entries, capped) = wire::entries_of_details(status.details())?;
+        Ledger::from_details(status.details())
+    }
+
+    /// The ledger in a status's details (the bytes of
+    /// `grpc-status-details-bin`, decoded: a `google.rpc.Status`), if any.
+    ///
+    /// ```
+    /// use grpc_deadline::ledger::Ledger;
+    /// assert!(Ledger::from_details(b"").is_none());
+    /// ```
+    pub fn from_details(details: &[u8]) -> Option<Ledger> {
+        let (entries, capped) = wire::entries_of_details(details)?;
         Some(Ledger::from_entries(&entries, capped))
+    }
+
+    /// The ledger in the status of `headers` (trailers, or a trailers-only
+    /// answer), if any.
+    ///
+    /// ```
+    /// use grpc_deadline::ledger::Ledger;
+    /// assert!(Ledger::from_headers(&http::HeaderMap::new()).is_none());
+    /// ```
+    pub fn from_headers(headers: &http::HeaderMap) -> Option<Ledger> {
+        let (entries, capped) = wire::entries_of_headers(headers)?;
+        Some(Ledger::from_entries(&entries, capped))
+    }
+
+    /// The ledger of these lines, the root's first, as
+    /// [`lines`](Ledger::lines) gives them; a line that does not read is
+    /// dropped and the ledger says so ([`capped`](Ledger::capped)).
+    ///
+    /// ```
+    /// use grpc_deadline::ledger::Ledger;
+    /// let ledger = Ledger::from_lines(&["/a.A/Run budget=100.00 took=100.00".to_owned()]);
+    /// assert_eq!(ledger.hops()[0].method, "/a.A/Run");
+    /// assert!(!ledger.capped());
+    /// ```
+    pub fn from_lines(lines: &[String]) -> Ledger {
+        Ledger::from_entries(lines, false)
     }
 
     pub(crate) fn from_entries(entries: &[String], capped: bool) -> Ledger {
@@ -342,9 +394,10 @@ impl Ledger {
     /// the layer, or one that did not answer in time).
     ///
     /// ```
-    /// use tonic_deadline::ledger::Ledger;
-    /// let status = tonic::Status::deadline_exceeded("late");
-    /// assert!(Ledger::from_status(&status).and_then(|l| l.cut().cloned()).is_none());
+    /// use grpc_deadline::ledger::{Ledger, Reply};
+    /// let line = "/a.A/Run budget=100.00 took=100.00 call=/b.B/Do,99.00,99.50,4,u";
+    /// let ledger = Ledger::from_lines(&[line.to_owned()]);
+    /// assert_eq!(ledger.cut().map(|c| c.reply), Some(Reply::Unanswered));
     /// ```
     pub fn cut(&self) -> Option<&Call> {
         let last = self.hops.last()?;
@@ -368,16 +421,29 @@ impl Ledger {
         (pieces, largest)
     }
 
-    /// The lines of the ledger `status` carries, as the wire carries them
-    /// (the root's first; empty without a ledger): what
+    /// The lines of the ledger a `tonic::Status` carries, as the wire
+    /// carries them (the root's first; empty without a ledger): what
     /// [`from_status`](Ledger::from_status) reads.
     ///
     /// ```
-    /// use tonic_deadline::ledger::Ledger;
+    /// use grpc_deadline::ledger::Ledger;
     /// assert!(Ledger::lines(&tonic::Status::deadline_exceeded("late")).is_empty());
     /// ```
+    #[cfg(feature = "tonic")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
     pub fn lines(status: &tonic::Status) -> Vec<String> {
-        wire::entries_of_details(status.details()).map_or_else(Vec::new, |(lines, _)| lines)
+        Ledger::lines_of_details(status.details())
+    }
+
+    /// The lines of the ledger in a status's details, as the wire carries
+    /// them (empty without a ledger).
+    ///
+    /// ```
+    /// use grpc_deadline::ledger::Ledger;
+    /// assert!(Ledger::lines_of_details(b"").is_empty());
+    /// ```
+    pub fn lines_of_details(details: &[u8]) -> Vec<String> {
+        wire::entries_of_details(details).map_or_else(Vec::new, |(lines, _)| lines)
     }
 
     /// The readable line: the first hop's budget, then each hop and the
@@ -454,7 +520,7 @@ impl Piece<'_> {
 }
 
 /// The call of `hop` whose ledger the next line is: the longest of those
-/// that brought one back (as [`Book::entries`] chooses it).
+/// that brought one back (as the server layer's book chooses it).
 fn followed(hop: &Hop) -> Option<&Call> {
     hop.calls
         .iter()
@@ -471,190 +537,6 @@ fn followed(hop: &Hop) -> Option<&Call> {
 impl fmt::Display for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.summary())
-    }
-}
-
-/// The calls under a request that failed or were cut off, and the time it
-/// waited in admission queues, kept on its root scope for its ledger.
-#[derive(Debug, Default)]
-pub(crate) struct Book {
-    pages: Mutex<Pages>,
-}
-
-#[derive(Debug, Default)]
-struct Pages {
-    calls: Vec<Noted>,
-    queued: Duration,
-}
-
-/// A call as the client layer saw it end, with the ledger its answer
-/// carried.
-#[derive(Debug)]
-pub(crate) struct Noted {
-    pub(crate) call: Call,
-    pub(crate) started: tokio::time::Instant,
-    pub(crate) below: Vec<String>,
-}
-
-/// At most this many calls are noted per request.
-const MAX_NOTED: usize = 32;
-
-impl Book {
-    fn pages(&self) -> std::sync::MutexGuard<'_, Pages> {
-        self.pages
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub(crate) fn note(&self, noted: Noted) {
-        let mut pages = self.pages();
-        if pages.calls.len() < MAX_NOTED {
-            pages.calls.push(noted);
-        }
-    }
-
-    /// Whether a call noted ran out of time: it ended
-    /// `DEADLINE_EXCEEDED`, or took all it was granted.
-    fn ran_out(&self) -> bool {
-        self.pages().calls.iter().any(|n| {
-            n.call.code == tonic::Code::DeadlineExceeded
-                || n.call.granted.is_some_and(|g| n.call.took >= g)
-        })
-    }
-
-    /// The request waited `waited` for an admission permit.
-    pub(crate) fn queued(&self, waited: Duration) {
-        let mut pages = self.pages();
-        pages.queued = pages.queued.saturating_add(waited);
-    }
-
-    /// This hop's line and the lines below it: those of the call that took
-    /// longest among those whose ledger came back, or `below` (the
-    /// handler's own answer carried them).
-    pub(crate) fn entries(
-        &self,
-        method: &str,
-        budget: Option<Duration>,
-        arrived: tokio::time::Instant,
-        below: Vec<String>,
-    ) -> Vec<String> {
-        let mut pages = self.pages();
-        let mut hop = Hop {
-            method: method.to_owned(),
-            budget,
-            took: arrived.elapsed(),
-            queued: pages.queued,
-            transit: None,
-            calls: Vec::with_capacity(pages.calls.len()),
-            more_calls: 0,
-        };
-        let mut longest: Option<(Duration, Vec<String>)> = None;
-        for mut noted in pages.calls.drain(..) {
-            if !noted.below.is_empty() && longest.as_ref().is_none_or(|(t, _)| noted.call.took > *t)
-            {
-                longest = Some((noted.call.took, noted.below));
-            }
-            noted.call.started = Some(noted.started.saturating_duration_since(arrived));
-            hop.calls.push(noted.call);
-        }
-        let below = longest.map_or(below, |(_, below)| below);
-        let mut entries = Vec::with_capacity(1 + below.len());
-        entries.push(hop.to_line());
-        entries.extend(below.into_iter().take(MAX_HOPS - 1));
-        entries
-    }
-}
-
-/// A call in flight under a scope with a deadline, as the client layer
-/// keeps it until it ends.
-#[derive(Debug)]
-pub(crate) struct CallNote {
-    path: http::uri::PathAndQuery,
-    granted: Duration,
-}
-
-impl CallNote {
-    pub(crate) fn new(path: &http::uri::PathAndQuery, granted: Duration) -> Self {
-        Self {
-            path: path.clone(),
-            granted,
-        }
-    }
-
-    /// The call ended with `code`, answered in `headers` (a trailers-only
-    /// answer or trailers) or decided here (`None`: the race was lost, the
-    /// connection failed, the call was dropped); `told` is when the budget
-    /// it was granted runs out. A failure is noted on the root of `scope`,
-    /// with the ledger its answer carried.
-    pub(crate) fn ended(
-        self,
-        scope: &crate::Scope,
-        code: tonic::Code,
-        headers: Option<&http::HeaderMap>,
-        told: tokio::time::Instant,
-    ) {
-        if code == tonic::Code::Ok {
-            return;
-        }
-        let Some(book) = scope.root_notes::<Book>() else {
-            return;
-        };
-        let (reply, below) = match headers.map(entries_of_headers) {
-            None => (Reply::Unanswered, Vec::new()),
-            Some(None) => (Reply::NoLedger, Vec::new()),
-            Some(Some((entries, _))) => (Reply::Ledger, entries),
-        };
-        let started = told - self.granted;
-        book.note(Noted {
-            call: Call {
-                method: self.path.path().to_owned(),
-                granted: Some(self.granted),
-                took: started.elapsed(),
-                code,
-                reply,
-                started: None,
-            },
-            started,
-            below,
-        });
-    }
-}
-
-/// This hop's answer `headers` (`DEADLINE_EXCEEDED`, made by the layer or
-/// the handler) get the ledger: this hop's line — `method`, arrived at
-/// `arrived` with `budget`, the failed calls noted on `scope` — and the
-/// lines of the hop below (those its slowest answered call brought, or
-/// those the handler's answer carries).
-pub(crate) fn answer(
-    headers: &mut http::HeaderMap,
-    scope: &crate::Scope,
-    method: &str,
-    arrived: tokio::time::Instant,
-    budget: Option<Duration>,
-) {
-    let below = entries_of_headers(headers)
-        .map(|(entries, _)| entries)
-        .unwrap_or_default();
-    let entries = match scope.notes::<Book>() {
-        Some(book) => book.entries(method, budget, arrived, below),
-        // No call under it failed: its line alone, and those below.
-        None => Book::default().entries(method, budget, arrived, below),
-    };
-    attach(headers, entries);
-}
-
-/// Whether the handler's status in `headers` gets the ledger, once
-/// something was noted under the request (a failed call, a queue): a
-/// `DEADLINE_EXCEEDED`, or any other failure after a call under it ran out
-/// of time (a handler that answers `CANCELLED`, `INTERNAL`, … of its own).
-pub(crate) fn due(scope: &crate::Scope, headers: &http::HeaderMap) -> bool {
-    let Some(book) = scope.notes::<Book>() else {
-        return false;
-    };
-    match crate::wire::status_code(headers) {
-        None | Some(tonic::Code::Ok) => false,
-        Some(tonic::Code::DeadlineExceeded) => true,
-        Some(_) => book.ran_out(),
     }
 }
 
