@@ -1,19 +1,19 @@
-//! HTTP/2's guards against reset streams: under a `server::ResetGuard`, a
-//! Rapid Reset flood (CVE-2023-44487) — streams opened and reset at once,
-//! faster or slower than the server accepts them, on one connection or
-//! several — is cut off within 1 000 streams per connection, and an honest
-//! client on another connection keeps its latency; an honest storm of
-//! short deadlines on a starved server never trips it; as `ReadyChannel`
-//! sets the client's guards, answers that arrive after their call gave up
-//! never close the client's connection.
+//! The reset guard (tonic-deadline-guard, re-exported as
+//! `server::ResetGuard`) as tonic-deadline's own pieces meet it: an honest
+//! storm of 1 ms deadlines from its clients on a starved server never trips
+//! it; `Metrics` counts what a guard observed by it reports; and as
+//! `ReadyChannel` sets the client's guards, answers that arrive after their
+//! call gave up never close the client's connection.
+//!
+//! The guard's own tests (floods cut off in every shape, over TLS,
+//! probation) are in its crate, `crates/tonic-deadline-guard/tests/it`.
 
 // Servers, floods and storms belong to no request.
 #![allow(clippy::disallowed_methods)]
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -27,20 +27,16 @@ use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Server};
+use tonic::transport::{Endpoint, Server};
 use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::observe::Metrics;
-use tonic_deadline::server::{ResetGuard, ServerTls};
+use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tower::Layer;
 
-use crate::common::{Events, Node, PATIENCE, connect, loopback};
+use crate::common::{Events, Node, PATIENCE, loopback};
 
 const ENHANCE_YOUR_CALM: u32 = 11;
-
-/// The most streams a flooding connection may have the server take before
-/// it is cut off.
-const CUT_WITHIN: u32 = 1000;
 
 const CANCEL: u32 = 8;
 
@@ -51,459 +47,12 @@ fn serve_guarded(
     node: Node,
     metrics: &Metrics,
 ) -> impl Future<Output = Result<(), tonic::transport::Error>> + use<> {
-    serve_with(
-        ResetGuard::new().observed_by(metrics.clone()),
-        listener,
-        node,
-    )
-}
-
-/// A server on `listener` with `guard` and the layer.
-fn serve_with(
-    guard: ResetGuard,
-    listener: tokio::net::TcpListener,
-    node: Node,
-) -> impl Future<Output = Result<(), tonic::transport::Error>> + use<> {
+    let guard = ResetGuard::new().observed_by(metrics.clone());
     guard
         .builder()
         .layer(ServerDeadlineLayer::new())
         .add_service(ProbeServer::new(node))
         .serve_with_incoming(guard.incoming(TcpListenerStream::new(listener)))
-}
-
-/// One call with a 5 s budget; how long it took.
-async fn timed_call(client: &mut crate::common::Client) -> Duration {
-    let started = Instant::now();
-    Scope::background()
-        .with_timeout(Duration::from_secs(5))
-        .enter(client.call(CallRequest::default()))
-        .await
-        .expect("an honest call is answered");
-    started.elapsed()
-}
-
-fn median(mut took: Vec<Duration>) -> Duration {
-    took.sort();
-    took[took.len() / 2]
-}
-
-/// Threads that spin as `n` flooding threads will, so that a baseline
-/// sees the same CPU the flood leaves.
-fn spinners(n: usize) -> (Arc<AtomicBool>, Vec<std::thread::JoinHandle<()>>) {
-    let spinning = Arc::new(AtomicBool::new(true));
-    let threads = (0..n)
-        .map(|_| {
-            let spinning = spinning.clone();
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while spinning.load(Ordering::Relaxed) {
-                    n = std::hint::black_box(n.wrapping_add(1));
-                }
-            })
-        })
-        .collect();
-    (spinning, threads)
-}
-
-/// Held by the tests that flood or storm a server: each takes the machine's
-/// two cores for a moment, and would otherwise be measured in the other's
-/// load.
-static MACHINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// How long each trial floods: each flooding thread connects again
-/// whenever the server cuts it off, as an attacker would.
-const FLOODING: Duration = Duration::from_millis(400);
-
-/// One trial: the honest client's median call before and during
-/// `connections` floods of `shape` that connect again as soon as they are
-/// cut off, for [`FLOODING`]; asserts that each flooding connection was
-/// cut off within [`CUT_WITHIN`] streams.
-async fn flood_trial(
-    addr: SocketAddr,
-    honest: &mut crate::common::Client,
-    shape: Shape,
-    connections: usize,
-    tls: Option<&Arc<probe::tls::Pki>>,
-) -> (Duration, Duration, usize) {
-    let (spinning, threads) = spinners(connections);
-    let mut quiet = Vec::new();
-    for _ in 0..200 {
-        quiet.push(timed_call(honest).await);
-    }
-    spinning.store(false, Ordering::Relaxed);
-    threads
-        .into_iter()
-        .for_each(|t| t.join().expect("a spinner"));
-    let quiet = median(quiet);
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let cuts = Arc::new(AtomicUsize::new(0));
-    let tls = tls.map(|pki| pki.client_config());
-    let floods: Vec<_> = (0..connections)
-        .map(|_| {
-            let (stop, cuts) = (stop.clone(), cuts.clone());
-            let tls = tls.clone();
-            std::thread::spawn(move || {
-                let mut floods = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let path = "/probe.v1.Probe/Call";
-                    let flood = match &tls {
-                        Some(tls) => flood::flood_tls(addr, tls, path, shape, &stop, PATIENCE),
-                        None => flood::flood(addr, path, shape, &stop, PATIENCE),
-                    };
-                    if flood.was_cut() {
-                        cuts.fetch_add(1, Ordering::Relaxed);
-                    }
-                    floods.push(flood);
-                }
-                floods
-            })
-        })
-        .collect();
-    // At least FLOODING, and on a loaded machine until each flooding
-    // thread has had a connection cut (a TLS handshake alone can take a
-    // while there): the law is about the cut, not how soon it came.
-    let started = Instant::now();
-    let mut flooded = Vec::new();
-    while started.elapsed() < FLOODING
-        || (cuts.load(Ordering::Relaxed) < connections && started.elapsed() < PATIENCE)
-    {
-        flooded.push(timed_call(honest).await);
-    }
-    stop.store(true, Ordering::Relaxed);
-    let floods: Vec<_> = floods
-        .into_iter()
-        .flat_map(|t| t.join().expect("the flood thread"))
-        .collect();
-    // The last flood of each thread was stopped, not cut.
-    let cut: Vec<_> = floods.iter().filter(|f| f.was_cut()).collect();
-    assert!(
-        cut.len() >= connections,
-        "every flooding connection must be cut off: {floods:?}"
-    );
-    for flood in &cut {
-        if let Some((code, _)) = flood.go_away {
-            assert_eq!(
-                code, ENHANCE_YOUR_CALM,
-                "the GOAWAY must say why: {flood:?}"
-            );
-        }
-        assert!(
-            flood.before_cut() <= CUT_WITHIN,
-            "{shape:?}: a flooding connection must be cut off within {CUT_WITHIN} streams: {flood:?}"
-        );
-    }
-    let most = cut.iter().map(|f| f.before_cut()).max().unwrap_or_default();
-    eprintln!(
-        "{shape:?} x{connections}: {} connections cut in {FLOODING:?}, each after at most {most} streams",
-        cut.len()
-    );
-    let calls = flooded.len();
-    let during = median(flooded);
-    eprintln!("honest median {quiet:?} quiet, {during:?} over {calls} calls flooded");
-    (quiet, during, calls)
-}
-
-/// Floods a guarded server with `connections` floods of `shape`, three
-/// times: each is cut off, and the honest client on its own connection
-/// must keep its latency through one of them at least (the other tests of
-/// this debug binary run beside it: a burst of theirs can triple a median
-/// by itself; a server the flood starves slows it through all three). The
-/// lab's `experiment rapid-reset` compares the release build's with plain
-/// tonic's beside the same flood.
-async fn floods_are_cut_off(shape: Shape, connections: usize) {
-    floods_are_cut_off_over(shape, connections, None).await;
-}
-
-/// [`floods_are_cut_off`], the server and every client over TLS when
-/// `tls` is given: the guard terminates it, as the README serves TLS.
-async fn floods_are_cut_off_over(
-    shape: Shape,
-    connections: usize,
-    tls: Option<Arc<probe::tls::Pki>>,
-) {
-    let _machine = MACHINE.lock().await;
-    let (_events, tx) = Events::new();
-    let (listener, addr) = loopback().await;
-    let metrics = Metrics::new();
-    let guard = ResetGuard::new().observed_by(metrics.clone());
-    let node = Node::new("S", &tx);
-    let mut honest = match &tls {
-        None => {
-            tokio::spawn(serve_with(guard, listener, node));
-            connect(addr).await
-        }
-        Some(pki) => {
-            let incoming = guard
-                .incoming_tls(
-                    TcpListenerStream::new(listener),
-                    ServerTls::new(&pki.server_cert_pem, &pki.server_key_pem),
-                )
-                .expect("the guard takes the certificate");
-            tokio::spawn(
-                guard
-                    .builder()
-                    .layer(ServerDeadlineLayer::new())
-                    .add_service(ProbeServer::new(node))
-                    .serve_with_incoming(incoming),
-            );
-            let endpoint = Endpoint::from_shared(format!("https://{addr}"))
-                .expect("uri")
-                .tls_config(
-                    ClientTlsConfig::new()
-                        .ca_certificate(Certificate::from_pem(&pki.ca_pem))
-                        .domain_name(probe::tls::SERVER_NAME),
-                )
-                .expect("the client takes the certificate");
-            crate::common::with_deadlines(endpoint.connect().await.expect("connects over TLS"))
-        }
-    };
-    for _ in 0..50 {
-        timed_call(&mut honest).await; // warm-up
-    }
-    let mut trials = Vec::new();
-    for _ in 0..3 {
-        let (quiet, during, calls) =
-            flood_trial(addr, &mut honest, shape, connections, tls.as_ref()).await;
-        if during <= quiet * 3 {
-            assert!(
-                metrics.reset_floods_cut() >= connections as u64,
-                "every connection cut off is counted"
-            );
-            return;
-        }
-        trials.push(format!(
-            "median {during:?} of {calls} calls under the flood, {quiet:?} without"
-        ));
-    }
-    panic!("an honest client keeps its latency: {}", trials.join("; "));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rapid_reset_flood_is_cut_off_and_an_honest_client_keeps_its_latency() {
-    floods_are_cut_off(Shape::FAST, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_slower_than_the_accept_loop_is_cut_off_too() {
-    // Slower than the server takes streams (in this debug build too):
-    // hyper's guard counts resets of streams not yet accepted, and sees
-    // none pile up.
-    floods_are_cut_off(Shape::at(2_000), 1).await;
-}
-
-/// The README's server over TLS, the guard terminating it: a flood over
-/// TLS is cut off as one in the clear is (plain tonic with TLS closes such
-/// a connection after a few hundred streams; the guard's builder raises
-/// hyper's own bound, so a guard that could not read TLS would never).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rapid_reset_flood_over_tls_is_cut_off_and_an_honest_tls_client_keeps_its_latency() {
-    let pki = Arc::new(probe::tls::Pki::new());
-    floods_are_cut_off_over(Shape::FAST, 1, Some(pki.clone())).await;
-    floods_are_cut_off_over(Shape::at(2_000).one_per_write(), 1, Some(pki)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_flooding_connections_at_once_are_each_cut_off() {
-    // Four threads flooding as fast as they can take this machine's two
-    // cores from everyone, the server and the honest client alike; at
-    // 2 000 streams/s each, the flood is what costs. (The lab's
-    // `experiment rapid-reset` floods four connections flat out, in a
-    // release build, beside plain tonic.)
-    floods_are_cut_off(Shape::at(2_000), 4).await;
-}
-
-/// A flood written all at once, far past the point the guard cuts it:
-/// the server stops reading with most of it unread. A socket closed so
-/// is reset, and a reset drops what was still queued to be sent, the
-/// GOAWAY included (on a busy machine it often is). The guard shuts its
-/// write side after the GOAWAY and reads what is left before closing: the
-/// client reads the GOAWAY, then a clean end of stream, never a reset.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_connection_ends_with_its_goaway_and_a_clean_close_not_a_reset() {
-    let (_events, tx) = Events::new();
-    let (listener, addr) = loopback().await;
-    let metrics = Metrics::new();
-    tokio::spawn(serve_guarded(listener, Node::new("S", &tx), &metrics));
-    let ended = tokio::task::spawn_blocking(move || {
-        let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
-        tcp.set_read_timeout(Some(PATIENCE))
-            .expect("a read timeout");
-        let block = flood::request_block(&addr.to_string(), "/probe.v1.Probe/Call", None);
-        let mut wire = probe::frames::PREFACE.to_vec();
-        frame(&mut wire, SETTINGS, 0, 0, &[]);
-        for id in (1..4000u32).step_by(2) {
-            frame(&mut wire, HEADERS, END_HEADERS, id, &block);
-            frame(&mut wire, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
-        }
-        tcp.write_all(&wire)
-            .expect("the flood fits the socket's buffers");
-        let mut parser = FrameParser::server_to_client();
-        let mut go_away = None;
-        let mut buf = vec![0; 64 * 1024];
-        let end = loop {
-            match tcp.read(&mut buf) {
-                Ok(0) => break Ok(()),
-                Ok(n) => {
-                    for parsed in parser.feed(&buf[..n]) {
-                        if parsed.frame.kind == GOAWAY {
-                            go_away = parsed.error_code();
-                        }
-                    }
-                }
-                Err(e) => break Err(e.kind()),
-            }
-        };
-        (go_away, end)
-    })
-    .await
-    .expect("the flooding client");
-    assert_eq!(
-        ended,
-        (Some(ENHANCE_YOUR_CALM), Ok(())),
-        "the client must read GOAWAY ENHANCE_YOUR_CALM, then the end of the stream"
-    );
-    assert_eq!(metrics.reset_floods_cut(), 1);
-}
-
-/// How long the guard holds a connection that floods again from an
-/// address it cut off lately, by default.
-const HOLD: Duration = Duration::from_secs(1);
-
-/// Floods `addr` from one thread for `window`, connecting again whenever
-/// the server cuts the connection off; the connections it cut off.
-async fn reconnecting_flood(addr: SocketAddr, window: Duration) -> Vec<flood::Flood> {
-    tokio::task::spawn_blocking(move || {
-        let stop = AtomicBool::new(false);
-        let started = Instant::now();
-        let mut floods = Vec::new();
-        while started.elapsed() < window {
-            let left = window.saturating_sub(started.elapsed());
-            floods.push(flood::flood(
-                addr,
-                "/probe.v1.Probe/Call",
-                Shape::FAST,
-                &stop,
-                left,
-            ));
-        }
-        floods.into_iter().filter(|f| f.was_cut()).collect()
-    })
-    .await
-    .expect("the flooding thread")
-}
-
-/// A call on a new connection from `from`; how long it took, connect
-/// included.
-async fn call_from(addr: SocketAddr, from: [u8; 4]) -> Result<Duration, tonic::Status> {
-    let started = Instant::now();
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .local_address(Some(std::net::IpAddr::from(from)))
-        .connect()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("cannot connect from {from:?}: {e}")))?;
-    ProbeClient::new(channel)
-        .call(CallRequest::default())
-        .await
-        .map(|_| started.elapsed())
-}
-
-/// A flood that connects again as soon as it is cut off costs a
-/// connection each time. After a cut, the guard puts the address's new
-/// connections on probation: one that floods again is held unread for a
-/// second, then cut off after its first stream. Beside the same flood
-/// against a guard without probation, in the same run: many fewer
-/// connections read. Honest clients that share the flood's address (a NAT,
-/// a proxy that hides addresses) open new connections meanwhile and are
-/// served at once, neither held nor refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
-    let _machine = MACHINE.lock().await;
-    const WINDOW: Duration = Duration::from_millis(1500);
-    let (_events, tx) = Events::new();
-
-    let (listener, free_addr) = loopback().await;
-    let free_metrics = Metrics::new();
-    let free_guard = ResetGuard::new()
-        .hold_after_cut(None)
-        .observed_by(free_metrics.clone());
-    tokio::spawn(serve_with(free_guard, listener, Node::new("U", &tx)));
-    let free = reconnecting_flood(free_addr, WINDOW).await.len();
-
-    crate::seams::capture_logs();
-    let said = || crate::seams::warnings_about("reset streams early again").len();
-    let said_before = said();
-    let (listener, addr) = loopback().await;
-    let metrics = Metrics::new();
-    tokio::spawn(serve_guarded(listener, Node::new("S", &tx), &metrics));
-    let flood = tokio::spawn(reconnecting_flood(addr, WINDOW));
-    // Honest clients from the flood's own address, each on a new
-    // connection, while the flood reconnects.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut neighbours = Vec::new();
-    for _ in 0..10 {
-        neighbours.push(
-            call_from(addr, [127, 0, 0, 1])
-                .await
-                .expect("a neighbour of the flood is served"),
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let held = flood.await.expect("the flood");
-    eprintln!(
-        "connections cut in {WINDOW:?}: {free} without probation, {} with it; held: {}, \
-         neighbours' calls took at most {:?}",
-        held.len(),
-        metrics.connections_held(),
-        neighbours.iter().max()
-    );
-    assert!(
-        held.iter().all(|f| f.before_cut() <= CUT_WITHIN),
-        "every connection is cut off: {held:?}"
-    );
-    // The first connection is cut off at once; each one after it is held
-    // a second before its cut.
-    let most = 2 + (WINDOW.as_millis() / HOLD.as_millis()) as usize;
-    assert!(
-        !held.is_empty() && held.len() <= most,
-        "a flood held on probation has at most {most} connections cut in {WINDOW:?}: {}",
-        held.len()
-    );
-    assert!(
-        held[1..].iter().all(|f| f.before_cut() <= 1),
-        "on probation a connection may reset no stream early: {held:?}"
-    );
-    assert!(
-        free >= 10 * held.len(),
-        "without probation the same flood has far more connections read: {free} vs {}",
-        held.len()
-    );
-    assert!(
-        metrics.connections_held() + 1 >= held.len() as u64,
-        "every connection cut after the first was held, and counted: {} held",
-        metrics.connections_held()
-    );
-    assert_eq!(free_metrics.connections_held(), 0);
-    assert_eq!(
-        metrics.connections_refused(),
-        0,
-        "no connection beyond those that may be held"
-    );
-    // Said once (and at most once every 10 s), naming the address.
-    assert_eq!(said(), said_before + 1, "the guard says it holds one");
-    assert!(
-        crate::seams::warnings_about("reset streams early again")
-            .iter()
-            .all(|w| w.contains("127.0.0.1")),
-        "the warning names the address"
-    );
-    // A neighbour's call waits for nothing the flood does: well within the
-    // hold it would have waited for.
-    assert!(
-        neighbours.iter().all(|took| *took < HOLD / 2),
-        "a neighbour of the flood is answered at once: {neighbours:?}"
-    );
 }
 
 /// One raw connection that opens a stream and resets it at once: the
@@ -519,99 +68,56 @@ fn one_early_reset(addr: SocketAddr) -> std::net::TcpStream {
     tcp
 }
 
-/// Whether the server has closed `tcp` (it read the end of the stream, or
-/// an error): what it sent before is read and dropped.
-fn closed_by_the_server(tcp: &std::net::TcpStream) -> bool {
-    let mut tcp = tcp.try_clone().expect("a second handle");
-    tcp.set_nonblocking(true).expect("non-blocking");
-    let mut buf = [0u8; 1024];
-    loop {
-        match tcp.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
-        }
+/// Held by the tests that flood or storm a server: each takes the machine's
+/// two cores for a moment, and would otherwise be measured in the other's
+/// load.
+static MACHINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits (at most [`PATIENCE`]) until `counted` says yes.
+async fn until(counted: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !counted() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
-/// A flood that opens connections from its address without waiting for
-/// them: each floods on probation and would be held, and piling up held
-/// connections is an attack of its own. At most 20 are held at once; the
-/// rest are cut off at once, counted, and the client sees the close; the
-/// held ones are cut off when their hold ends.
+/// `Metrics` handed to `ResetGuard::observed_by` counts what the guard
+/// reports: a flooding connection cut off, then a connection from the same
+/// address, on probation, held for resetting a stream early. (What the
+/// guard reports, and when, is tested in its crate; a TLS connection it
+/// refuses is counted in `compat::tls`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_those_that_may_be_held_are_cut_off_at_once() {
+async fn metrics_count_the_cuts_and_holds_of_the_guard_they_observe() {
     let _machine = MACHINE.lock().await;
-    const OPENED: usize = 30;
-    // Longer than the default, so that a loaded machine reads all 30
-    // before the first hold ends (which would free a place for another).
-    const LONG_HOLD: Duration = Duration::from_secs(4);
     let (_events, tx) = Events::new();
     let (listener, addr) = loopback().await;
     let metrics = Metrics::new();
-    let guard = ResetGuard::new()
-        .observed_by(metrics.clone())
-        .hold_after_cut(Some(LONG_HOLD));
-    tokio::spawn(serve_with(guard, listener, Node::new("S", &tx)));
-    let cut = reconnecting_flood(addr, Duration::from_millis(1)).await;
-    assert_eq!(cut.len(), 1, "one flooding connection, cut off: {cut:?}");
-
-    let started = Instant::now();
-    let opened = tokio::task::spawn_blocking(move || {
-        (0..OPENED)
-            .map(|_| one_early_reset(addr))
-            .collect::<Vec<_>>()
+    tokio::spawn(serve_guarded(listener, Node::new("S", &tx), &metrics));
+    let flood = tokio::task::spawn_blocking(move || {
+        flood::flood(
+            addr,
+            "/probe.v1.Probe/Call",
+            Shape::FAST,
+            &AtomicBool::new(false),
+            PATIENCE,
+        )
     })
     .await
-    .expect("the connecting thread");
-    let deadline = Instant::now() + PATIENCE;
-    while metrics.connections_held() + metrics.connections_refused() < OPENED as u64
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let (held, refused) = (metrics.connections_held(), metrics.connections_refused());
-    eprintln!("{OPENED} flooding connections on probation: {held} held, {refused} cut at once");
-    assert_eq!(held, 20, "at most 20 are held at once");
+    .expect("the flooding thread");
+    assert!(flood.was_cut(), "the flood must be cut off: {flood:?}");
+    until(|| metrics.reset_floods_cut() > 0).await;
+    assert_eq!(metrics.reset_floods_cut(), 1, "the cut is counted, once");
+
+    let _held = tokio::task::spawn_blocking(move || one_early_reset(addr))
+        .await
+        .expect("the connecting thread");
+    until(|| metrics.connections_held() > 0).await;
     assert_eq!(
-        held + refused,
-        OPENED as u64,
-        "the others are cut off at once"
+        metrics.connections_held(),
+        1,
+        "a connection held on probation is counted"
     );
-    // Those cut off at once are closed within moments; the held ones stay
-    // open until their hold ends, and are closed after it.
-    let closed = || {
-        opened
-            .iter()
-            .filter(|tcp| closed_by_the_server(tcp))
-            .count() as u64
-    };
-    while closed() < refused && started.elapsed() < LONG_HOLD / 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let closed_early = closed();
-    assert!(
-        started.elapsed() < LONG_HOLD,
-        "the held ones are still held when counted: {:?} after the flood",
-        started.elapsed()
-    );
-    assert_eq!(
-        closed_early, refused,
-        "only those not held are closed at once"
-    );
-    while closed() < OPENED as u64 && started.elapsed() < LONG_HOLD + PATIENCE {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        closed(),
-        OPENED as u64,
-        "the held ones are cut off once held"
-    );
-    assert!(
-        started.elapsed() >= LONG_HOLD,
-        "not before their hold ended: {:?}",
-        started.elapsed()
-    );
+    assert_eq!(metrics.connections_refused(), 0, "none beyond those held");
 }
 
 /// How a server is built for the storm: hyper's own guard (what a server

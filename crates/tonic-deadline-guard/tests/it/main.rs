@@ -1,0 +1,15 @@
+//! The guard's integration tests, in one binary so that the shared helpers
+//! in `common` and the crate's dev-dependencies are compiled and linked
+//! once: one module per concern. Real tonic servers on loopback, flooded by
+//! raw HTTP/2 clients (the workspace's `probe`), answering plain tonic
+//! clients: the guard needs nothing of the deadline layers, and neither do
+//! its tests.
+//!
+//! How tonic-deadline's own clients and metrics meet the guard (a deadline
+//! storm of its clients, `Metrics` as the guard's observer) is tested in
+//! tonic-deadline's `tests/it/reset_guards.rs`.
+
+mod common;
+
+mod floods;
+mod probation;
