@@ -15,6 +15,7 @@ mod edges;
 mod failures;
 mod layering;
 mod lean_build;
+mod messages;
 mod observe;
 mod plain_tonic_baseline;
 mod propagation;
