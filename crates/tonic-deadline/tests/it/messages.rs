@@ -4,7 +4,9 @@
 //!
 //! What counts as a message: every string literal in the crates' code
 //! outside their tests and doc comments — statuses, `warn!` and `error!`,
-//! panics and `expect`s, errors' `Display`, a `Debug` impl's name. What
+//! panics and `expect`s, errors' `Display`, a `Debug` impl's name — and
+//! the text of `#[must_use]` and `#[deprecated]`, which the compiler shows
+//! users. What
 //! counts as a name in it (see [`names_in`]):
 //!
 //! - a path, `Type::method`, `module::Item`, `tonic_deadline::x::Y`: two
@@ -13,7 +15,12 @@
 //! - a method call, `.method(` (after a receiver or `...`);
 //! - a type, a word in `CamelCase` with two capitals or more
 //!   (`ReadyChannel`), bar a few words that are names of things, not of
-//!   code ([`NOT_CODE`]).
+//!   code ([`NOT_CODE`]);
+//! - a word in backticks (`` `build` ``, `` `Scope` ``).
+//!
+//! A bare `snake_case` word is not taken: in the crates' messages they are
+//! as often SQL, settings or another stack's terms (`statement_timeout`,
+//! h2's `too_many_data_frames`) as our functions.
 //!
 //! Each is checked against the crates' public items, read from their
 //! sources with `syn`: items declared `pub` (the workspace's
@@ -24,7 +31,8 @@
 //! module through re-exports; `Type::item` needs a public type of that
 //! name with that associated item; `module::Item` a public module of that
 //! name that resolves the rest; `.method(` an associated function of that
-//! name on some public type or trait. A `Debug` impl's name
+//! name on some public type or trait; a word in backticks such a function,
+//! a public function or module, or a crate. A `Debug` impl's name
 //! (`debug_struct("X")`) needs a type `X` in its crate, public or not.
 //!
 //! Names of other crates' items (tonic's, tokio's) are checked by the
@@ -103,6 +111,10 @@ struct Module {
     uses: BTreeMap<String, Vec<String>>,
     /// `pub use path::*`.
     globs: Vec<Vec<String>>,
+    /// Every `use`, public or not: the name it brings, the path it names.
+    imports: BTreeMap<String, Vec<String>>,
+    /// Traits declared here that are not public.
+    private_traits: BTreeSet<String>,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +124,10 @@ struct Index {
     /// Type or trait name → its associated items and variants, across
     /// every impl in the crates.
     assoc: BTreeMap<String, BTreeSet<String>>,
+    /// Trait impls: where (crate, module), the trait's path as written,
+    /// the type, the items it gives the type. A private trait's items are
+    /// not the type's public API.
+    trait_impls: Vec<TraitImpl>,
     /// Every type a crate declares, public or not: (crate, name).
     all_types: BTreeSet<(String, String)>,
 }
@@ -324,7 +340,10 @@ fn index_items(index: &mut Index, krate: &str, module: &[String], items: &[syn::
                     )
                 }
                 syn::Item::Trait(t) => {
-                    if !is_test(&t.attrs) {
+                    if !is_pub(&t.vis) {
+                        let module_of = index.modules.get_mut(&key).expect("entered above");
+                        module_of.private_traits.insert(t.ident.to_string());
+                    } else if !is_test(&t.attrs) {
                         let members = index.assoc.entry(t.ident.to_string()).or_default();
                         for member in &t.items {
                             match member {
@@ -376,12 +395,15 @@ fn index_items(index: &mut Index, krate: &str, module: &[String], items: &[syn::
                     )
                 }
                 syn::Item::Use(u) => {
-                    if is_pub(&u.vis) && !is_test(&u.attrs) {
+                    if !is_test(&u.attrs) {
                         let (mut uses, mut globs) = (Vec::new(), Vec::new());
                         use_tree(&u.tree, &mut Vec::new(), &mut uses, &mut globs);
                         let module_of = index.modules.get_mut(&key).expect("entered above");
-                        module_of.uses.extend(uses);
-                        module_of.globs.extend(globs);
+                        module_of.imports.extend(uses.iter().cloned());
+                        if is_pub(&u.vis) {
+                            module_of.uses.extend(uses);
+                            module_of.globs.extend(globs);
+                        }
                     }
                     continue;
                 }
@@ -392,18 +414,31 @@ fn index_items(index: &mut Index, krate: &str, module: &[String], items: &[syn::
                     let Some(owner) = type_name(&i.self_ty) else {
                         continue;
                     };
-                    let of_trait = i.trait_.is_some();
-                    let members = index.assoc.entry(owner).or_default();
-                    for member in &i.items {
-                        match member {
-                            syn::ImplItem::Fn(f) if of_trait || is_pub(&f.vis) => {
-                                members.insert(f.sig.ident.to_string());
-                            }
-                            syn::ImplItem::Const(c) if of_trait || is_pub(&c.vis) => {
-                                members.insert(c.ident.to_string());
-                            }
-                            _ => {}
+                    let of_trait = i.trait_.as_ref().map(|(_, path, _)| {
+                        path.segments
+                            .iter()
+                            .map(|s| s.ident.to_string())
+                            .collect::<Vec<_>>()
+                    });
+                    let all = of_trait.is_some();
+                    let members = i.items.iter().filter_map(|member| match member {
+                        syn::ImplItem::Fn(f) if all || is_pub(&f.vis) => {
+                            Some(f.sig.ident.to_string())
                         }
+                        syn::ImplItem::Const(c) if all || is_pub(&c.vis) => {
+                            Some(c.ident.to_string())
+                        }
+                        _ => None,
+                    });
+                    match of_trait {
+                        Some(path) => index.trait_impls.push(TraitImpl {
+                            krate: krate.to_owned(),
+                            module: module.to_vec(),
+                            path,
+                            owner,
+                            members: members.collect(),
+                        }),
+                        None => index.assoc.entry(owner).or_default().extend(members),
                     }
                     continue;
                 }
@@ -421,6 +456,15 @@ fn index_items(index: &mut Index, krate: &str, module: &[String], items: &[syn::
             module_of.items.insert(name, kind);
         }
     }
+}
+
+#[derive(Debug)]
+struct TraitImpl {
+    krate: String,
+    module: Vec<String>,
+    path: Vec<String>,
+    owner: String,
+    members: Vec<String>,
 }
 
 /// What a path resolved to.
@@ -531,8 +575,7 @@ impl Index {
                         child.push(segment.clone());
                         Resolved::Module(k, child)
                     } else {
-                        self.in_module(&k, &m, segment, depth + 1)
-                            .or_else(|| self.any_type(&k, segment))?
+                        self.in_module(&k, &m, segment, depth + 1)?
                     }
                 }
                 Resolved::Type(_) | Resolved::Value => return None,
@@ -540,14 +583,6 @@ impl Index {
             };
         }
         Some(at)
-    }
-
-    /// A type named `name` that `krate` declares (a `use` of a private
-    /// module's public type).
-    fn any_type(&self, krate: &str, name: &str) -> Option<Resolved> {
-        self.all_types
-            .contains(&(krate.to_owned(), name.to_owned()))
-            .then(|| Resolved::Type(name.to_owned()))
     }
 
     /// Whether some public type or trait of the crates is called `name`
@@ -575,9 +610,48 @@ impl Index {
             .collect()
     }
 
-    /// Whether some type or trait has an associated function `name`.
+    /// Whether some public function, constant or static is called `name`.
+    fn public_value(&self, name: &str) -> bool {
+        self.modules
+            .values()
+            .any(|module| module.items.get(name) == Some(&Kind::Value))
+    }
+
+    /// Gives each type the items of the traits it implements that are
+    /// public: ours declared `pub`, or another crate's (`Layer`, `Debug`).
+    fn settle(&mut self) {
+        for i in std::mem::take(&mut self.trait_impls) {
+            if self.trait_is_public(&i.krate, &i.module, &i.path) {
+                self.assoc.entry(i.owner).or_default().extend(i.members);
+            }
+        }
+    }
+
+    /// Whether the trait `path` names in module `module` of `krate` is
+    /// public: ours declared `pub`, or another crate's (the prelude's too).
+    fn trait_is_public(&self, krate: &str, module: &[String], path: &[String]) -> bool {
+        let Some(here) = self.modules.get(&(krate.to_owned(), module.to_vec())) else {
+            return false;
+        };
+        let full: Vec<String> = match here.imports.get(&path[0]) {
+            Some(imported) => imported.iter().chain(&path[1..]).cloned().collect(),
+            None => path.to_vec(),
+        };
+        if let [name] = full.as_slice() {
+            return here.items.get(name) == Some(&Kind::Type)
+                || !here.private_traits.contains(name);
+        }
+        matches!(
+            self.use_target(krate, module, &full, 0),
+            Some(Resolved::Type(_) | Resolved::Elsewhere)
+        )
+    }
+
+    /// Whether some public type or trait has an associated function `name`.
     fn has_method(&self, name: &str) -> bool {
-        self.assoc.values().any(|members| members.contains(name))
+        self.assoc
+            .iter()
+            .any(|(owner, members)| members.contains(name) && self.public_type(owner))
     }
 }
 
@@ -637,8 +711,31 @@ impl Literals<'_> {
 }
 
 impl<'ast> Visit<'ast> for Literals<'_> {
-    // Doc comments and attributes are not messages.
-    fn visit_attribute(&mut self, _: &'ast syn::Attribute) {}
+    // Doc comments and attributes are not messages, but for the text the
+    // compiler shows users: `#[must_use = ".."]`, `#[deprecated(note = "..")]`.
+    fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        if attr.path().is_ident("must_use")
+            && let syn::Meta::NameValue(syn::MetaNameValue {
+                value:
+                    syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Str(s),
+                        ..
+                    }),
+                ..
+            }) = &attr.meta
+        {
+            self.push(s, false);
+        }
+        if attr.path().is_ident("deprecated") {
+            let _ = attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("note") {
+                    let note: syn::LitStr = meta.value()?.parse()?;
+                    self.push(&note, false);
+                }
+                Ok(())
+            });
+        }
+    }
 
     fn visit_item(&mut self, item: &'ast syn::Item) {
         let attrs = match item {
@@ -692,6 +789,9 @@ enum Name {
     Path(Vec<String>),
     Method(String),
     Type(String),
+    /// A word in backticks that is not a type: a function, method, module
+    /// or crate.
+    Word(String),
 }
 
 impl std::fmt::Display for Name {
@@ -700,6 +800,7 @@ impl std::fmt::Display for Name {
             Name::Path(p) => f.write_str(&p.join("::")),
             Name::Method(m) => write!(f, ".{m}(..)"),
             Name::Type(t) => f.write_str(t),
+            Name::Word(w) => write!(f, "`{w}`"),
         }
     }
 }
@@ -756,8 +857,15 @@ fn names_in(text: &str) -> Vec<Name> {
         }
         let word = segments.pop().expect("one segment");
         let after_dot = begin > 0 && bytes[begin - 1] == b'.';
+        let in_backticks = begin > 0 && bytes[begin - 1] == b'`' && after == Some(b'`');
         if after_dot && after == Some(b'(') {
             names.push(Name::Method(word));
+        } else if in_backticks {
+            names.push(if word.starts_with(|c: char| c.is_ascii_uppercase()) {
+                Name::Type(word)
+            } else {
+                Name::Word(word)
+            });
         } else if is_camel(&word) && !after_dot {
             // (After a dot, a word is part of a dotted name, as a protobuf
             // type's `google.rpc.DebugInfo`.)
@@ -794,6 +902,18 @@ fn check(index: &Index, message: &Message, name: &Name) -> Option<String> {
             .then(|| format!("no public type {t}, and no other crate's in the table")),
         Name::Method(m) => (!index.has_method(m) && !external(name)).then(|| {
             format!("no public type or trait has a method {m}, and no other crate's in the table")
+        }),
+        Name::Word(w) => (!index.has_method(w)
+            && !index.public_value(w)
+            && index.public_modules(w).is_empty()
+            && Index::crate_of(w).is_none()
+            && !OTHER_CRATES.contains(&w.as_str())
+            && !external(name))
+        .then(|| {
+            format!(
+                "no public function, method or module {w}, no crate of that name, and no other \
+                 crate's in the table"
+            )
         }),
         Name::Path(segments) => {
             let (first, rest) = segments.split_first().expect("a path has segments");
@@ -866,6 +986,7 @@ fn read() -> (Index, Vec<Message>) {
         literals.visit_file(&source.syntax);
         messages.extend(literals.found);
     }
+    index.settle();
     (index, messages)
 }
 
@@ -949,6 +1070,10 @@ fn names_are_paths_method_calls_and_camel_case_types() {
         names("use tonic_deadline::server::ResetGuard, as ReadyChannel does"),
         ["tonic_deadline::server::ResetGuard", "ReadyChannel"]
     );
+    assert_eq!(
+        names("a builder does nothing until `build`; the `Scope` ends at `unix:`"),
+        ["`build`", "Scope"]
+    );
     assert!(
         names("sqlite::memory: at http://127.0.0.1:80, HTTP/2 GOAWAY, NaN, e.g. the Scope")
             .is_empty(),
@@ -988,6 +1113,7 @@ fn the_check_tells_a_name_that_exists_from_one_that_does_not() {
         "tonic_deadline::Scope::enter",
         "Endpoint::http2_max_concurrent_reset_streams(0)",
         "GuardedRouter",
+        "until `build`, over `tonic`",
     ] {
         assert_eq!(
             wrong(good),
@@ -1011,6 +1137,11 @@ fn the_check_tells_a_name_that_exists_from_one_that_does_not() {
         ("Server::timeout", "Server::timeout"),
         ("tokio::task::spawn_local", "tokio::task::spawn_local"),
         ("GuardedRouters", "GuardedRouters"),
+        ("until `built`", "`built`"),
+        // A method of a private trait (the resilience layer's observer,
+        // which `Metrics` implements), and a `pub(crate)` one.
+        ("until `pushback_stop`", "`pushback_stop`"),
+        ("until `flood_cut`", "`flood_cut`"),
     ] {
         assert_eq!(wrong(bad), [name], "{bad} names what does not exist");
     }
