@@ -962,8 +962,14 @@ fn workspace() -> PathBuf {
         .expect("the workspace's directory")
 }
 
-/// Every crate's sources, indexed, and the messages in them.
-fn read() -> (Index, Vec<Message>) {
+/// Every crate's sources, indexed, and the messages in them: read once
+/// for the tests below.
+fn read() -> &'static (Index, Vec<Message>) {
+    static READ: std::sync::OnceLock<(Index, Vec<Message>)> = std::sync::OnceLock::new();
+    READ.get_or_init(read_sources)
+}
+
+fn read_sources() -> (Index, Vec<Message>) {
     let mut sources = Vec::new();
     for (dir, code) in CRATES {
         let lib = workspace().join("crates").join(dir).join("src/lib.rs");
@@ -997,10 +1003,10 @@ fn every_name_a_message_uses_is_one_the_crates_or_the_table_have() {
     let mut named = 0;
     let mut checked = BTreeSet::new();
     let mut wrong = String::new();
-    for message in &messages {
+    for message in messages {
         for name in names_of(message) {
             named += 1;
-            if let Some(why) = check(&index, message, &name) {
+            if let Some(why) = check(index, message, &name) {
                 let file = message.file.strip_prefix(&root).unwrap_or(&message.file);
                 let _ = writeln!(
                     wrong,
@@ -1097,7 +1103,7 @@ fn the_check_tells_a_name_that_exists_from_one_that_does_not() {
         let message = message(text);
         names_in(text)
             .iter()
-            .filter(|name| check(&index, &message, name).is_some())
+            .filter(|name| check(index, &message, name).is_some())
             .map(ToString::to_string)
             .collect()
     };
