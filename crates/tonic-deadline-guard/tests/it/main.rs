@@ -5,9 +5,11 @@
 //! clients: the guard needs nothing of the deadline layers, and neither do
 //! its tests.
 //!
-//! How tonic-deadline's own clients and metrics meet the guard (a deadline
-//! storm of its clients, `Metrics` as the guard's observer) is tested in
-//! tonic-deadline's `tests/it/reset_guards.rs`.
+//! How tonic-deadline's own clients, layers and metrics meet the guard (a
+//! deadline storm of its clients, `Metrics` as the guard's observer, the
+//! layers' budgets through the TLS the guard terminates, TLS set on tonic's
+//! `Server` refused) is tested in tonic-deadline's `tests/it/reset_guards.rs`
+//! and `tests/it/compat/tls.rs`.
 
 mod common;
 
