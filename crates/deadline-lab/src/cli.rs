@@ -186,10 +186,11 @@ struct Split {
     #[arg(long)]
     transit_from_round_trip: bool,
     /// What each service keeps of its budget for its answer's way back, in
-    /// milliseconds (`ServerDeadlineLayer::reply_reserve`; 0: none), so
-    /// that a DEADLINE_EXCEEDED and its ledger reach the caller in time.
-    #[arg(long, default_value_t = 0)]
-    reply_reserve_ms: u64,
+    /// milliseconds (`ServerDeadlineLayer::reply_reserve`; unset: the
+    /// layer's default, `server::default_reply_reserve`), so that a
+    /// DEADLINE_EXCEEDED and its ledger reach the caller in time.
+    #[arg(long)]
+    reply_reserve_ms: Option<u64>,
 }
 
 impl Split {
@@ -449,7 +450,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                     &split.listen,
                                     &split.peers()?,
                                     &journal,
-                                    Duration::from_millis(split.reply_reserve_ms),
+                                    split.reply_reserve_ms.map(Duration::from_millis),
                                 )
                                 .await?,
                             ],
@@ -457,7 +458,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                 systems::im::start_with_reserve(
                                     &split.listen,
                                     &journal,
-                                    Duration::from_millis(split.reply_reserve_ms),
+                                    split.reply_reserve_ms.map(Duration::from_millis),
                                 )
                                 .await?
                             }
@@ -473,7 +474,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                     &split.listen,
                                     &split.peers()?,
                                     &journal,
-                                    Duration::from_millis(split.reply_reserve_ms),
+                                    split.reply_reserve_ms.map(Duration::from_millis),
                                 )
                                 .await?,
                             ],
@@ -481,7 +482,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                 systems::shop::start_with_reserve(
                                     &split.listen,
                                     &journal,
-                                    Duration::from_millis(split.reply_reserve_ms),
+                                    split.reply_reserve_ms.map(Duration::from_millis),
                                 )
                                 .await?
                             }

@@ -9,7 +9,10 @@
 //! - `a retried call`: client → A → B, A retrying B from service config;
 //!   B fails the first attempt `UNAVAILABLE` and stalls on the second.
 //!
-//! Every hop keeps [`REPLY_RESERVE`] for its answer. For each case: the
+//! Every case runs twice: with every hop keeping [`REPLY_RESERVE`] for its
+//! answer, and with the defaults (nothing set: the server layer's default
+//! reserve, `server::default_reply_reserve`, keeps time for the answer).
+//! For each: the
 //! share of runs whose ledger reached the stalled hop's line, the share
 //! that named it (the hop that spent the most time itself), how far the
 //! ledger's account of the root hop's time is from what the client
@@ -68,6 +71,12 @@ pub struct Row {
     pub runs: usize,
     /// The hop that stalls (its method's path).
     pub stalled: String,
+    /// What each hop's server layer was set to keep for its answer
+    /// (`ServerDeadlineLayer::reply_reserve`), in ms; `None` for the
+    /// defaults rows, where each keeps `server::default_reply_reserve` of
+    /// its budget.
+    #[serde(default)]
+    pub reserve_ms: Option<f64>,
     /// Share of runs ending `DEADLINE_EXCEEDED` whose ledger reached the
     /// stalled hop's line.
     pub arrived_share: f64,
@@ -139,23 +148,21 @@ const RETRY: &str = r#"{"methodConfig": [{"name": [{"service": "probe.v1.Probe"}
     "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
                     "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
 
-/// Serves `service` on loopback with the server layer and the lab's reply
-/// reserve.
-async fn serve_probe<S>(service: S) -> anyhow::Result<std::net::SocketAddr>
+/// Serves `service` on loopback with the server layer keeping
+/// `reserve` for its answer (`None`: its default).
+async fn serve_probe<S>(
+    service: S,
+    reserve: Option<Duration>,
+) -> anyhow::Result<std::net::SocketAddr>
 where
     S: probe::probe_server::Probe,
 {
     let routes = tonic::service::Routes::new(probe::probe_server::ProbeServer::new(service));
-    crate::net::serve(
-        "127.0.0.1:0",
-        routes,
-        Some(
-            ServerDeadlineLayer::new()
-                .trace_spans()
-                .reply_reserve(REPLY_RESERVE),
-        ),
-    )
-    .await
+    let mut layer = ServerDeadlineLayer::new().trace_spans();
+    if let Some(reserve) = reserve {
+        layer = layer.reply_reserve(reserve);
+    }
+    crate::net::serve("127.0.0.1:0", routes, Some(layer)).await
 }
 
 fn channel(addr: std::net::SocketAddr) -> anyhow::Result<tonic::transport::Channel> {
@@ -197,7 +204,7 @@ where
 
 /// The row of a case from its runs: `stalled` is the path of the hop that
 /// stalls.
-fn row(case: &str, stalled: &str, runs: &[Run]) -> Row {
+fn row(case: &str, stalled: &str, reserve: Option<Duration>, runs: &[Run]) -> Row {
     let mut arrived = 0;
     let mut named = 0;
     let mut errors = Vec::new();
@@ -231,6 +238,7 @@ fn row(case: &str, stalled: &str, runs: &[Run]) -> Row {
         case: case.to_owned(),
         runs: runs.len(),
         stalled: stalled.to_owned(),
+        reserve_ms: reserve.map(|r| r.as_secs_f64() * 1e3),
         arrived_share: share(arrived),
         named_right_share: share(named),
         sum_error_share: if errors.is_empty() {
@@ -251,19 +259,39 @@ const IM_SPANS: usize = 8;
 const SHOP_SPANS: usize = 6;
 const RETRIED_SPANS: usize = 7;
 
-/// Measures every case, `n` runs each, and traces one more call of each
-/// with its spans sent to `receiver`.
+/// Measures every case, `n` runs each: first with each hop keeping
+/// [`REPLY_RESERVE`], tracing one more call of each with its spans sent to
+/// `receiver`; then with the defaults (no reserve set anywhere).
 ///
 /// # Errors
 ///
 /// When a system cannot start, or the traced call's spans do not reach
 /// `receiver`.
 pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResult> {
+    let mut rows = cases(n, Some(REPLY_RESERVE), Some(receiver)).await?;
+    rows.extend(cases(n, None, None).await?);
+    Ok(LedgerResult { rows })
+}
+
+/// The cases, `n` runs each, every hop keeping `reserve` (`None`: the
+/// defaults, and the cases are named so); with a `receiver`, one more call
+/// of each is traced.
+async fn cases(
+    n: usize,
+    reserve: Option<Duration>,
+    receiver: Option<&Receiver>,
+) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
+    let named = |case: &str| {
+        if reserve.is_none() {
+            format!("{case}, defaults")
+        } else {
+            case.to_owned()
+        }
+    };
 
     let journal = Journal::new();
-    let started =
-        im::start_with_reserve("127.0.0.1:0", &journal, crate::systems::REPLY_RESERVE).await?;
+    let started = im::start_with_reserve("127.0.0.1:0", &journal, reserve).await?;
     let gateway = crate::systems::addr_of(&started, "gateway")?;
     let client = im::client(gateway).await?;
     let push = |route_blocks| PushReq {
@@ -279,23 +307,29 @@ pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResu
         async move { client.push(request).await.map(drop) }
     };
     let im_runs = runs(n, im::CLIENT_BUDGET, im_call).await;
-    let mut im_row = row("IM route stalls", "/lab.v1.Route/GetRoute", &im_runs);
-    im_row.traced = Some(
-        waterfall::traced(
-            receiver,
-            &im_row.case,
-            im::CLIENT_BUDGET,
-            IM_SPANS,
-            im_call(),
-        )
-        .await?,
+    let mut im_row = row(
+        &named("IM route stalls"),
+        "/lab.v1.Route/GetRoute",
+        reserve,
+        &im_runs,
     );
+    if let Some(receiver) = receiver {
+        im_row.traced = Some(
+            waterfall::traced(
+                receiver,
+                &im_row.case,
+                im::CLIENT_BUDGET,
+                IM_SPANS,
+                im_call(),
+            )
+            .await?,
+        );
+    }
     journal.take();
     rows.push(im_row);
 
     let journal = Journal::new();
-    let started =
-        shop::start_with_reserve("127.0.0.1:0", &journal, crate::systems::REPLY_RESERVE).await?;
+    let started = shop::start_with_reserve("127.0.0.1:0", &journal, reserve).await?;
     let api = crate::systems::addr_of(&started, "api")?;
     let client = shop::client(api).await?;
     let shop_call = || {
@@ -315,28 +349,38 @@ pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResu
     };
     let shop_budget = Duration::from_secs(1);
     let shop_runs = runs(n, shop_budget, shop_call).await;
-    let mut shop_row = row("shop pricing late", "/lab.v1.Pricing/Quote", &shop_runs);
-    shop_row.traced = Some(
-        waterfall::traced(
-            receiver,
-            &shop_row.case,
-            shop_budget,
-            SHOP_SPANS,
-            shop_call(),
-        )
-        .await?,
+    let mut shop_row = row(
+        &named("shop pricing late"),
+        "/lab.v1.Pricing/Quote",
+        reserve,
+        &shop_runs,
     );
+    if let Some(receiver) = receiver {
+        shop_row.traced = Some(
+            waterfall::traced(
+                receiver,
+                &shop_row.case,
+                shop_budget,
+                SHOP_SPANS,
+                shop_call(),
+            )
+            .await?,
+        );
+    }
     journal.take();
     rows.push(shop_row);
 
-    let b = serve_probe(RetriedHop { next: None }).await?;
+    let b = serve_probe(RetriedHop { next: None }, reserve).await?;
     let retrying = tower::ServiceBuilder::new()
         .layer(ResilienceLayer::from_service_config(RETRY)?)
         .layer(ClientDeadlineLayer::new().trace_spans())
         .service(channel(b)?);
-    let a = serve_probe(RetriedHop {
-        next: Some(probe::probe_client::ProbeClient::new(retrying)),
-    })
+    let a = serve_probe(
+        RetriedHop {
+            next: Some(probe::probe_client::ProbeClient::new(retrying)),
+        },
+        reserve,
+    )
     .await?;
     let root = probe::probe_client::ProbeClient::new(
         tower::ServiceBuilder::new()
@@ -349,7 +393,12 @@ pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResu
     };
     let retried_budget = Duration::from_millis(300);
     let retried_runs = runs(n, retried_budget, retried_call).await;
-    let mut retried = row("a retried call", "/probe.v1.Probe/Call", &retried_runs);
+    let mut retried = row(
+        &named("a retried call"),
+        "/probe.v1.Probe/Call",
+        reserve,
+        &retried_runs,
+    );
     // A and B serve the same method: B is the second line.
     let named = retried_runs
         .iter()
@@ -361,19 +410,20 @@ pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResu
         })
         .count();
     retried.named_right_share = named as f64 / retried_runs.len().max(1) as f64;
-    retried.traced = Some(
-        waterfall::traced(
-            receiver,
-            &retried.case,
-            retried_budget,
-            RETRIED_SPANS,
-            retried_call(),
-        )
-        .await?,
-    );
+    if let Some(receiver) = receiver {
+        retried.traced = Some(
+            waterfall::traced(
+                receiver,
+                &retried.case,
+                retried_budget,
+                RETRIED_SPANS,
+                retried_call(),
+            )
+            .await?,
+        );
+    }
     rows.push(retried);
-
-    Ok(LedgerResult { rows })
+    Ok(rows)
 }
 
 /// Runs `deadline-lab experiment ledger --runs N --json` as a child
@@ -420,6 +470,8 @@ impl Experiment for LedgerResult {
                     r.case.clone(),
                     r.runs.to_string(),
                     r.stalled.clone(),
+                    r.reserve_ms
+                        .map_or_else(|| "default".to_owned(), |ms| format!("{ms:.0}")),
                     format!("{:.3}", r.arrived_share),
                     format!("{:.3}", r.named_right_share),
                     format!("{:.4}", r.sum_error_share),
@@ -428,10 +480,11 @@ impl Experiment for LedgerResult {
             })
             .collect();
         let mut notes = vec![format!(
-            "each hop keeps {} ms for its answer (ServerDeadlineLayer::reply_reserve); arrived: the ledger reached the stalled hop's line; named: that hop spent the most time itself; sum error: the root hop's time as the ledger tells it beside what the client waited",
-            REPLY_RESERVE.as_millis()
+            "reserve: what each hop's server layer keeps for its answer, {} ms set with ServerDeadlineLayer::reply_reserve in the first rows; the rows marked defaults set nothing, and each layer keeps its default, server::default_reply_reserve (with the ledger feature a twentieth of the budget, at most {} ms); arrived: the ledger reached the stalled hop's line; named: that hop spent the most time itself; sum error: the root hop's time as the ledger tells it beside what the client waited",
+            REPLY_RESERVE.as_millis(),
+            tonic_deadline::server::default_reply_reserve(Duration::from_secs(1)).as_millis()
         )];
-        for r in &self.rows {
+        for r in self.rows.iter().filter(|r| r.traced.is_some()) {
             notes.push(format!("{}: {}", r.case, r.example));
             for line in &r.example_lines {
                 notes.push(format!("    {line}"));
@@ -447,6 +500,7 @@ impl Experiment for LedgerResult {
                 "case",
                 "runs",
                 "stalled hop",
+                "reserve, ms",
                 "arrived",
                 "named right",
                 "sum error",
@@ -468,7 +522,7 @@ impl Experiment for LedgerResult {
         // The first note explains the columns; the rest print the examples
         // and traced calls as text, drawn here instead.
         html.push_str(&chart::notes(table.notes.get(..1).unwrap_or_default()));
-        for row in &self.rows {
+        for row in self.rows.iter().filter(|r| r.traced.is_some()) {
             html.push_str(&format!(
                 "<h3>{}</h3><pre>{}\n{}</pre>",
                 escape(&row.case),

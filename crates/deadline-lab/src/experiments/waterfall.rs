@@ -318,7 +318,8 @@ pub async fn traced<T>(
 pub async fn measure(receiver: &Receiver) -> anyhow::Result<Waterfall> {
     let journal = Journal::new();
     let started =
-        im::start_with_reserve("127.0.0.1:0", &journal, crate::systems::REPLY_RESERVE).await?;
+        im::start_with_reserve("127.0.0.1:0", &journal, Some(crate::systems::REPLY_RESERVE))
+            .await?;
     let gateway = crate::systems::addr_of(&started, "gateway")?;
     let mut client = im::client(gateway).await?;
     // Warm every connection of the chain (untraced: no root span).

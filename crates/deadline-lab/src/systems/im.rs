@@ -169,13 +169,14 @@ pub async fn start_role(
     listen: &str,
     peers: &Peers,
     journal: &Journal,
-    reply_reserve: std::time::Duration,
+    reply_reserve: Option<std::time::Duration>,
 ) -> anyhow::Result<Started> {
     let journal = journal.clone();
     // Every IM service opens a span per request: the system's traces.
-    let layer = ServerDeadlineLayer::new()
-        .trace_spans()
-        .reply_reserve(reply_reserve);
+    let mut layer = ServerDeadlineLayer::new().trace_spans();
+    if let Some(reserve) = reply_reserve {
+        layer = layer.reply_reserve(reserve);
+    }
     let (role, routes, layer) = match role {
         "gateway" => (
             "gateway",
@@ -217,11 +218,12 @@ pub async fn start_role(
 ///
 /// A port that cannot be bound.
 pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started>> {
-    start_with_reserve(entry, journal, std::time::Duration::ZERO).await
+    start_with_reserve(entry, journal, None).await
 }
 
 /// [`start`], each service keeping `reply_reserve` of its budget for its
-/// answer's way back (`ServerDeadlineLayer::reply_reserve`).
+/// answer's way back (`ServerDeadlineLayer::reply_reserve`; `None`: the
+/// layer's default).
 ///
 /// # Errors
 ///
@@ -229,7 +231,7 @@ pub async fn start(entry: &str, journal: &Journal) -> anyhow::Result<Vec<Started
 pub async fn start_with_reserve(
     entry: &str,
     journal: &Journal,
-    reply_reserve: std::time::Duration,
+    reply_reserve: Option<std::time::Duration>,
 ) -> anyhow::Result<Vec<Started>> {
     start_in_order(&ROLES, "gateway", entry, async |role, listen, peers| {
         start_role(role, listen, peers, journal, reply_reserve).await

@@ -594,6 +594,7 @@ fn the_ledger_section_draws_each_traced_call_beside_its_ledger() {
             case: "a retried call".into(),
             runs: 10,
             stalled: "/probe.v1.Probe/Call".into(),
+            reserve_ms: Some(10.0),
             arrived_share: 1.0,
             named_right_share: 1.0,
             sum_error_share: 0.003,

@@ -120,11 +120,14 @@ impl<P: Protocol> ServerDeadlineLayer<P> {
     /// where the time went (`tonic_deadline::ledger`), then reach the
     /// caller before its own timer gives up on them. At most a twentieth
     /// of a budget is kept, so that a short call (a 20 ms cache lookup)
-    /// keeps most of its own. Without it (the default) an answer at the
-    /// deadline races the caller's timer, which usually wins. Take at
-    /// least twice the one-way transit plus the timer slack of a busy
-    /// host: 5 ms on an idle machine or a LAN, 10 ms where the host is
-    /// loaded.
+    /// keeps most of its own. Unset, it is
+    /// [`default_reply_reserve`](super::default_reply_reserve): with the
+    /// `ledger` feature a twentieth of the budget, at most 10 ms
+    /// (`experiment ledger`, its defaults rows); without it none (an
+    /// answer at the deadline then races the caller's timer, which usually
+    /// wins; gRPC gives the handler the whole budget). Plain HTTP
+    /// (`ServerDeadlineLayer::http`) carries no ledger and keeps nothing
+    /// unless set. `Duration::ZERO` keeps nothing.
     ///
     /// ```
     /// use std::time::Duration;
@@ -134,7 +137,7 @@ impl<P: Protocol> ServerDeadlineLayer<P> {
     /// # let _ = layer;
     /// ```
     pub fn reply_reserve(mut self, reserve: Duration) -> Self {
-        self.config.reply_reserve = reserve;
+        self.config.reply_reserve = Some(reserve);
         self
     }
 

@@ -26,6 +26,13 @@ const TONIC_TIMER_LEAD: Duration = <Grpc as Sealed>::TIMER_LEAD;
 type Mock = tower_test::mock::Mock<Request<Empty<Bytes>>, Response<Full<Bytes>>>;
 type MockHandle = tower_test::mock::Handle<Request<Empty<Bytes>>, Response<Full<Bytes>>>;
 
+/// The layer keeping nothing for the answer's way back: the budgets these
+/// tests read are the header's exactly (see
+/// `the_default_reserve_keeps_a_twentieth_up_to_10_ms_for_the_ledger`).
+fn exact() -> ServerDeadlineLayer {
+    ServerDeadlineLayer::new().reply_reserve(Duration::ZERO)
+}
+
 fn request(timeout: Option<&'static str>) -> Request<Empty<Bytes>> {
     let mut request = Request::new(Empty::new());
     if let Some(timeout) = timeout {
@@ -103,7 +110,7 @@ async fn malformed_timeout_is_internal_trailers_only_before_the_handler() {
     ];
     for &value in malformed {
         let (inner, mut handle) = mock();
-        let mut service = ServerDeadlineLayer::new().layer(inner);
+        let mut service = exact().layer(inner);
         let mut request = request(None);
         request.headers_mut().insert(
             "grpc-timeout",
@@ -144,7 +151,7 @@ async fn malformed_timeout_is_internal_trailers_only_before_the_handler() {
 #[tokio::test(start_paused = true)]
 async fn duplicated_timeout_is_internal_before_the_handler() {
     let (inner, mut handle) = mock();
-    let mut service = ServerDeadlineLayer::new().layer(inner);
+    let mut service = exact().layer(inner);
     let mut request = request(Some("1S"));
     request
         .headers_mut()
@@ -168,9 +175,7 @@ async fn duplicated_timeout_is_internal_before_the_handler() {
 async fn zero_timeout_is_deadline_exceeded_without_the_handler() {
     for value in ["0n", "0u", "0m", "0S", "0M", "0H", "00000000S"] {
         let (inner, mut handle) = mock();
-        let mut service = ServerDeadlineLayer::new()
-            .default_timeout(Duration::from_secs(1))
-            .layer(inner);
+        let mut service = exact().default_timeout(Duration::from_secs(1)).layer(inner);
         let response = service
             .ready()
             .await
@@ -206,7 +211,7 @@ async fn budget_seen(
 
 #[tokio::test(start_paused = true)]
 async fn no_limits_and_no_header_mean_no_deadline() {
-    let layer = ServerDeadlineLayer::new();
+    let layer = exact();
     assert_eq!(
         budget_seen(&layer, None).await,
         None,
@@ -227,7 +232,7 @@ async fn no_limits_and_no_header_mean_no_deadline() {
 #[tokio::test(start_paused = true)]
 async fn default_timeout_applies_only_to_requests_without_one() {
     let default = 500 * MS;
-    let layer = ServerDeadlineLayer::new().default_timeout(default);
+    let layer = exact().default_timeout(default);
     assert_eq!(
         budget_seen(&layer, None).await,
         Some(default),
@@ -244,7 +249,7 @@ async fn default_timeout_applies_only_to_requests_without_one() {
 #[tokio::test(start_paused = true)]
 async fn max_timeout_caps_every_budget() {
     let max = Duration::from_secs(1);
-    let layer = ServerDeadlineLayer::new().max_timeout(max);
+    let layer = exact().max_timeout(max);
     assert_eq!(
         budget_seen(&layer, Some("100H")).await,
         Some(max),
@@ -261,7 +266,7 @@ async fn max_timeout_caps_every_budget() {
         "smaller budgets stay"
     );
 
-    let both = ServerDeadlineLayer::new()
+    let both = exact()
         .default_timeout(Duration::from_secs(5))
         .max_timeout(max);
     assert_eq!(
@@ -295,7 +300,7 @@ async fn scope_is_in_extensions_and_current_during_the_handler() {
             Ok::<_, Infallible>(Response::new(StreamBody::new(frames)))
         }
     });
-    let service = ServerDeadlineLayer::new().layer(handler);
+    let service = exact().layer(handler);
     let response = service
         .oneshot(request(Some("3S")))
         .await
@@ -336,7 +341,7 @@ async fn scope_is_in_extensions_and_current_during_the_handler() {
 async fn server_timer_answers_deadline_exceeded_and_cancels_the_scope() {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let budget = 100 * MS;
-    let service = ServerDeadlineLayer::new().layer(hanging_handler(tx));
+    let service = exact().layer(hanging_handler(tx));
     let start = Instant::now();
     let response = service
         .oneshot(request(Some("100m")))
@@ -361,9 +366,7 @@ async fn server_timer_answers_deadline_exceeded_and_cancels_the_scope() {
 #[tokio::test(start_paused = true)]
 async fn server_timer_applies_the_default_to_a_handler_ignoring_it() {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let service = ServerDeadlineLayer::new()
-        .default_timeout(500 * MS)
-        .layer(hanging_handler(tx));
+    let service = exact().default_timeout(500 * MS).layer(hanging_handler(tx));
     let start = Instant::now();
     let response = service.oneshot(request(None)).await.expect("an answer");
     assert_eq!(head_status(&response).code(), tonic::Code::DeadlineExceeded);
@@ -390,7 +393,7 @@ async fn dropping_the_response_future_cancels_the_scope_as_caller_cancelled() {
             std::future::pending::<Result<Response<Full<Bytes>>, Infallible>>().await
         }
     });
-    let service = ServerDeadlineLayer::new().layer(handler);
+    let service = exact().layer(handler);
     let mut call = Box::pin(service.oneshot(request(Some("10S"))));
     tokio::time::timeout(10 * MS, &mut call)
         .await
@@ -428,7 +431,7 @@ async fn dropping_the_body_mid_stream_cancels_the_scope_as_caller_cancelled() {
             .expect("one call");
         StreamBody::new(ReceiverStream::new(stream))
     });
-    let service = ServerDeadlineLayer::new().layer(handler);
+    let service = exact().layer(handler);
     let response = service
         .oneshot(request(Some("10S")))
         .await
@@ -466,7 +469,7 @@ async fn completing_the_body_ends_the_scope_as_completed() {
             Ok::<_, Infallible>(reply())
         }
     });
-    let service = ServerDeadlineLayer::new().layer(handler);
+    let service = exact().layer(handler);
     let response = service
         .oneshot(request(Some("10S")))
         .await
@@ -496,7 +499,7 @@ async fn completing_the_body_ends_the_scope_as_completed() {
 #[tokio::test(start_paused = true)]
 async fn body_that_ends_with_its_last_data_frame_completes_the_scope() {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let service = ServerDeadlineLayer::new().layer(answering_handler(tx, || {
+    let service = exact().layer(answering_handler(tx, || {
         Full::new(Bytes::from_static(b"reply"))
     }));
     let response = service
@@ -522,7 +525,7 @@ async fn body_that_ends_with_its_last_data_frame_completes_the_scope() {
 #[tokio::test(start_paused = true)]
 async fn handler_errors_and_trailers_only_answers_complete_the_scope() {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let service = ServerDeadlineLayer::new().layer(answering_handler(tx, Empty::<Bytes>::new));
+    let service = exact().layer(answering_handler(tx, Empty::<Bytes>::new));
     let response = service
         .oneshot(request(Some("10S")))
         .await
@@ -543,7 +546,7 @@ async fn handler_errors_and_trailers_only_answers_complete_the_scope() {
             Err::<Response<Full<Bytes>>, _>(std::io::Error::other("handler failed"))
         }
     });
-    let service = ServerDeadlineLayer::new().layer(failing);
+    let service = exact().layer(failing);
     let error = service
         .oneshot(request(Some("10S")))
         .await
@@ -567,7 +570,7 @@ async fn streaming_body_gets_deadline_exceeded_trailers_at_the_deadline() {
         StreamBody::new(ReceiverStream::new(stream))
     });
     let budget = 300 * MS;
-    let service = ServerDeadlineLayer::new().layer(handler);
+    let service = exact().layer(handler);
     let start = Instant::now();
     let response = service
         .oneshot(request(Some("300m")))
@@ -645,7 +648,7 @@ async fn forward_metadata_copies_only_the_allow_list() {
             Ok::<_, Infallible>(reply())
         }
     });
-    let service = ServerDeadlineLayer::new()
+    let service = exact()
         .forward_metadata("x-trace-id")
         .forward_metadata("x-flags")
         .forward_metadata("grpc-timeout")
@@ -738,7 +741,7 @@ async fn a_grpc_web_stream_cut_at_its_deadline_ends_with_a_trailer_frame() {
                 Ok::<_, Infallible>(response)
             }
         });
-        let response = ServerDeadlineLayer::new()
+        let response = exact()
             .layer(handler)
             .oneshot(request(Some("100m")))
             .await
@@ -768,4 +771,43 @@ async fn a_grpc_web_stream_cut_at_its_deadline_ends_with_a_trailer_frame() {
             "{content_type}: DEADLINE_EXCEEDED: {lines:?}"
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_reserve_keeps_a_twentieth_up_to_10_ms_for_the_ledger() {
+    let layer = ServerDeadlineLayer::new();
+    // (header, the handler's budget with the ledger)
+    let cases = [
+        ("1S", 990 * MS),    // 10 ms at most
+        ("100m", 95 * MS),   // a twentieth
+        ("20m", 19 * MS),    // a twentieth
+        ("10S", 9_990 * MS), // 10 ms at most
+    ];
+    for (header, with_ledger) in cases {
+        let whole = timeout_header::decode(header.as_bytes()).expect("valid");
+        let expected = if cfg!(feature = "ledger") {
+            with_ledger
+        } else {
+            whole
+        };
+        assert_eq!(
+            budget_seen(&layer, Some(header)).await,
+            Some(expected),
+            "{header}"
+        );
+    }
+    assert_eq!(
+        budget_seen(&exact(), Some("1S")).await,
+        Some(1_000 * MS),
+        "a reserve set to zero gives the handler the whole budget"
+    );
+    assert_eq!(
+        budget_seen(
+            &ServerDeadlineLayer::new().reply_reserve(100 * MS),
+            Some("1S")
+        )
+        .await,
+        Some(950 * MS),
+        "a reserve set is kept, at most a twentieth"
+    );
 }

@@ -360,10 +360,16 @@ async fn a_handler_that_answers_its_own_code_after_a_call_ran_out_still_sends_th
         let mut arrived = 0;
         for _ in 0..5 {
             let status = call_within(&a, BUDGET).await;
+            let ledger = Ledger::from_status(&status).expect("a ledger on every failure here");
+            // B's answer lost its race with A's deadline (a busy core): A's
+            // layer answered, with its own line; counted as a miss below.
+            if status.code() == Code::DeadlineExceeded {
+                assert_eq!(ledger.hops().len(), 1, "{status:?}");
+                continue;
+            }
             // Before the root's deadline: the handler's own code.
             assert_eq!(status.code(), code, "{status:?}");
             assert!(status.message().starts_with("gave up: "), "{status:?}");
-            let ledger = Ledger::from_status(&status).expect("a ledger on the handler's code");
             if ledger.hops().len() == 2 {
                 arrived += 1;
                 assert_eq!(

@@ -96,7 +96,11 @@ async fn excess(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measured_round_trip_compensates_the_transit_the_header_cannot_see() {
     let (mut events, tx) = Events::new();
-    let node = serve(ServerDeadlineLayer::new(), Node::new("B", &tx)).await;
+    let node = serve(
+        ServerDeadlineLayer::new().reply_reserve(Duration::ZERO),
+        Node::new("B", &tx),
+    )
+    .await;
     let proxy = delaying_proxy(node, ONE_WAY).await;
     let endpoint = Endpoint::from_shared(format!("http://{proxy}"))
         .expect("uri")
@@ -164,7 +168,11 @@ async fn measuring_round_trips_does_not_disturb_long_calls_and_streams() {
     // Many PINGs (every 5 ms) between the frames of calls in flight: every
     // call must still succeed and h2 must see no stray PING ACK.
     let (mut events, tx) = Events::new();
-    let node = serve(ServerDeadlineLayer::new(), Node::new("B", &tx)).await;
+    let node = serve(
+        ServerDeadlineLayer::new().reply_reserve(Duration::ZERO),
+        Node::new("B", &tx),
+    )
+    .await;
     let endpoint = Endpoint::from_shared(format!("http://{node}")).expect("uri");
     let channel = ReadyChannel::builder(&endpoint)
         .measure_round_trip(Duration::from_millis(5))

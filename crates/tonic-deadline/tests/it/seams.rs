@@ -972,7 +972,7 @@ async fn one_stream_server(tx: &tokio::sync::mpsc::UnboundedSender<Event>) -> So
     tokio::spawn(
         Server::builder()
             .max_concurrent_streams(1)
-            .layer(ServerDeadlineLayer::new())
+            .layer(ServerDeadlineLayer::new().reply_reserve(Duration::ZERO))
             .add_service(ProbeServer::new(node))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
