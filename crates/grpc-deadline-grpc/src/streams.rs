@@ -240,6 +240,21 @@ impl<R> DeadlineRecvStream<R> {
     }
 }
 
+/// A call dropped open because its scope ended (a handler dropped when its
+/// caller went away) is a cancel too: the same report when the server
+/// cannot be told.
+impl<R> Drop for DeadlineRecvStream<R> {
+    fn drop(&mut self) {
+        if matches!(self.state, State::Open(_))
+            && !self.headers_seen
+            && let Some(scope) = &self.watch.scope
+            && scope.is_cancelled()
+        {
+            self.config.cancel_not_reset(&self.method);
+        }
+    }
+}
+
 impl<R> fmt::Debug for DeadlineRecvStream<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {

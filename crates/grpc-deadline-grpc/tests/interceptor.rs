@@ -324,6 +324,21 @@ async fn a_cancel_before_the_response_headers_is_counted_as_not_reset() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_call_dropped_because_its_scope_ended_is_counted_as_not_reset() {
+    let interceptor = DeadlineInterceptor::new();
+    let server = Server::default();
+    let scope = Scope::background();
+    let (send, recv, _answer) = scope
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    // The handler that made the call is dropped as its caller goes away:
+    // the server layer ends the scope first.
+    scope.end(grpc_deadline::Cause::Abandoned);
+    drop((send, recv));
+    assert_eq!(interceptor.stats().cancels_not_reset(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_server_cancelled_after_the_deadline_reads_as_deadline_exceeded() {
     let interceptor = DeadlineInterceptor::new();
     let server = Server::default();
