@@ -44,7 +44,7 @@ def ruby_interop_server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        ["ruby", os.path.join(CONFORMANCE, "ruby", "interop_server.rb"), os.path.dirname(server_rb), f"--port={port}"],
+        ["ruby", os.path.join(CONFORMANCE, "ruby", "interop_server.rb"), server_rb, f"--port={port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
