@@ -345,6 +345,7 @@ impl<I: InvokeOnce> Intercept<I> for DeadlineInterceptor {
                 headers.metadata_mut().remove(GRPC_TIMEOUT);
             }
         }
+        let note = crate::ledger::Note::new(scope.as_ref(), &method, granted, now);
         let watch = Watch { scope, deadline };
         // The channel may still be connecting: that wait is bounded too.
         // Until `invoke_once` returns, the call has not left.
@@ -360,6 +361,10 @@ impl<I: InvokeOnce> Intercept<I> for DeadlineInterceptor {
         let (send, recv) = match invoked {
             Ok(streams) => streams,
             Err(cause) => {
+                // It never left, and the request's ledger says so.
+                if let (Some(note), Some(scope)) = (note, &watch.scope) {
+                    note.ended(scope, cause.code(), None);
+                }
                 if cause == Cause::DeadlineExceeded {
                     config.stats.refused_expired.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -379,7 +384,7 @@ impl<I: InvokeOnce> Intercept<I> for DeadlineInterceptor {
         }
         (
             DeadlineSendStream::new(Some(send), watch.clone()),
-            DeadlineRecvStream::open(recv, watch, config.clone(), method),
+            DeadlineRecvStream::open(recv, watch, config.clone(), method, note),
         )
     }
 }

@@ -57,10 +57,17 @@
 //! assert_eq!(status.code(), grpc::StatusCodeError::DeadlineExceeded);
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! - `ledger`: a call that fails under a request's scope is noted for the
+//!   request's ledger (the core's `ledger`), so that the hop's line names
+//!   it, as for a call made through the tonic client layer.
 // On docs.rs every feature-gated item is marked with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod interceptor;
+mod ledger;
 mod status;
 mod streams;
 

@@ -9,10 +9,11 @@ use std::time::Duration;
 use grpc::client::{RecvStream, ResponseStreamItem, SendOptions, SendStream};
 use grpc::core::{RecvMessage, SendMessage, Trailers};
 use grpc::{StatusCodeError, StatusError};
-use grpc_deadline::{Cause, Scope};
+use grpc_deadline::{Cause, Code, Scope};
 use tokio::time::{Instant, Sleep};
 
 use crate::interceptor::Config;
+use crate::ledger::Note;
 use crate::status;
 
 /// gRPC's retry pushback: `-1` (any negative value) tells the caller not to
@@ -166,10 +167,18 @@ pub struct DeadlineRecvStream<R> {
     config: Arc<Config>,
     /// The method, for what the interceptor reports.
     method: Arc<str>,
+    /// The ledger's note of the call, until it ends.
+    note: Option<Note>,
 }
 
 impl<R> DeadlineRecvStream<R> {
-    pub(crate) fn open(inner: R, watch: Watch, config: Arc<Config>, method: Arc<str>) -> Self {
+    pub(crate) fn open(
+        inner: R,
+        watch: Watch,
+        config: Arc<Config>,
+        method: Arc<str>,
+        note: Option<Note>,
+    ) -> Self {
         Self {
             state: State::Open(inner),
             watch,
@@ -177,6 +186,14 @@ impl<R> DeadlineRecvStream<R> {
             headers_seen: false,
             config,
             method,
+            note,
+        }
+    }
+
+    /// Ends the ledger's note of the call with `code`.
+    fn note_end(&mut self, code: Code, trailers: Option<&grpc::metadata::MetadataMap>) {
+        if let (Some(note), Some(scope)) = (self.note.take(), &self.watch.scope) {
+            note.ended(scope, code, trailers);
         }
     }
 
@@ -191,12 +208,14 @@ impl<R> DeadlineRecvStream<R> {
             headers_seen: false,
             config,
             method,
+            note: None,
         }
     }
 
     /// The call ended here with `cause`: its stream is dropped now.
     fn end(&mut self, cause: Cause) -> ResponseStreamItem {
         self.state = State::Closed;
+        self.note_end(cause.code(), None);
         if cause != Cause::DeadlineExceeded && !self.headers_seen {
             // The server was told the deadline, not the cancel: until its
             // response headers arrive, the grpc crate keeps the stream on
@@ -210,7 +229,12 @@ impl<R> DeadlineRecvStream<R> {
     /// deadline, and the chain budget's mark noted.
     fn trailers(&mut self, trailers: Trailers) -> ResponseStreamItem {
         self.state = State::Closed;
+        let code = match trailers.status() {
+            Ok(()) => Code::Ok,
+            Err(error) => Code::from_i32(error.code() as i32),
+        };
         let Err(error) = trailers.status() else {
+            self.note_end(code, None);
             return ResponseStreamItem::Trailers(trailers);
         };
         if let Some(scope) = &self.watch.scope
@@ -221,9 +245,15 @@ impl<R> DeadlineRecvStream<R> {
         {
             scope.note_retries_spent();
         }
-        if error.code() == StatusCodeError::Cancelled
-            && self.watch.deadline.is_some_and(|d| d <= Instant::now())
-        {
+        let late_cancel = error.code() == StatusCodeError::Cancelled
+            && self.watch.deadline.is_some_and(|d| d <= Instant::now());
+        let noted = if late_cancel {
+            Code::DeadlineExceeded
+        } else {
+            code
+        };
+        self.note_end(noted, Some(trailers.metadata()));
+        if late_cancel {
             let status = StatusError::new(
                 StatusCodeError::DeadlineExceeded,
                 format!(
@@ -251,6 +281,8 @@ impl<R> Drop for DeadlineRecvStream<R> {
             && scope.is_cancelled()
         {
             self.config.cancel_not_reset(&self.method);
+            let cause = scope.cause().unwrap_or(Cause::Cancelled);
+            self.note_end(cause.code(), None);
         }
     }
 }

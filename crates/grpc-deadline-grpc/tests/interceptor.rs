@@ -466,3 +466,109 @@ impl Lossy for ResponseStreamItem {
         }
     }
 }
+
+#[cfg(feature = "ledger")]
+#[tokio::test(start_paused = true)]
+async fn a_call_cut_by_the_deadline_is_in_the_request_ledger() {
+    use grpc_deadline::ledger::{self, Ledger, Reply};
+    let interceptor = DeadlineInterceptor::new();
+    let server = Server::default();
+    let arrived = Instant::now();
+    // A request's root, as the server layer makes it.
+    let request = Scope::root(Some(arrived + Duration::from_millis(300)));
+    let (_send, mut recv, _answer) = request
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    assert_eq!(
+        code(status(&mut recv).await),
+        StatusCodeError::DeadlineExceeded
+    );
+    // The server layer of the request answers DEADLINE_EXCEEDED with its line.
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("4"));
+    ledger::answer(
+        &mut trailers,
+        &request,
+        "/probe.Probe/Outer",
+        arrived,
+        Some(Duration::from_millis(300)),
+    );
+    let ledger = Ledger::from_headers(&trailers).expect("the answer carries a ledger");
+    let hop = &ledger.hops()[0];
+    assert_eq!(
+        hop.calls.len(),
+        1,
+        "the call made through the grpc crate is noted"
+    );
+    let noted = &hop.calls[0];
+    assert_eq!(noted.method, "/probe.Probe/Call");
+    assert_eq!(noted.code, grpc_deadline::Code::DeadlineExceeded);
+    assert_eq!(noted.granted, Some(Duration::from_millis(300)));
+    assert_eq!(
+        noted.reply,
+        Reply::Unanswered,
+        "cut here, before any answer"
+    );
+}
+
+#[cfg(feature = "ledger")]
+#[tokio::test(start_paused = true)]
+async fn the_ledger_of_the_hop_below_is_read_from_the_crates_trailers() {
+    use base64::Engine as _;
+    use grpc_deadline::ledger::{self, Ledger, Reply};
+    // The hop below answered DEADLINE_EXCEEDED with its own line.
+    let below_scope = Scope::root(Some(Instant::now() + Duration::from_millis(200)));
+    let mut below = http::HeaderMap::new();
+    below.insert("grpc-status", http::HeaderValue::from_static("4"));
+    ledger::answer(
+        &mut below,
+        &below_scope,
+        "/probe.Probe/Call",
+        Instant::now(),
+        None,
+    );
+    let details = below
+        .get("grpc-status-details-bin")
+        .expect("the hop below wrote its ledger");
+    // gRPC's base64, padded or not.
+    let lenient = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let raw = lenient
+        .decode(details.as_bytes())
+        .expect("the details are base64");
+
+    let interceptor = DeadlineInterceptor::new();
+    let server = Server::default();
+    let arrived = Instant::now();
+    let request = Scope::root(Some(arrived + Duration::from_millis(300)));
+    let (_send, mut recv, answer) = request
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    let mut metadata = MetadataMap::new();
+    metadata.insert_bin("grpc-status-details-bin", MetadataValue::from_bytes(&raw));
+    answer
+        .send(ResponseStreamItem::Trailers(
+            Trailers::new(Err(StatusError::new(StatusCodeError::DeadlineExceeded, "")))
+                .with_metadata(metadata),
+        ))
+        .expect("the call is open");
+    assert_eq!(
+        code(status(&mut recv).await),
+        StatusCodeError::DeadlineExceeded
+    );
+
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("4"));
+    ledger::answer(&mut trailers, &request, "/probe.Probe/Outer", arrived, None);
+    let ledger = Ledger::from_headers(&trailers).expect("the answer carries a ledger");
+    let methods: Vec<&str> = ledger.hops().iter().map(|h| h.method.as_str()).collect();
+    assert_eq!(
+        methods,
+        ["/probe.Probe/Outer", "/probe.Probe/Call"],
+        "the line below follows ours"
+    );
+    assert_eq!(ledger.hops()[0].calls[0].reply, Reply::Ledger);
+}
