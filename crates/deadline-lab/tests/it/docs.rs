@@ -771,7 +771,11 @@ fn docs_grpc_crate_table_holds_the_laws_experiment_grpc_crate_asserts() {
     table.has_the_labs_columns(&lab.columns);
     let pairs: Vec<(&str, &str)> = grpc_crate::CASES
         .iter()
-        .flat_map(|case| grpc_crate::CLIENTS.iter().map(move |client| (*case, *client)))
+        .flat_map(|case| {
+            grpc_crate::CLIENTS
+                .iter()
+                .map(move |client| (*case, *client))
+        })
         .collect();
     assert_eq!(table.labels2(), pairs, "{}: the lab's rows", table.name);
     let [deadline, chain, cancel] = grpc_crate::CASES;
@@ -783,16 +787,25 @@ fn docs_grpc_crate_table_holds_the_laws_experiment_grpc_crate_asserts() {
     for client in ["grpc + ours", "tonic + ours"] {
         let header = table.cell2(deadline, client, wire);
         let sent = timeout_header::decode(header.as_bytes()).expect("a valid header");
-        assert!(sent <= grpc_crate::DEADLINE, "{client}: at most 500 ms: {header}");
+        assert!(
+            sent <= grpc_crate::DEADLINE,
+            "{client}: at most 500 ms: {header}"
+        );
         assert_eq!(table.cell2(deadline, client, "status"), "DEADLINE_EXCEEDED");
         let elapsed = figure(table.cell2(deadline, client, "elapsed ms"));
-        assert!((500.0..1500.0).contains(&elapsed), "{client}: at the deadline");
+        assert!(
+            (500.0..1500.0).contains(&elapsed),
+            "{client}: at the deadline"
+        );
         assert_eq!(table.cell2(deadline, client, "server work stopped"), "yes");
         // The chain's budget drops by about each hop's 100 ms.
         let hops = figures(table.cell2(chain, client, "ms on entry A → B → C"), '→');
         assert!(hops[0] <= 1000.0, "{client}: A has at most the budget");
         for pair in hops.windows(2) {
-            assert!((100.0..400.0).contains(&(pair[0] - pair[1])), "{client}: {hops:?}");
+            assert!(
+                (100.0..400.0).contains(&(pair[0] - pair[1])),
+                "{client}: {hops:?}"
+            );
         }
     }
     assert!(
