@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import CONFORMANCE, Process, bin_path, report, require
+from conftest import CONFORMANCE, REPO, Process, bin_path, report, require
 
 
 def run_client(port, *args):
@@ -30,7 +30,14 @@ def port_of(addr):
 @pytest.fixture(scope="session")
 def go_interop_server():
     # Built by scripts/conformance from conformance/go against Debian's grpc-go.
-    server = Process("grpc-go interop server", [bin_path("go-interop-server")])
+    bin_dir = os.environ.get("INTEROP_BIN_DIR", os.path.join(REPO, "target", "debug"))
+    path = os.path.join(bin_dir, "go-interop-server")
+    require(
+        os.access(path, os.X_OK),
+        f"{path} (scripts/conformance builds it from conformance/go with Debian's golang-go "
+        "and golang-google-grpc-dev)",
+    )
+    server = Process("grpc-go interop server", [path])
     yield server
     server.stop()
 
