@@ -232,6 +232,11 @@ impl Default for DeadlineInterceptor {
 impl DeadlineInterceptor {
     /// An interceptor that reports calls made outside any scope
     /// ([`Unscoped::Warn`]).
+    ///
+    /// ```
+    /// let interceptor = grpc_deadline_grpc::DeadlineInterceptor::new();
+    /// assert_eq!(interceptor.stats().unscoped(), 0);
+    /// ```
     pub fn new() -> Self {
         Self::with(Unscoped::default())
     }
@@ -249,12 +254,26 @@ impl DeadlineInterceptor {
     }
 
     /// What to do with a call that finds no scope (see [`Unscoped`]).
+    /// Configure before cloning: the setting and the [`Stats`] are shared
+    /// by the clones made after it.
+    ///
+    /// ```
+    /// use grpc_deadline_grpc::{DeadlineInterceptor, Unscoped};
+    /// let interceptor = DeadlineInterceptor::new().unscoped(Unscoped::Allow);
+    /// # let _ = interceptor;
+    /// ```
     #[must_use]
     pub fn unscoped(self, unscoped: Unscoped) -> Self {
         Self::with(unscoped)
     }
 
     /// What this interceptor (and its clones) counted.
+    ///
+    /// ```
+    /// let interceptor = grpc_deadline_grpc::DeadlineInterceptor::new();
+    /// let clone = interceptor.clone();
+    /// assert_eq!(clone.stats().refused_expired(), interceptor.stats().refused_expired());
+    /// ```
     pub fn stats(&self) -> &Stats {
         &self.config.stats
     }
