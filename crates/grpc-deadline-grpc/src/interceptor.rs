@@ -184,8 +184,8 @@ impl Config {
                 method,
                 similar_since_last_warning = similar,
                 "outbound call through the grpc crate without a scope: nothing cancels it when the \
-                 request that made it is over, and it carries no budget but its own CallOptions \
-                 deadline. It was probably started with tokio::spawn or on a thread of its own. \
+                 request that made it is over, and it carries no budget but the deadline of its own \
+                 call options. It was probably started with tokio::spawn or on a thread of its own. \
                  Use grpc_deadline::spawn / grpc_deadline::JoinSet, or opt out explicitly with \
                  grpc_deadline::detach",
             );
