@@ -229,12 +229,8 @@ impl<R> DeadlineRecvStream<R> {
     /// deadline, and the chain budget's mark noted.
     fn trailers(&mut self, trailers: Trailers) -> ResponseStreamItem {
         self.state = State::Closed;
-        let code = match trailers.status() {
-            Ok(()) => Code::Ok,
-            Err(error) => Code::from_i32(error.code() as i32),
-        };
         let Err(error) = trailers.status() else {
-            self.note_end(code, None);
+            self.note_end(Code::Ok, None);
             return ResponseStreamItem::Trailers(trailers);
         };
         if let Some(scope) = &self.watch.scope
@@ -247,26 +243,21 @@ impl<R> DeadlineRecvStream<R> {
         }
         let late_cancel = error.code() == StatusCodeError::Cancelled
             && self.watch.deadline.is_some_and(|d| d <= Instant::now());
-        let noted = if late_cancel {
-            Code::DeadlineExceeded
-        } else {
-            code
-        };
-        self.note_end(noted, Some(trailers.metadata()));
-        if late_cancel {
-            let status = StatusError::new(
-                StatusCodeError::DeadlineExceeded,
-                format!(
-                    "deadline exceeded (the server answered CANCELLED: {})",
-                    error.message()
-                ),
-            );
-            let metadata = trailers.metadata().clone();
-            return ResponseStreamItem::Trailers(
-                Trailers::new(Err(status)).with_metadata(metadata),
-            );
+        if !late_cancel {
+            let code = Code::from_i32(error.code() as i32);
+            self.note_end(code, Some(trailers.metadata()));
+            return ResponseStreamItem::Trailers(trailers);
         }
-        ResponseStreamItem::Trailers(trailers)
+        self.note_end(Code::DeadlineExceeded, Some(trailers.metadata()));
+        let status = StatusError::new(
+            StatusCodeError::DeadlineExceeded,
+            format!(
+                "deadline exceeded (the server answered CANCELLED: {})",
+                error.message()
+            ),
+        );
+        let metadata = trailers.metadata().clone();
+        ResponseStreamItem::Trailers(Trailers::new(Err(status)).with_metadata(metadata))
     }
 }
 
@@ -275,15 +266,16 @@ impl<R> DeadlineRecvStream<R> {
 /// cannot be told.
 impl<R> Drop for DeadlineRecvStream<R> {
     fn drop(&mut self) {
-        if matches!(self.state, State::Open(_))
-            && !self.headers_seen
-            && let Some(scope) = &self.watch.scope
-            && scope.is_cancelled()
-        {
-            self.config.cancel_not_reset(&self.method);
-            let cause = scope.cause().unwrap_or(Cause::Cancelled);
-            self.note_end(cause.code(), None);
+        if !matches!(self.state, State::Open(_)) {
+            return;
         }
+        let Some(cause) = self.watch.scope.as_ref().and_then(Scope::cause) else {
+            return;
+        };
+        if cause != Cause::DeadlineExceeded && !self.headers_seen {
+            self.config.cancel_not_reset(&self.method);
+        }
+        self.note_end(cause.code(), None);
     }
 }
 
@@ -303,16 +295,15 @@ impl<R> fmt::Debug for DeadlineRecvStream<R> {
 
 impl<R: RecvStream> RecvStream for DeadlineRecvStream<R> {
     async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem {
-        let inner = match &mut self.state {
-            State::Open(inner) => inner,
-            State::Failed(_) => {
-                let State::Failed(status) = std::mem::replace(&mut self.state, State::Closed)
-                else {
-                    unreachable!("matched above")
-                };
+        match std::mem::replace(&mut self.state, State::Closed) {
+            State::Open(inner) => self.state = State::Open(inner),
+            State::Failed(status) => {
                 return ResponseStreamItem::Trailers(Trailers::new(Err(status)));
             }
             State::Closed => return ResponseStreamItem::StreamClosed,
+        }
+        let State::Open(inner) = &mut self.state else {
+            return ResponseStreamItem::StreamClosed;
         };
         let item = {
             let recv = inner.recv(msg);
