@@ -159,3 +159,122 @@ fn the_json_rows_keep_their_contract() {
         ]
     );
 }
+
+/// What the client sent to reset a stream, seen through the capture proxy.
+fn client_resets(capture: &deadline_lab::capture::Capture) -> usize {
+    use deadline_lab::capture::Direction;
+    capture
+        .records()
+        .iter()
+        .filter(|r| {
+            r.direction == Direction::ClientToServer && r.frame.kind == probe::frames::RST_STREAM
+        })
+        .count()
+}
+
+/// One call of the grpc crate under the interceptor, cancelled by its
+/// scope once `wait_for` items came back; then how many RST_STREAM the
+/// client sent within 300 ms.
+async fn cancelled_call(
+    method: &str,
+    request: probe::CallRequest,
+    wait_for: usize,
+) -> (usize, u64) {
+    use grpc::client::interceptor::InvokeExt;
+    use grpc::client::{
+        CallOptions, Channel, ChannelOptions, Invoke, RecvStream, SendOptions, SendStream,
+    };
+    use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
+    use prost::Message as _;
+
+    struct Encoded(bytes::Bytes);
+    impl SendMessage for Encoded {
+        fn encode(&self) -> Result<Box<dyn bytes::Buf + Send + Sync>, String> {
+            Ok(Box::new(self.0.clone()))
+        }
+    }
+    struct Ignore;
+    impl RecvMessage for Ignore {
+        fn decode(&mut self, _: &mut dyn bytes::Buf) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    let (server, _) = deadline_lab::systems::chain::start_hop(
+        "C",
+        "127.0.0.1:0",
+        deadline_lab::systems::chain::Plan {
+            work: Duration::from_secs(2),
+            ..Default::default()
+        },
+        None,
+        deadline_lab::net::Transit::Ignored,
+        false,
+    )
+    .await
+    .expect("the server starts");
+    let capture = deadline_lab::capture::Capture::start(server)
+        .await
+        .expect("the capture proxy starts");
+    let interceptor = grpc_deadline_grpc::DeadlineInterceptor::new();
+    let channel = Channel::new(
+        format!("dns:///{}", capture.addr()),
+        std::sync::Arc::new(grpc::credentials::LocalChannelCredentials::new()),
+        ChannelOptions::default(),
+    )
+    .with_interceptor(interceptor.clone());
+    let scope = tonic_deadline::Scope::background().child();
+    let headers = RequestHeaders::new().with_method_name(method);
+    let (mut send, mut recv) = scope
+        .enter(channel.invoke(headers, CallOptions::new()))
+        .await;
+    let message = Encoded(bytes::Bytes::from(request.encode_to_vec()));
+    send.send(&message, SendOptions::new().with_final_msg(true))
+        .await
+        .expect("the request is sent");
+    for _ in 0..wait_for {
+        recv.recv(&mut Ignore).await;
+    }
+    // The server is working (or streaming): the root gives up.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    scope.cancel();
+    let end = recv.recv(&mut Ignore).await;
+    let grpc::client::ResponseStreamItem::Trailers(trailers) = end else {
+        panic!("a cancelled call must end with trailers: {end:?}");
+    };
+    assert_eq!(
+        trailers.status().as_ref().map_err(|e| e.code()),
+        Err(grpc::StatusCodeError::Cancelled),
+        "the caller gets CANCELLED at once"
+    );
+    drop((send, recv));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (
+        client_resets(&capture),
+        interceptor.stats().cancels_not_reset(),
+    )
+}
+
+#[tokio::test]
+async fn the_crate_resets_a_cancelled_call_only_after_the_response_headers() {
+    // A unary call: the server answers only when its 2 s of work are done.
+    let (resets, not_reset) =
+        cancelled_call("/probe.v1.Probe/Call", probe::CallRequest::default(), 0).await;
+    assert_eq!(
+        resets, 0,
+        "grpc 0.9 holds the stream until the response headers: no reset"
+    );
+    assert_eq!(not_reset, 1, "and the interceptor says so");
+    // A server stream: its headers and first reply came before the cancel.
+    let watch = probe::CallRequest {
+        count: 100,
+        interval_ms: 20,
+        ..probe::CallRequest::default()
+    };
+    let (resets, not_reset) = cancelled_call("/probe.v1.Probe/Watch", watch, 2).await;
+    assert_eq!(
+        resets, 1,
+        "after the headers, dropping the call resets its stream"
+    );
+    assert_eq!(not_reset, 0, "nothing to report then");
+}
