@@ -10,6 +10,9 @@
 //!   calls it, it calls a foreign service under the request's scope;
 //! - [`hostile`]: malformed and edge-case `grpc-timeout` values sent over raw
 //!   HTTP/2, with the answer the spec requires for each;
+//! - [`grpc_crate`]: the deadline and cancel cases through the official
+//!   `grpc` crate's client under `grpc-deadline-grpc`'s interceptor
+//!   (`interop-grpc-client --server_port N --test_case=a,b`);
 //! - `interop-retry`: one call through our resilience layer, for the check
 //!   against a foreign server that fails the first attempts.
 //!
@@ -41,6 +44,7 @@
 //! [`ServerDeadlineLayer`]: tonic_deadline::ServerDeadlineLayer
 
 pub mod client;
+pub mod grpc_crate;
 pub mod hostile;
 pub mod relay;
 pub mod server;

@@ -13,6 +13,7 @@ pub mod drift;
 pub mod edge;
 pub mod expired;
 pub mod faults;
+pub mod grpc_crate;
 pub mod handler;
 pub mod hedge;
 pub mod honest_resets;
@@ -42,6 +43,7 @@ use crate::registry::Entry;
 pub static ALL: &[Entry] = &[
     Entry::of::<wire::Wire>(),
     Entry::of::<chain::Chain>(),
+    Entry::of::<grpc_crate::GrpcCrate>(),
     Entry::of::<propagation::Propagation>(),
     Entry::of::<expired::Expired>(),
     Entry::of::<handler::Handler>(),

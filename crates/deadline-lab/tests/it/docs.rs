@@ -25,6 +25,7 @@ use deadline_lab::bench::retry_storm::{self, Storm};
 use deadline_lab::experiments::amplification::{self, Amplification};
 use deadline_lab::experiments::edge;
 use deadline_lab::experiments::faults::{Faults, KILL_DETECTED_WITHIN_MS};
+use deadline_lab::experiments::grpc_crate::{self, GrpcCrate};
 use deadline_lab::experiments::hedge::{self, HedgeRows};
 use deadline_lab::experiments::hosts::{COMPENSATED_EXCESS_MAX_MS, ONE_WAY_MS};
 use deadline_lab::experiments::metastable::{self, Metastable};
@@ -49,13 +50,14 @@ use crate::common::{debug_lab, timed};
 
 /// The commands whose tables (or printed output) `docs/` shows, each checked
 /// by a test below.
-const CHECKED: [&str; 14] = [
+const CHECKED: [&str; 15] = [
     "bench instructions",
     "bench retry-storm",
     "bench soak",
     "experiment amplification",
     "experiment edge",
     "experiment faults",
+    "experiment grpc-crate",
     "experiment hedge",
     "experiment honest-resets",
     "experiment hosts",
@@ -103,6 +105,7 @@ fn pages() -> Vec<String> {
         "README.md",
         "crates/grpc-deadline/README.md",
         "crates/grpc-deadline-reqwest/README.md",
+        "crates/grpc-deadline-grpc/README.md",
         "crates/tonic-deadline-guard/README.md",
         "crates/tonic-deadline-db/README.md",
         "crates/tonic-deadline-jobs/README.md",
@@ -755,6 +758,68 @@ fn docs_edge_table_holds_the_laws_experiment_edge_asserts() {
             "{layer} stops where it runs"
         );
     }
+}
+
+#[test]
+fn docs_grpc_crate_table_holds_the_laws_experiment_grpc_crate_asserts() {
+    let table = measured_table("experiment grpc-crate");
+    let lab = GrpcCrate {
+        rows: Vec::new(),
+        cancels_not_reset: 0,
+    }
+    .outcome();
+    table.has_the_labs_columns(&lab.columns);
+    let pairs: Vec<(&str, &str)> = grpc_crate::CASES
+        .iter()
+        .flat_map(|case| {
+            grpc_crate::CLIENTS
+                .iter()
+                .map(move |client| (*case, *client))
+        })
+        .collect();
+    assert_eq!(table.labels2(), pairs, "{}: the lab's rows", table.name);
+    let [deadline, chain, cancel] = grpc_crate::CASES;
+    let wire = "grpc-timeout on the wire";
+    // The crate alone: nothing sent, nothing kept.
+    assert_eq!(table.cell2(deadline, "grpc", wire), "—");
+    assert_eq!(table.cell2(deadline, "grpc", "status"), "OK");
+    assert!(figure(table.cell2(deadline, "grpc", "elapsed ms")) >= 2000.0);
+    for client in ["grpc + ours", "tonic + ours"] {
+        let header = table.cell2(deadline, client, wire);
+        let sent = timeout_header::decode(header.as_bytes()).expect("a valid header");
+        assert!(
+            sent <= grpc_crate::DEADLINE,
+            "{client}: at most 500 ms: {header}"
+        );
+        assert_eq!(table.cell2(deadline, client, "status"), "DEADLINE_EXCEEDED");
+        let elapsed = figure(table.cell2(deadline, client, "elapsed ms"));
+        assert!(
+            (500.0..1500.0).contains(&elapsed),
+            "{client}: at the deadline"
+        );
+        assert_eq!(table.cell2(deadline, client, "server work stopped"), "yes");
+        // The chain's budget drops by about each hop's 100 ms.
+        let hops = figures(table.cell2(chain, client, "ms on entry A → B → C"), '→');
+        assert!(hops[0] <= 1000.0, "{client}: A has at most the budget");
+        for pair in hops.windows(2) {
+            assert!(
+                (100.0..400.0).contains(&(pair[0] - pair[1])),
+                "{client}: {hops:?}"
+            );
+        }
+    }
+    assert!(
+        table
+            .cell2(chain, "grpc", "ms on entry A → B → C")
+            .ends_with("→ — → —"),
+        "the crate alone carries no budget on"
+    );
+    assert!(
+        table
+            .cell2(cancel, "tonic + ours", "server work stopped")
+            .starts_with("yes"),
+        "a cancel at the root stops C through tonic's calls"
+    );
 }
 
 #[test]

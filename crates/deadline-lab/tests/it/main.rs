@@ -18,6 +18,7 @@ mod docs;
 mod experiments;
 mod faults;
 mod generated;
+mod grpc_crate;
 mod ledger;
 mod logs;
 mod peers;

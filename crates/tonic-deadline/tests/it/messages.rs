@@ -51,6 +51,7 @@ use syn::visit::Visit;
 const CRATES: &[(&str, &str)] = &[
     ("grpc-deadline", "grpc_deadline"),
     ("grpc-deadline-reqwest", "grpc_deadline_reqwest"),
+    ("grpc-deadline-grpc", "grpc_deadline_grpc"),
     ("tonic-deadline", "tonic_deadline"),
     ("tonic-deadline-db", "tonic_deadline_db"),
     ("tonic-deadline-guard", "tonic_deadline_guard"),

@@ -1,0 +1,280 @@
+//! `experiment grpc-crate`: the official grpc crate alone keeps no
+//! deadline; under our interceptor it sends the budget, stops the server's
+//! work at the deadline, and carries the chain's budget as tonic does —
+//! and says so where the crate keeps it from carrying a cancel.
+
+use std::time::Duration;
+
+use deadline_lab::experiments::grpc_crate::{self, CASES, CLIENTS, GrpcCrate, Row};
+use tonic_deadline::timeout_header::decode;
+
+use crate::common::alone_async;
+
+fn row<'a>(result: &'a GrpcCrate, client: &str, case: usize) -> &'a Row {
+    result
+        .rows
+        .iter()
+        .find(|r| r.client == client && r.case == CASES[case])
+        .unwrap_or_else(|| panic!("a row for {client} in {:?} must be there", CASES[case]))
+}
+
+fn budgets(row: &Row) -> Vec<Option<f64>> {
+    row.remaining_ms_on_entry
+        .clone()
+        .expect("a chain row must give the budgets on entry")
+}
+
+#[tokio::test]
+async fn the_interceptor_sends_the_budget_stops_the_work_and_keeps_the_chain() {
+    let _alone = alone_async().await;
+    let result = grpc_crate::measure()
+        .await
+        .expect("the experiment must run");
+
+    // The crate alone: nothing on the wire, the call outlives its deadline
+    // by the server's whole work, which runs to its end.
+    let alone = row(&result, "grpc", 0);
+    assert_eq!(
+        alone.grpc_timeout_on_wire, None,
+        "grpc 0.9 sends no grpc-timeout"
+    );
+    assert_eq!(alone.status, "OK");
+    assert!(
+        alone.elapsed_ms >= 2000.0,
+        "it waits for the server: {alone:?}"
+    );
+    assert!(!alone.server_work_stopped);
+
+    // Under the interceptor, as tonic with our layers.
+    for client in ["grpc + ours", "tonic + ours"] {
+        let ours = row(&result, client, 0);
+        let header = ours
+            .grpc_timeout_on_wire
+            .as_deref()
+            .unwrap_or_else(|| panic!("{client} must send grpc-timeout"));
+        let sent = decode(header.as_bytes()).expect("the header must be valid");
+        assert!(
+            sent <= Duration::from_millis(500) && sent > Duration::from_millis(300),
+            "{client}: the header is what is left of 500 ms: {header}"
+        );
+        assert_eq!(ours.status, "DEADLINE_EXCEEDED", "{client}");
+        assert!(
+            ours.elapsed_ms >= 500.0 && ours.elapsed_ms < 1500.0,
+            "{client}: the call ends at the deadline, not with the server: {ours:?}"
+        );
+        assert!(
+            ours.server_work_stopped,
+            "{client}: the server's work must stop"
+        );
+    }
+
+    // The chain: the budget decreases by about each hop's 100 ms through
+    // calls made by the crate under the interceptor, as through tonic's.
+    for client in ["grpc + ours", "tonic + ours"] {
+        let chain = row(&result, client, 1);
+        assert_eq!(chain.status, "OK", "{client}");
+        let hops: Vec<f64> = budgets(chain)
+            .into_iter()
+            .map(|b| b.unwrap_or_else(|| panic!("{client}: every hop must have a budget")))
+            .collect();
+        assert!(hops[0] <= 1000.0 && hops[0] > 800.0, "{client}: A {hops:?}");
+        for pair in hops.windows(2) {
+            let spent = pair[0] - pair[1];
+            assert!(
+                (100.0..400.0).contains(&spent),
+                "{client}: each hop spends its 100 ms and little more: {hops:?}"
+            );
+        }
+        assert!(
+            chain.grpc_timeout_on_wire.is_some(),
+            "{client}: C got a header"
+        );
+    }
+    let broken = budgets(row(&result, "grpc", 1));
+    assert!(broken[0].is_some(), "A is called by tonic with our layer");
+    assert_eq!(
+        broken[1..],
+        [None, None],
+        "the crate alone carries no budget on"
+    );
+
+    // A cancel at the root stops C through tonic's calls at once. Through
+    // the crate it cannot (grpc 0.9 resets a call's stream only once the
+    // server's response headers came): C runs on, and the interceptor
+    // says so rather than nothing.
+    let tonic = row(&result, "tonic + ours", 2);
+    assert!(tonic.server_work_stopped, "tonic + ours: C must stop");
+    assert!(
+        tonic.stopped_after_cancel_ms.is_some_and(|ms| ms < 1000.0),
+        "C stops soon after the cancel: {tonic:?}"
+    );
+    for client in ["grpc", "grpc + ours"] {
+        assert_eq!(row(&result, client, 2).status, "CANCELLED", "{client}");
+    }
+    if !row(&result, "grpc + ours", 2).server_work_stopped {
+        assert!(
+            result.cancels_not_reset >= 1,
+            "a cancel the server was not told of must be counted"
+        );
+    }
+}
+
+#[test]
+fn the_json_rows_keep_their_contract() {
+    let row = Row {
+        client: CLIENTS[1].to_owned(),
+        case: CASES[1].to_owned(),
+        grpc_timeout_on_wire: Some("797031u".to_owned()),
+        status: "OK".to_owned(),
+        elapsed_ms: 317.0,
+        server_work_stopped: false,
+        remaining_ms_on_entry: Some(vec![Some(999.8), Some(897.7), None]),
+        stopped_after_cancel_ms: None,
+    };
+    let json = serde_json::to_value(GrpcCrate {
+        rows: vec![row],
+        cancels_not_reset: 0,
+    })
+    .expect("the result serialises");
+    let row = &json["rows"][0];
+    for key in [
+        "client",
+        "case",
+        "grpc_timeout_on_wire",
+        "status",
+        "elapsed_ms",
+        "server_work_stopped",
+        "remaining_ms_on_entry",
+    ] {
+        assert!(row.get(key).is_some(), "every row must have {key}");
+    }
+    assert_eq!(row["remaining_ms_on_entry"][2], serde_json::Value::Null);
+    assert_eq!(CLIENTS, ["grpc", "grpc + ours", "tonic + ours"]);
+    assert_eq!(
+        CASES,
+        [
+            "server works 2 s, deadline 500 ms",
+            "chain A → B → C",
+            "cancel at the root"
+        ]
+    );
+}
+
+/// What the client sent to reset a stream, seen through the capture proxy.
+fn client_resets(capture: &deadline_lab::capture::Capture) -> usize {
+    use deadline_lab::capture::Direction;
+    capture
+        .records()
+        .iter()
+        .filter(|r| {
+            r.direction == Direction::ClientToServer && r.frame.kind == probe::frames::RST_STREAM
+        })
+        .count()
+}
+
+/// One call of the grpc crate under the interceptor, cancelled by its
+/// scope once `wait_for` items came back; then how many RST_STREAM the
+/// client sent within 300 ms.
+async fn cancelled_call(
+    method: &str,
+    request: probe::CallRequest,
+    wait_for: usize,
+) -> (usize, u64) {
+    use grpc::client::interceptor::InvokeExt;
+    use grpc::client::{
+        CallOptions, Channel, ChannelOptions, Invoke, RecvStream, SendOptions, SendStream,
+    };
+    use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
+    use prost::Message as _;
+
+    struct Encoded(bytes::Bytes);
+    impl SendMessage for Encoded {
+        fn encode(&self) -> Result<Box<dyn bytes::Buf + Send + Sync>, String> {
+            Ok(Box::new(self.0.clone()))
+        }
+    }
+    struct Ignore;
+    impl RecvMessage for Ignore {
+        fn decode(&mut self, _: &mut dyn bytes::Buf) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    let (server, _) = deadline_lab::systems::chain::start_hop(
+        "C",
+        "127.0.0.1:0",
+        deadline_lab::systems::chain::Plan {
+            work: Duration::from_secs(2),
+            ..Default::default()
+        },
+        None,
+        deadline_lab::net::Transit::Ignored,
+        false,
+    )
+    .await
+    .expect("the server starts");
+    let capture = deadline_lab::capture::Capture::start(server)
+        .await
+        .expect("the capture proxy starts");
+    let interceptor = grpc_deadline_grpc::DeadlineInterceptor::new();
+    let channel = Channel::new(
+        format!("dns:///{}", capture.addr()),
+        std::sync::Arc::new(grpc::credentials::LocalChannelCredentials::new()),
+        ChannelOptions::default(),
+    )
+    .with_interceptor(interceptor.clone());
+    let scope = tonic_deadline::Scope::background().child();
+    let headers = RequestHeaders::new().with_method_name(method);
+    let (mut send, mut recv) = scope
+        .enter(channel.invoke(headers, CallOptions::new()))
+        .await;
+    let message = Encoded(bytes::Bytes::from(request.encode_to_vec()));
+    send.send(&message, SendOptions::new().with_final_msg(true))
+        .await
+        .expect("the request is sent");
+    for _ in 0..wait_for {
+        recv.recv(&mut Ignore).await;
+    }
+    // The server is working (or streaming): the root gives up.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    scope.cancel();
+    let end = recv.recv(&mut Ignore).await;
+    let grpc::client::ResponseStreamItem::Trailers(trailers) = end else {
+        panic!("a cancelled call must end with trailers: {end:?}");
+    };
+    assert_eq!(
+        trailers.status().as_ref().map_err(|e| e.code()),
+        Err(grpc::StatusCodeError::Cancelled),
+        "the caller gets CANCELLED at once"
+    );
+    drop((send, recv));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (
+        client_resets(&capture),
+        interceptor.stats().cancels_not_reset(),
+    )
+}
+
+#[tokio::test]
+async fn the_crate_resets_a_cancelled_call_only_after_the_response_headers() {
+    // A unary call: the server answers only when its 2 s of work are done.
+    let (resets, not_reset) =
+        cancelled_call("/probe.v1.Probe/Call", probe::CallRequest::default(), 0).await;
+    assert_eq!(
+        resets, 0,
+        "grpc 0.9 holds the stream until the response headers: no reset"
+    );
+    assert_eq!(not_reset, 1, "and the interceptor says so");
+    // A server stream: its headers and first reply came before the cancel.
+    let watch = probe::CallRequest {
+        count: 100,
+        interval_ms: 20,
+        ..probe::CallRequest::default()
+    };
+    let (resets, not_reset) = cancelled_call("/probe.v1.Probe/Watch", watch, 2).await;
+    assert_eq!(
+        resets, 1,
+        "after the headers, dropping the call resets its stream"
+    );
+    assert_eq!(not_reset, 0, "nothing to report then");
+}
