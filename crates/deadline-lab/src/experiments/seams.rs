@@ -149,7 +149,9 @@ fn serve_sink(sink: Sink, listener: TcpListener) -> oneshot::Sender<()> {
     let (stop, stopped) = oneshot::channel::<()>();
     tonic_deadline::detach(
         Server::builder()
-            .layer(ServerDeadlineLayer::new())
+            // What the header gives each hop, exactly: no reserve kept for
+            // the ledger's answer.
+            .layer(ServerDeadlineLayer::new().reply_reserve(Duration::ZERO))
             .add_service(ProbeServer::new(sink))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                 let _ = stopped.await;
@@ -443,7 +445,7 @@ async fn measure(way: &Way) -> anyhow::Result<Row> {
     let relay_addr = net::serve(
         "127.0.0.1:0",
         tonic::service::Routes::new(ProbeServer::new(relay)),
-        Some(ServerDeadlineLayer::new()),
+        Some(ServerDeadlineLayer::new().reply_reserve(Duration::ZERO)),
     )
     .await?;
     let mut client = ProbeClient::new(net::connect_layered(relay_addr).await?);

@@ -123,7 +123,9 @@ pub async fn start(listen: &str, worker: WorkerSvc) -> anyhow::Result<SocketAddr
     crate::systems::serve_lab(
         listen,
         Routes::new(WorkerServer::new(worker)),
-        ServerDeadlineLayer::new(),
+        // The worker shows what the header gives a handler, to the
+        // microsecond: it keeps nothing for the ledger's answer.
+        ServerDeadlineLayer::new().reply_reserve(std::time::Duration::ZERO),
     )
     .await
 }

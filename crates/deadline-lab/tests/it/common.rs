@@ -150,3 +150,15 @@ pub(crate) fn timed<T: DeserializeOwned>(args: &[&str]) -> T {
     let _alone = alone();
     json(lab, args)
 }
+
+/// What the lab's servers keep of `budget_ms` for their answer's way back,
+/// in ms: the server layer's default with the ledger
+/// (`server::default_reply_reserve`). A server answers that much before
+/// the deadline it was given, and its handler's scope ends then.
+pub(crate) fn reserve_ms(budget_ms: f64) -> f64 {
+    tonic_deadline::server::default_reply_reserve(std::time::Duration::from_secs_f64(
+        budget_ms / 1e3,
+    ))
+    .as_secs_f64()
+        * 1e3
+}
