@@ -29,10 +29,20 @@ impl Outcome {
     /// the same columns and cells, without the notes.
     pub fn markdown(&self) -> String {
         let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
-        let mut out = line(&self.columns.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>());
+        let mut out = line(
+            &self
+                .columns
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect::<Vec<_>>(),
+        );
         out += &line(&vec!["---".to_owned(); self.columns.len()]);
         for row in &self.rows {
-            out += &line(&row.iter().map(|c| c.replace('|', "\\|")).collect::<Vec<_>>());
+            out += &line(
+                &row.iter()
+                    .map(|c| c.replace('|', "\\|"))
+                    .collect::<Vec<_>>(),
+            );
         }
         out
     }

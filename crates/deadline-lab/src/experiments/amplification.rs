@@ -38,10 +38,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
-use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -117,7 +117,10 @@ fn config(throttling: bool, slow: bool) -> String {
         ""
     };
     let (codes, idempotent) = if slow {
-        (r#"["UNAVAILABLE", "DEADLINE_EXCEEDED"]"#, r#""idempotent": true,"#)
+        (
+            r#"["UNAVAILABLE", "DEADLINE_EXCEEDED"]"#,
+            r#""idempotent": true,"#,
+        )
     } else {
         (r#"["UNAVAILABLE"]"#, "")
     };
@@ -284,16 +287,19 @@ async fn hop(addrs: &[SocketAddr], policy: &Policy) -> anyhow::Result<Hop> {
             ReadyChannel::connect(&net::endpoint(*addr)?).await?,
         ));
     }
-    let mut layer = ResilienceLayer::from_service_config(&policy.config)?.chain_budget(policy.chain);
+    let mut layer =
+        ResilienceLayer::from_service_config(&policy.config)?.chain_budget(policy.chain);
     if let Some(cap) = policy.per_attempt {
         layer = layer.per_attempt_timeout(cap);
     }
-    Ok(ProbeClient::new(tower::ServiceBuilder::new().layer(layer).service(
-        RoundRobin {
-            replicas: replicas.into(),
-            next: Arc::default(),
-        },
-    )))
+    Ok(ProbeClient::new(
+        tower::ServiceBuilder::new()
+            .layer(layer)
+            .service(RoundRobin {
+                replicas: replicas.into(),
+                next: Arc::default(),
+            }),
+    ))
 }
 
 /// A → B → C, served; A's address and the three counters (B's and C's
@@ -525,7 +531,10 @@ async fn row(case: &str, stack: &str, fan_in_outage: Duration) -> anyhow::Result
 fn median(xs: &[f64]) -> f64 {
     let mut sorted = xs.to_vec();
     sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
+    sorted
+        .get(sorted.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// One row from the same case's runs: each figure their median.
@@ -594,7 +603,7 @@ pub async fn measure(fan_in_outage: Duration, runs: usize) -> anyhow::Result<Amp
 
 impl Experiment for Amplification {
     const NAME: &'static str = "amplification";
-    const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, and under fan-in: attempts reaching C per root call, one budget for the chain beside per-hop retries";
+    const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, under fan-in, never answering, and behind three replicas of B one of whose paths is broken: attempts reaching C per root call and calls answered OK, one budget for the chain beside per-hop retries and retries at the edge only";
     const SECTION: Option<Section> = Some(Section::RetriesAcrossHops);
     type Args = Args;
 
@@ -631,7 +640,10 @@ impl Experiment for Amplification {
             })
             .collect();
         Outcome {
-            title: "amplification: retries on every hop of client → A → B → C (maxAttempts 3, UNAVAILABLE), ours with one budget for the chain beside per-hop retries".into(),
+            title: format!(
+                "amplification: retries on client → A → B → C (maxAttempts 3, UNAVAILABLE), ours with one budget for the chain beside per-hop retries and retries at the edge only; each figure the median of {} runs (min–max where they differ)",
+                self.runs.max(1)
+            ),
             json: crate::report::to_json(self),
             columns: vec![
                 "case",
@@ -649,7 +661,11 @@ impl Experiment for Amplification {
                     "outage: C fails every call, 20 root calls; 5 % failures: 2 000 root calls; fan-in: {FAN_IN_CLIENTS} root clients on channels of their own, {FAN_IN_RATE} calls a second each, C down for {:.1} s; throttling: retryThrottling (10, 0.1) on every hop",
                     self.fan_in_ms / 1000.0
                 ),
-                "ours: a hop whose retries are spent answers grpc-retry-pushback-ms -1 and the hops above stop; per-hop: ResilienceLayer::chain_budget(false), every hop retries".into(),
+                format!(
+                    "outage, slow: C never answers, each hop caps an attempt at {} ms and retries DEADLINE_EXCEEDED (the method declared idempotent); replicas: A takes {REPLICAS} replicas of B in turn, B1's path to C fails at once (down) or never answers (slow), {REPLICA_CALLS} root calls",
+                    SLOW_ATTEMPT.as_millis()
+                ),
+                "ours: a hop whose retries are spent answers grpc-retry-pushback-ms -1 and the hops above stop; per-hop: ResilienceLayer::chain_budget(false), every hop retries; edge only: the root retries, A and B ship no retryPolicy".into(),
                 "goals for ours: at most 3 attempts at C per root call from the first on; at least 0.995 of root calls OK with 5 % failures; fan-in with throttling: at most 1.1 attempts at C per root call".into(),
             ],
         }

@@ -71,10 +71,10 @@ use tonic::{Code, Request, Response, Status};
 use tonic_deadline::admission::{Admission, Discipline};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
-use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
-use tower::retry::budget::{Budget, TpsBudget};
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::load_shed::LoadShedLayer;
+use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::{Policy, Retry};
 use tower::{Service, ServiceExt};
 
@@ -581,7 +581,8 @@ impl Policy<Call, (), Status> for CarefulPolicy {
                 None
             }
             Err(status) => {
-                let retryable = matches!(status.code(), Code::Unavailable | Code::ResourceExhausted);
+                let retryable =
+                    matches!(status.code(), Code::Unavailable | Code::ResourceExhausted);
                 let time_left = Instant::now() < call.deadline;
                 (retryable && time_left && self.budget.withdraw())
                     .then(|| self.backoff.next_backoff())
@@ -622,9 +623,7 @@ impl Client {
                 )
             }
             Client::Careful(client) => {
-                let call = async {
-                    client.ready().await?.call(Call { deadline }).await
-                };
+                let call = async { client.ready().await?.call(Call { deadline }).await };
                 matches!(tokio::time::timeout_at(deadline, call).await, Ok(Ok(())))
             }
             Client::Loop(client) => {
@@ -730,8 +729,12 @@ async fn stack(variant: Variant, shared: &Arc<Shared>) -> anyhow::Result<Vec<Cli
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
         clients.push(match variant.caller {
-            Caller::Once => Client::Once(ProbeClient::new(counted(net::connect(addr).await?, shared))),
-            Caller::Loop => Client::Loop(ProbeClient::new(counted(net::connect(addr).await?, shared))),
+            Caller::Once => {
+                Client::Once(ProbeClient::new(counted(net::connect(addr).await?, shared)))
+            }
+            Caller::Loop => {
+                Client::Loop(ProbeClient::new(counted(net::connect(addr).await?, shared)))
+            }
             Caller::Careful => {
                 let attempts = Attempts {
                     client: ProbeClient::new(counted(net::connect(addr).await?, shared)),
@@ -913,7 +916,10 @@ fn round4(x: f64) -> f64 {
 fn median(xs: &[f64]) -> f64 {
     let mut sorted = xs.to_vec();
     sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
+    sorted
+        .get(sorted.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// The median of recoveries, `None` (never) counting as the longest.
@@ -923,7 +929,10 @@ fn median_recovery(xs: &[Option<f64>]) -> Option<f64> {
         (Some(a), Some(b)) => a.total_cmp(b),
         (a, b) => a.is_none().cmp(&b.is_none()),
     });
-    sorted.get(sorted.len().saturating_sub(1) / 2).copied().flatten()
+    sorted
+        .get(sorted.len().saturating_sub(1) / 2)
+        .copied()
+        .flatten()
 }
 
 /// Each second's median over the runs.
@@ -937,7 +946,8 @@ fn median_series(runs: &[&[f64]]) -> Vec<f64> {
 /// The row of `stack` under `trigger` from its runs.
 fn row(stack: &str, trigger: &str, runs: &[Measured]) -> Row {
     let each = |f: fn(&Measured) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
-    let series = |f: fn(&Measured) -> &[f64]| median_series(&runs.iter().map(f).collect::<Vec<_>>());
+    let series =
+        |f: fn(&Measured) -> &[f64]| median_series(&runs.iter().map(f).collect::<Vec<_>>());
     let recovery_s_runs: Vec<Option<f64>> = runs.iter().map(|m| m.recovery_s).collect();
     Row {
         stack: stack.to_owned(),
@@ -971,7 +981,12 @@ fn row(stack: &str, trigger: &str, runs: &[Measured]) -> Row {
 pub async fn measure(timeline: [Duration; 3], runs: usize) -> anyhow::Result<Metastable> {
     let cases: Vec<(&str, &str)> = TRIGGERS
         .iter()
-        .flat_map(|trigger| STACKS.iter().chain(&ABLATIONS).map(move |stack| (*trigger, *stack)))
+        .flat_map(|trigger| {
+            STACKS
+                .iter()
+                .chain(&ABLATIONS)
+                .map(move |stack| (*trigger, *stack))
+        })
         .collect();
     let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); cases.len()];
     // Plain tonic's stacks apart from ours: the hand-written loop's

@@ -171,7 +171,11 @@ fn metastable_goodput_returns_on_ours_and_what_each_stack_does() {
         };
         let [no_retries, careful, retry_loop, ours] = metastable::STACKS.map(row);
         assert_eq!(ours.goodput.len(), 5, "a figure a second: {ours:?}");
-        assert_eq!(ours.recovery_s_runs.len(), 3, "every run's recovery: {ours:?}");
+        assert_eq!(
+            ours.recovery_s_runs.len(),
+            3,
+            "every run's recovery: {ours:?}"
+        );
 
         // Ours: serves what the trigger leaves (a generous bound: a busy
         // machine costs every stack some), is back after it and stays
