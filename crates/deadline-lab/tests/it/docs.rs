@@ -694,6 +694,32 @@ fn docs_metastable_table_holds_the_laws_experiment_metastable_asserts() {
 }
 
 #[test]
+fn readme_quotes_the_metastable_figures_of_the_measured_table() {
+    let table = measured_table("experiment metastable");
+    let readme = read("README.md");
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| overload that outlives its trigger"))
+        .expect("README.md must show the metastable row");
+    let cells = cells(row);
+    let recovery = |stack: &str| median_of(table.cell2("capacity", stack, "recovery s")).to_owned();
+    let careful = format!("`tower::retry`: back in {} s", recovery("careful plain"));
+    assert!(
+        cells[1].contains("hand-written retry loop")
+            && recovery("hand-written retry loop") == "never"
+            && cells[1].contains(&careful),
+        "README's baseline cell names each stack with the docs' figures: {:?}, want {careful:?}",
+        cells[1]
+    );
+    let ours = format!("back in {} s", recovery("ours"));
+    assert!(
+        cells[2].starts_with(&ours),
+        "README's cell for ours quotes the docs' figure: {:?}, want {ours:?}",
+        cells[2]
+    );
+}
+
+#[test]
 fn docs_hosts_table_holds_the_laws_experiment_hosts_asserts() {
     // How much more than the link's latency a hop may gain on a loaded
     // two-core machine, as the experiment's own test allows.
