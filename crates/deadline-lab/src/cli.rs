@@ -77,6 +77,9 @@ enum Command {
         /// Print exactly one JSON object instead of the table.
         #[arg(long, global = true)]
         json: bool,
+        /// Print the table as markdown, as `docs/` quotes it.
+        #[arg(long, global = true, conflicts_with = "json")]
+        markdown: bool,
         /// Export spans over OTLP/gRPC to this collector (`http://HOST:PORT`).
         #[arg(long, global = true)]
         otlp_endpoint: Option<String>,
@@ -281,7 +284,14 @@ impl<G: Group> Subcommand for Chosen<G> {
 }
 
 fn print(outcome: &Outcome, json: bool) {
-    if json {
+    print_as(outcome, json, false);
+}
+
+/// Prints `outcome` as JSON, as markdown, or as the human table.
+fn print_as(outcome: &Outcome, json: bool, markdown: bool) {
+    if markdown {
+        print!("{}", outcome.markdown());
+    } else if json {
         println!("{}", outcome.json);
     } else {
         println!("{}", outcome.table());
@@ -532,10 +542,15 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                 tokio::signal::ctrl_c().await?;
                 Ok(())
             }
-            Command::Experiment { which, json, .. } => {
+            Command::Experiment {
+                which,
+                json,
+                markdown,
+                ..
+            } => {
                 let run = which.run(Spans::Collected(traces.receiver().cloned()));
                 let outcome = interruptible(registry::quietly(run)).await?;
-                print(&outcome, json);
+                print_as(&outcome, json, markdown);
                 Ok(())
             }
             Command::Bench { which, json } => {

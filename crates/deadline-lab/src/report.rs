@@ -25,6 +25,28 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Renders the table as markdown, as `docs/` quotes it (`--markdown`):
+    /// the same columns and cells, without the notes.
+    pub fn markdown(&self) -> String {
+        let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
+        let mut out = line(
+            &self
+                .columns
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect::<Vec<_>>(),
+        );
+        out += &line(&vec!["---".to_owned(); self.columns.len()]);
+        for row in &self.rows {
+            out += &line(
+                &row.iter()
+                    .map(|c| c.replace('|', "\\|"))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        out
+    }
+
     /// Renders the human table.
     pub fn table(&self) -> String {
         let widths: Vec<usize> = (0..self.columns.len())

@@ -3,14 +3,16 @@
 //! (`maxAttempts` 3, `UNAVAILABLE` retryable), as teams ship one service
 //! config to every service. C fails, and C counts what reaches it.
 //!
-//! Two stacks, side by side in one run:
+//! Three stacks, one after another in each run:
 //! - **ours**: the layer as it comes, its chain budget on: a hop whose
 //!   retries are spent answers its caller with `grpc-retry-pushback-ms: -1`,
 //!   and every hop above (and the root) stops there;
 //! - **per-hop**: the same layer with `chain_budget(false)`: every hop
-//!   retries what failed below it, as gRPC's A6 has each channel do.
+//!   retries what failed below it, as gRPC's A6 has each channel do;
+//! - **edge only**: the root client retries (the same policy); A and B
+//!   ship no `retryPolicy` and send each call once.
 //!
-//! Four cases:
+//! The cases:
 //! - **outage**: C fails every call (20 root calls, 4 at a time);
 //! - **outage, throttling**: the same, with `retryThrottling` (10 tokens,
 //!   0.1) on every hop: what the first root call sends counts too;
@@ -18,13 +20,25 @@
 //!   at a time): the retries must still do their job;
 //! - **fan-in, throttling**: 50 root clients, each on a channel of its own
 //!   (each its own throttle), each calling 10 times a second through A and
-//!   B while C is down, `retryThrottling` on every hop.
+//!   B while C is down, `retryThrottling` on every hop;
+//! - **outage, slow**: C never answers: every attempt runs out of time
+//!   (each hop caps an attempt at 100 ms and retries `DEADLINE_EXCEEDED`
+//!   too, as an idempotent method's config may);
+//! - **replicas, one path down**: three replicas of B, which A's channel
+//!   takes in turn; B1's path to C is broken (its C fails every call at
+//!   once), B2's and B3's C answers;
+//! - **replicas, one path slow**: the same with B1's C never answering
+//!   (attempts capped and retried as in *outage, slow*).
+//!
+//! Every run makes all of them; each figure is the median of the runs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
@@ -35,6 +49,7 @@ use tonic::{Request, Response, Status};
 use tonic_deadline::Scope;
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
+use tower::{Service, ServiceExt};
 
 use crate::html::chart::{self, Group};
 use crate::html::{Part, Section};
@@ -43,15 +58,30 @@ use crate::registry::{Experiment, Spans};
 use crate::report::Outcome;
 
 /// The stacks, in the order each case runs them.
-pub const STACKS: [&str; 2] = ["ours", "per-hop"];
+pub const STACKS: [&str; 3] = ["ours", "per-hop", "edge only"];
 
 /// The cases, in order.
-pub const CASES: [&str; 4] = [
+pub const CASES: [&str; 7] = [
     "outage",
     "outage, throttling",
     "5 % failures",
     "fan-in, throttling",
+    "outage, slow",
+    "replicas, one path down",
+    "replicas, one path slow",
 ];
+
+/// Runs each figure is the median of.
+pub const RUNS: usize = 3;
+
+/// Replicas of B in the replica cases; the first one's path to C is broken.
+const REPLICAS: usize = 3;
+
+/// Root calls of the replica cases.
+const REPLICA_CALLS: u64 = 60;
+
+/// How long a hop lets one attempt run in the slow cases.
+const SLOW_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// How long the fan-in case's outage lasts when run alone.
 pub const FAN_IN_MS: u64 = 10_000;
@@ -65,6 +95,9 @@ pub struct Args {
     /// How long C is down in the fan-in case, in milliseconds.
     #[arg(long, default_value_t = FAN_IN_MS)]
     fan_in_ms: u64,
+    /// Runs of every case; each figure is their median.
+    #[arg(long, default_value_t = RUNS)]
+    runs: usize,
 }
 
 /// Root clients of the fan-in case, and each one's calls per second.
@@ -74,19 +107,32 @@ const FAN_IN_RATE: f64 = 10.0;
 /// Every root call's budget.
 const BUDGET: Duration = Duration::from_secs(2);
 
-/// The policy every hop ships with.
-fn config(throttling: bool) -> String {
+/// The policy every hop ships with; the slow cases retry an attempt that
+/// ran out of its time too (the method declared idempotent, as the layer
+/// asks before it repeats a call whose outcome is unknown).
+fn config(throttling: bool, slow: bool) -> String {
     let throttle = if throttling {
         r#", "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}"#
     } else {
         ""
     };
+    let (codes, idempotent) = if slow {
+        (
+            r#"["UNAVAILABLE", "DEADLINE_EXCEEDED"]"#,
+            r#""idempotent": true,"#,
+        )
+    } else {
+        (r#"["UNAVAILABLE"]"#, "")
+    };
     format!(
-        r#"{{"methodConfig": [{{"name": [{{"service": "probe.v1.Probe"}}],
+        r#"{{"methodConfig": [{{"name": [{{"service": "probe.v1.Probe"}}], {idempotent}
             "retryPolicy": {{"maxAttempts": 3, "initialBackoff": "0.002s", "maxBackoff": "0.01s",
-                            "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}}}]{throttle}}}"#
+                            "backoffMultiplier": 2, "retryableStatusCodes": {codes}}}}}]{throttle}}}"#
     )
 }
+
+/// What a hop that does not retry ships: no `retryPolicy`.
+const NO_RETRIES: &str = "{}";
 
 /// The experiment's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +141,9 @@ pub struct Amplification {
     pub rows: Vec<Row>,
     /// How long the fan-in case's outage lasted.
     pub fan_in_ms: f64,
+    /// Runs each figure is the median of.
+    #[serde(default)]
+    pub runs: usize,
 }
 
 impl Amplification {
@@ -106,8 +155,8 @@ impl Amplification {
     }
 }
 
-/// One case, one stack.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One case, one stack: medians over the runs, and each run's figure.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// `ours` or `per-hop`.
     pub stack: String,
@@ -126,6 +175,12 @@ pub struct Row {
     pub first_attempts_at_leaf: f64,
     /// Root calls answered OK.
     pub root_ok_share: f64,
+    /// Each run's attempts at C per root call.
+    #[serde(default)]
+    pub attempts_at_leaf_runs: Vec<f64>,
+    /// Each run's share of root calls answered OK.
+    #[serde(default)]
+    pub root_ok_runs: Vec<f64>,
 }
 
 /// How C answers.
@@ -133,6 +188,9 @@ pub struct Row {
 enum Leaf {
     Down,
     Failing(f64),
+    /// Never answers: every attempt runs out of time.
+    Hanging,
+    Up,
 }
 
 /// C: counts every attempt, answers as its mode says.
@@ -142,7 +200,45 @@ struct Last {
     seen: Arc<AtomicU64>,
 }
 
-type Hop = ProbeClient<Resilience<ClientDeadline<ReadyChannel>>>;
+type Hop = ProbeClient<Resilience<RoundRobin>>;
+
+/// A channel to one or more replicas of the next hop, each through the
+/// client layer, taking them in turn call by call (the order a round-robin
+/// balancer keeps); under the resilience layer, so that a retry goes to
+/// the next replica.
+#[derive(Clone)]
+struct RoundRobin {
+    replicas: Arc<[ClientDeadline<ReadyChannel>]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Service<http::Request<tonic::body::Body>> for RoundRobin {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Each call waits for its replica's readiness in `oneshot`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.replicas.len();
+        let replica = self.replicas[turn].clone();
+        Box::pin(async move {
+            let response = replica.oneshot(request).await?;
+            Ok(response.map(tonic::body::Body::new))
+        })
+    }
+}
+
+/// How a hop's client retries.
+#[derive(Debug, Clone)]
+struct Policy {
+    config: String,
+    chain: bool,
+    per_attempt: Option<Duration>,
+}
 
 /// A or B: counts every attempt, calls the next hop, and answers what it
 /// got: a handler that returns the status it was given.
@@ -159,6 +255,12 @@ impl probe::CallOnly for Last {
         let fails = match self.mode {
             Leaf::Down => true,
             Leaf::Failing(p) => fastrand::f64() < p,
+            Leaf::Hanging => {
+                // Until the attempt's deadline ends the request.
+                std::future::pending::<()>().await;
+                true
+            }
+            Leaf::Up => false,
         };
         if fails {
             return Err(Status::unavailable("C is down"));
@@ -176,50 +278,88 @@ impl probe::CallOnly for Relay {
     }
 }
 
-/// A hop's client of `addr`: the resilience layer over the client layer.
-async fn hop(addr: SocketAddr, config: &str, chain: bool) -> anyhow::Result<Hop> {
-    let channel = ReadyChannel::connect(&net::endpoint(addr)?).await?;
+/// A hop's client of the replicas at `addrs`: the resilience layer over
+/// the client layer of each.
+async fn hop(addrs: &[SocketAddr], policy: &Policy) -> anyhow::Result<Hop> {
+    let mut replicas = Vec::new();
+    for addr in addrs {
+        replicas.push(net::layered(
+            ReadyChannel::connect(&net::endpoint(*addr)?).await?,
+        ));
+    }
+    let mut layer =
+        ResilienceLayer::from_service_config(&policy.config)?.chain_budget(policy.chain);
+    if let Some(cap) = policy.per_attempt {
+        layer = layer.per_attempt_timeout(cap);
+    }
     Ok(ProbeClient::new(
         tower::ServiceBuilder::new()
-            .layer(ResilienceLayer::from_service_config(config)?.chain_budget(chain))
-            .service(net::layered(channel)),
+            .layer(layer)
+            .service(RoundRobin {
+                replicas: replicas.into(),
+                next: Arc::default(),
+            }),
     ))
 }
 
-/// A → B → C, served; A's address and the three counters.
+/// A → B → C, served; A's address and the three counters (B's and C's
+/// summed over their replicas).
 struct Chain {
     a: SocketAddr,
     seen: [Arc<AtomicU64>; 3],
 }
 
-async fn chain(mode: Leaf, config: &str, chain: bool) -> anyhow::Result<Chain> {
+/// How C answers: every replica of B alike, or the first one's path
+/// broken (`broken`: how its own C answers).
+#[derive(Debug, Clone, Copy)]
+struct Leaves {
+    mode: Leaf,
+    broken: Option<Leaf>,
+}
+
+async fn serve(service: impl probe::CallOnly) -> anyhow::Result<SocketAddr> {
+    net::serve(
+        "127.0.0.1:0",
+        Routes::new(ProbeServer::new(service)),
+        Some(tonic_deadline::ServerDeadlineLayer::new()),
+    )
+    .await
+}
+
+async fn chain(leaves: Leaves, hops: &Policy) -> anyhow::Result<Chain> {
     let seen = [
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
     ];
-    let mut next = net::serve(
-        "127.0.0.1:0",
-        Routes::new(ProbeServer::new(Last {
-            mode,
-            seen: seen[2].clone(),
-        })),
-        Some(tonic_deadline::ServerDeadlineLayer::new()),
-    )
-    .await?;
-    // B in front of C, then A in front of B.
-    for seen in [&seen[1], &seen[0]] {
-        next = net::serve(
-            "127.0.0.1:0",
-            Routes::new(ProbeServer::new(Relay {
-                next: hop(next, config, chain).await?,
-                seen: seen.clone(),
-            })),
-            Some(tonic_deadline::ServerDeadlineLayer::new()),
-        )
-        .await?;
+    let leaf = |mode| Last {
+        mode,
+        seen: seen[2].clone(),
+    };
+    let c = serve(leaf(leaves.mode)).await?;
+    // B in front of C (B1 in front of a broken C if its path is broken),
+    // then A in front of B's replicas.
+    let mut b = Vec::new();
+    let replicas = if leaves.broken.is_some() { REPLICAS } else { 1 };
+    for replica in 0..replicas {
+        let next = match leaves.broken {
+            Some(mode) if replica == 0 => serve(leaf(mode)).await?,
+            _ => c,
+        };
+        b.push(
+            serve(Relay {
+                next: hop(&[next], hops).await?,
+                seen: seen[1].clone(),
+            })
+            .await?,
+        );
     }
-    Ok(Chain { a: next, seen })
+    let a = serve(Relay {
+        next: hop(&b, hops).await?,
+        seen: seen[0].clone(),
+    })
+    .await?;
+    Ok(Chain { a, seen })
 }
 
 impl Chain {
@@ -241,12 +381,11 @@ async fn root_call(client: &mut Hop) -> bool {
 /// first alone, first).
 async fn calls(
     chain: &Chain,
-    config: &str,
-    stack: bool,
+    root: &Policy,
     calls: u64,
     at_once: u64,
 ) -> anyhow::Result<(u64, u64, [u64; 3])> {
-    let client = hop(chain.a, config, stack).await?;
+    let client = hop(&[chain.a], root).await?;
     let mut first = client.clone();
     let mut ok = u64::from(root_call(&mut first).await);
     let after_first = chain.seen();
@@ -272,13 +411,12 @@ async fn calls(
 /// its own, `FAN_IN_RATE` calls a second each, for `outage`.
 async fn fan_in(
     chain: &Chain,
-    config: &str,
-    stack: bool,
+    root: &Policy,
     outage: Duration,
 ) -> anyhow::Result<(u64, u64, [u64; 3])> {
     let mut clients = Vec::new();
     for _ in 0..FAN_IN_CLIENTS {
-        clients.push(hop(chain.a, config, stack).await?);
+        clients.push(hop(&[chain.a], root).await?);
     }
     let gap = Duration::from_secs_f64(1.0 / FAN_IN_RATE);
     let started = Instant::now();
@@ -319,20 +457,52 @@ async fn fan_in(
     Ok((made, ok, after_first))
 }
 
+/// One case, one stack, once.
 async fn row(case: &str, stack: &str, fan_in_outage: Duration) -> anyhow::Result<Row> {
-    let ours = stack == "ours";
     let throttling = case.contains("throttling");
-    let config = config(throttling);
-    let mode = if case == "5 % failures" {
-        Leaf::Failing(0.05)
-    } else {
-        Leaf::Down
+    let slow = case.ends_with("slow");
+    let retrying = Policy {
+        config: config(throttling, slow),
+        chain: stack != "per-hop",
+        per_attempt: slow.then_some(SLOW_ATTEMPT),
     };
-    let chain = chain(mode, &config, ours).await?;
+    // The hops in the chain; the root retries on every stack.
+    let hops = if stack == "edge only" {
+        Policy {
+            config: NO_RETRIES.to_owned(),
+            ..retrying.clone()
+        }
+    } else {
+        retrying.clone()
+    };
+    let leaves = match case {
+        "5 % failures" => Leaves {
+            mode: Leaf::Failing(0.05),
+            broken: None,
+        },
+        "outage, slow" => Leaves {
+            mode: Leaf::Hanging,
+            broken: None,
+        },
+        "replicas, one path down" => Leaves {
+            mode: Leaf::Up,
+            broken: Some(Leaf::Down),
+        },
+        "replicas, one path slow" => Leaves {
+            mode: Leaf::Up,
+            broken: Some(Leaf::Hanging),
+        },
+        _ => Leaves {
+            mode: Leaf::Down,
+            broken: None,
+        },
+    };
+    let chain = chain(leaves, &hops).await?;
     let (root, ok, first) = match case {
-        "outage" | "outage, throttling" => calls(&chain, &config, ours, 20, 4).await?,
-        "5 % failures" => calls(&chain, &config, ours, 2000, 8).await?,
-        _ => fan_in(&chain, &config, ours, fan_in_outage).await?,
+        "5 % failures" => calls(&chain, &retrying, 2000, 8).await?,
+        "fan-in, throttling" => fan_in(&chain, &retrying, fan_in_outage).await?,
+        _ if leaves.broken.is_some() => calls(&chain, &retrying, REPLICA_CALLS, 4).await?,
+        _ => calls(&chain, &retrying, 20, 4).await?,
     };
     let seen = chain.seen();
     let per_root = |n: u64| n as f64 / root.max(1) as f64;
@@ -341,16 +511,58 @@ async fn row(case: &str, stack: &str, fan_in_outage: Duration) -> anyhow::Result
     } else {
         1.0
     };
+    let at_leaf = round3(per_root(seen[2]));
+    let ok_share = round4(ok as f64 / root.max(1) as f64);
     Ok(Row {
         stack: stack.to_owned(),
         case: case.to_owned(),
         root_calls: root,
-        attempts_at_leaf_per_root: round3(per_root(seen[2])),
+        attempts_at_leaf_per_root: at_leaf,
         attempts_at_b_per_root: round3(per_root(seen[1])),
         attempts_at_a_per_root: round3(per_root(seen[0])),
         first_attempts_at_leaf: round3(first[2] as f64 / first_root),
-        root_ok_share: round4(ok as f64 / root.max(1) as f64),
+        root_ok_share: ok_share,
+        attempts_at_leaf_runs: vec![at_leaf],
+        root_ok_runs: vec![ok_share],
     })
+}
+
+/// The median of `xs` (the lower of the middle two for an even count).
+fn median(xs: &[f64]) -> f64 {
+    let mut sorted = xs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted
+        .get(sorted.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// One row from the same case's runs: each figure their median.
+fn combine(runs: &[Row]) -> Row {
+    let each = |f: fn(&Row) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    let first = runs.first().cloned().unwrap_or_default();
+    Row {
+        root_calls: each(|r| r.root_calls as f64) as u64,
+        attempts_at_leaf_per_root: each(|r| r.attempts_at_leaf_per_root),
+        attempts_at_b_per_root: each(|r| r.attempts_at_b_per_root),
+        attempts_at_a_per_root: each(|r| r.attempts_at_a_per_root),
+        first_attempts_at_leaf: each(|r| r.first_attempts_at_leaf),
+        root_ok_share: each(|r| r.root_ok_share),
+        attempts_at_leaf_runs: runs.iter().map(|r| r.attempts_at_leaf_per_root).collect(),
+        root_ok_runs: runs.iter().map(|r| r.root_ok_share).collect(),
+        ..first
+    }
+}
+
+/// `median (min–max)` of a figure over the runs.
+fn spread(median: f64, runs: &[f64], digits: usize) -> String {
+    let min = runs.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if runs.len() < 2 || min == max {
+        format!("{median:.digits$}")
+    } else {
+        format!("{median:.digits$} ({min:.digits$}–{max:.digits$})")
+    }
 }
 
 fn round3(x: f64) -> f64 {
@@ -361,39 +573,53 @@ fn round4(x: f64) -> f64 {
     (x * 10_000.0).round() / 10_000.0
 }
 
-/// Runs every case with both stacks, the fan-in outage lasting
-/// `fan_in_outage`.
+/// Runs every case with every stack, `runs` times, the fan-in outage
+/// lasting `fan_in_outage`.
 ///
 /// # Errors
 ///
 /// When a hop cannot be served or connected to.
-pub async fn measure(fan_in_outage: Duration) -> anyhow::Result<Amplification> {
-    let mut rows = Vec::new();
-    for case in CASES {
-        for stack in STACKS {
-            rows.push(row(case, stack, fan_in_outage).await?);
+pub async fn measure(fan_in_outage: Duration, runs: usize) -> anyhow::Result<Amplification> {
+    let mut measured: Vec<Vec<Row>> = Vec::new();
+    for run in 0..runs.max(1) {
+        let mut i = 0;
+        for case in CASES {
+            for stack in STACKS {
+                let row = row(case, stack, fan_in_outage).await?;
+                if run == 0 {
+                    measured.push(Vec::new());
+                }
+                measured[i].push(row);
+                i += 1;
+            }
         }
     }
     Ok(Amplification {
-        rows,
+        rows: measured.iter().map(|runs| combine(runs)).collect(),
         fan_in_ms: fan_in_outage.as_secs_f64() * 1000.0,
+        runs: runs.max(1),
     })
 }
 
 impl Experiment for Amplification {
     const NAME: &'static str = "amplification";
-    const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, and under fan-in: attempts reaching C per root call, one budget for the chain beside per-hop retries";
+    const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, under fan-in, never answering, and behind three replicas of B one of whose paths is broken: attempts reaching C per root call and calls answered OK, one budget for the chain beside per-hop retries and retries at the edge only";
     const SECTION: Option<Section> = Some(Section::RetriesAcrossHops);
     type Args = Args;
 
     fn demo_args() -> Args {
         Args {
             fan_in_ms: DEMO_FAN_IN_MS,
+            runs: RUNS,
         }
     }
 
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
-        measure(Duration::from_millis(args.fan_in_ms.clamp(500, 60_000))).await
+        measure(
+            Duration::from_millis(args.fan_in_ms.clamp(500, 60_000)),
+            args.runs.clamp(1, 9),
+        )
+        .await
     }
 
     fn outcome(&self) -> Outcome {
@@ -407,14 +633,17 @@ impl Experiment for Amplification {
                     r.root_calls.to_string(),
                     format!("{:.2}", r.attempts_at_a_per_root),
                     format!("{:.2}", r.attempts_at_b_per_root),
-                    format!("{:.2}", r.attempts_at_leaf_per_root),
+                    spread(r.attempts_at_leaf_per_root, &r.attempts_at_leaf_runs, 2),
                     format!("{:.2}", r.first_attempts_at_leaf),
-                    format!("{:.4}", r.root_ok_share),
+                    spread(r.root_ok_share, &r.root_ok_runs, 4),
                 ]
             })
             .collect();
         Outcome {
-            title: "amplification: retries on every hop of client → A → B → C (maxAttempts 3, UNAVAILABLE), ours with one budget for the chain beside per-hop retries".into(),
+            title: format!(
+                "amplification: retries on client → A → B → C (maxAttempts 3, UNAVAILABLE), ours with one budget for the chain beside per-hop retries and retries at the edge only; each figure the median of {} runs (min–max where they differ)",
+                self.runs.max(1)
+            ),
             json: crate::report::to_json(self),
             columns: vec![
                 "case",
@@ -432,7 +661,11 @@ impl Experiment for Amplification {
                     "outage: C fails every call, 20 root calls; 5 % failures: 2 000 root calls; fan-in: {FAN_IN_CLIENTS} root clients on channels of their own, {FAN_IN_RATE} calls a second each, C down for {:.1} s; throttling: retryThrottling (10, 0.1) on every hop",
                     self.fan_in_ms / 1000.0
                 ),
-                "ours: a hop whose retries are spent answers grpc-retry-pushback-ms -1 and the hops above stop; per-hop: ResilienceLayer::chain_budget(false), every hop retries".into(),
+                format!(
+                    "outage, slow: C never answers, each hop caps an attempt at {} ms and retries DEADLINE_EXCEEDED (the method declared idempotent); replicas: A takes {REPLICAS} replicas of B in turn, B1's path to C fails at once (down) or never answers (slow), {REPLICA_CALLS} root calls",
+                    SLOW_ATTEMPT.as_millis()
+                ),
+                "ours: a hop whose retries are spent answers grpc-retry-pushback-ms -1 and the hops above stop; per-hop: ResilienceLayer::chain_budget(false), every hop retries; edge only: the root retries, A and B ship no retryPolicy".into(),
                 "goals for ours: at most 3 attempts at C per root call from the first on; at least 0.995 of root calls OK with 5 % failures; fan-in with throttling: at most 1.1 attempts at C per root call".into(),
             ],
         }

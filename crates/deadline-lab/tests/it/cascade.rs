@@ -10,11 +10,14 @@ use crate::common::timed as lab;
 
 #[test]
 fn amplification_one_retry_budget_for_the_whole_chain() {
+    // One run (about 10 s): the laws below are counts of attempts, the
+    // same in every run, or ratios with wide margins.
     let result: Amplification = lab(&[
         "experiment",
         "amplification",
         "--fan-in-ms",
         "1000",
+        "--runs=1",
         "--json",
     ]);
     let row = |case: &str, stack: &str| {
@@ -22,7 +25,18 @@ fn amplification_one_retry_budget_for_the_whole_chain() {
             .row(case, stack)
             .unwrap_or_else(|| panic!("a row {case:?} / {stack:?}: {result:?}"))
     };
-    let [outage, throttled, failures, fan_in] = amplification::CASES;
+    let [
+        outage,
+        throttled,
+        failures,
+        fan_in,
+        slow,
+        replica_down,
+        // A hanging path: whether the root retries past it is a race
+        // between its own attempt's timer and the marked answer from
+        // below, so no law is asserted on it.
+        _replica_slow,
+    ] = amplification::CASES;
 
     // Down for good: every hop's policy allows 3 attempts. Per hop they
     // multiply (3 × 3 × 3); with the chain's one budget the failing leaf
@@ -82,51 +96,161 @@ fn amplification_one_retry_budget_for_the_whole_chain() {
         ours.attempts_at_leaf_per_root < per_hop.attempts_at_leaf_per_root,
         "{ours:?} vs {per_hop:?}"
     );
+
+    // Retries at the edge alone: the root's 3 attempts, each down the
+    // whole chain once.
+    let edge = row(outage, "edge only");
+    assert_eq!(
+        (edge.attempts_at_a_per_root, edge.attempts_at_leaf_per_root),
+        (3.0, 3.0),
+        "the root retries, no hop below it does: {edge:?}"
+    );
+
+    // Attempts that run out of time: each hop caps an attempt at 100 ms,
+    // so a retry below the root finds its caller's time spent. No stack
+    // sends C more than the root's attempts.
+    for stack in amplification::STACKS {
+        let r = row(slow, stack);
+        assert!(
+            r.attempts_at_leaf_per_root <= 3.0 && r.root_ok_share == 0.0,
+            "{stack}: slow failures are bounded by the time, not the policy: {r:?}"
+        );
+    }
+
+    // Three replicas of B, one whose path to C is broken. The chain's one
+    // budget stops the retry at A that would reach a healthy replica: the
+    // availability it costs is measured, not hidden.
+    let (ours, per_hop, edge) = (
+        row(replica_down, "ours"),
+        row(replica_down, "per-hop"),
+        row(replica_down, "edge only"),
+    );
+    assert!(
+        ours.root_ok_share < 0.8 && per_hop.root_ok_share > ours.root_ok_share + 0.15,
+        "the chain budget fails the calls that met the broken path: {ours:?} vs {per_hop:?}"
+    );
+    assert!(
+        edge.root_ok_share > ours.root_ok_share + 0.15,
+        "a retry at the edge reaches another replica: {edge:?} vs {ours:?}"
+    );
+    assert!(
+        ours.attempts_at_leaf_per_root <= 3.0,
+        "ours: still at most maxAttempts at C: {ours:?}"
+    );
 }
 
+/// The short timeline the suite runs: 1 s of load, a 2 s trigger, 2 s
+/// after it; three runs, each of both triggers, plain tonic's stacks and
+/// ours apart (12 timelines of about 6.5 s, some 80 s in all). Long
+/// enough after the trigger for a stack that stays down to be seen
+/// staying down, and for "back, and staying back" to fail.
+const SHORT: [&str; 10] = [
+    "experiment",
+    "metastable",
+    "--before-ms",
+    "1000",
+    "--trigger-ms",
+    "2000",
+    "--after-ms",
+    "2000",
+    "--json",
+    "--runs=3",
+];
+
 #[test]
-fn metastable_goodput_returns_when_the_trigger_ends() {
-    let result: Metastable = lab(&[
-        "experiment",
-        "metastable",
-        "--before-ms",
-        "1000",
-        "--trigger-ms",
-        "2000",
-        "--after-ms",
-        "2000",
-        "--json",
-    ]);
+fn metastable_goodput_returns_on_ours_and_what_each_stack_does() {
+    let result: Metastable = lab(&SHORT);
+    assert_eq!(result.runs, 3, "each figure is the median of three runs");
     for trigger in metastable::TRIGGERS {
         let row = |stack: &str| {
             result
                 .row(stack, trigger)
                 .unwrap_or_else(|| panic!("a row {stack:?} / {trigger:?}: {result:?}"))
         };
-        let (ours, plain) = (row("ours"), row("plain"));
+        let [no_retries, careful, retry_loop, ours] = metastable::STACKS.map(row);
         assert_eq!(ours.goodput.len(), 5, "a figure a second: {ours:?}");
+        assert_eq!(
+            ours.recovery_s_runs.len(),
+            3,
+            "every run's recovery: {ours:?}"
+        );
+
+        // Ours: serves what the trigger leaves (a generous bound: a busy
+        // machine costs every stack some), is back after it and stays
+        // back, and starts no query for a caller gone.
         assert!(
-            ours.during_share_of_remaining >= 0.9,
+            ours.during_share_of_remaining >= 0.7,
             "{trigger}: during the trigger ours serves what capacity is left: {ours:?}"
         );
         assert!(
-            ours.recovery_s.is_some_and(|s| s <= 1.0),
-            "{trigger}: ours is back within a second of the trigger's end: {ours:?}"
+            ours.recovery_s.is_some(),
+            "{trigger}: ours is back after the trigger, to the end of the run: {ours:?}"
         );
         assert!(
             ours.expired_work_share <= 0.01,
             "{trigger}: no work for callers already gone: {ours:?}"
         );
-        // The same trigger on plain tonic is the experiment's reason to
-        // exist: it must hurt, and outlast itself.
         assert!(
-            plain.expired_work_share >= 0.1,
-            "{trigger}: plain tonic queues work for callers gone: {plain:?}"
+            ours.attempts_per_call <= 1.05,
+            "{trigger}: ours's refusals are DEADLINE_EXCEEDED, which its policy does not retry: {ours:?}"
         );
-        let last = |r: &metastable::Row| r.goodput.last().copied().unwrap_or(0.0);
+
+        // The hand-written retry loop multiplies the load and stays down
+        // after the trigger: the collapse is the loop's.
         assert!(
-            last(plain) < 0.5 * last(ours),
-            "{trigger}: plain tonic is still down after the trigger: {plain:?} vs {ours:?}"
+            retry_loop.recovery_s.is_none(),
+            "{trigger}: the hand-written loop does not come back: {retry_loop:?}"
+        );
+        assert!(
+            retry_loop.attempts_per_call > 2.0 && retry_loop.expired_work_share >= 0.1,
+            "{trigger}: the loop sends several attempts a call, and the pool works for callers gone: {retry_loop:?}"
+        );
+
+        // Plain tonic with the deadline sent and no retries: one attempt a
+        // call, and FIFO queueing serves almost nothing in time while the
+        // trigger lasts.
+        assert!(
+            no_retries.attempts_per_call <= 1.01,
+            "{trigger}: one attempt a call: {no_retries:?}"
+        );
+        assert!(
+            no_retries.during_share_of_remaining < 0.5 * ours.during_share_of_remaining,
+            "{trigger}: a FIFO queue of callers that wait out their deadline: {no_retries:?} vs {ours:?}"
+        );
+
+        // Careful plain tonic: load shedding keeps it serving during the
+        // trigger, and its budgeted retries do engage.
+        assert!(
+            careful.during_share_of_remaining > 2.0 * no_retries.during_share_of_remaining
+                && careful.during_share_of_remaining >= 0.5,
+            "{trigger}: shedding what the limit cannot take keeps goodput: {careful:?} vs {no_retries:?}"
+        );
+        assert!(
+            careful.attempts_per_call > 1.0,
+            "{trigger}: tower::retry retries what was shed: {careful:?}"
+        );
+        assert!(
+            careful.attempts_per_call < retry_loop.attempts_per_call,
+            "{trigger}: the budget bounds the retries the loop multiplies: {careful:?} vs {retry_loop:?}"
+        );
+
+        // A bounded queue refuses with RESOURCE_EXHAUSTED, which ours's
+        // policy retries: the one stack of ours whose retries engage.
+        let bounded = row("ours, bounded queue");
+        assert!(
+            bounded.attempts_per_s_during > ours.attempts_per_s_during,
+            "{trigger}: the bounded queue's refusals are retried: {bounded:?} vs {ours:?}"
         );
     }
+    // Without newest-first, a standing queue under twice the load hands
+    // the connections to the callers who waited longest.
+    let spike = |stack: &str| {
+        result
+            .row(stack, "spike")
+            .map_or(0.0, |r| r.during_share_of_remaining)
+    };
+    assert!(
+        spike("ours, FIFO queue") < spike("ours") - 0.05,
+        "newest-first does the work under the spike: {result:?}"
+    );
 }

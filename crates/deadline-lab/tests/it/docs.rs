@@ -285,8 +285,9 @@ impl Table {
 }
 
 /// A figure as the docs print it: `−0.13`, `5.4 %`, `+2410`, `1 000`,
-/// `105.0 ms`.
+/// `105.0 ms`; of a median and its spread, `0.99 (0.98–0.99)`, the median.
 fn figure(cell: &str) -> f64 {
+    let cell = median_of(cell);
     let plain: String = cell
         .replace('−', "-")
         .chars()
@@ -299,6 +300,17 @@ fn figure(cell: &str) -> f64 {
     plain
         .parse()
         .unwrap_or_else(|_| panic!("{cell:?} must be a figure"))
+}
+
+/// The median of a cell that shows one and its spread over the runs
+/// (`0.99 (0.98–0.99)`); the cell itself if it shows one figure.
+fn median_of(cell: &str) -> &str {
+    cell.split_once(" (").map_or(cell, |(median, _)| median)
+}
+
+/// Whether a cell shows a median and its spread over several runs.
+fn has_spread(cell: &str) -> bool {
+    cell.contains(" (") && cell.ends_with(')') && cell.contains('–')
 }
 
 /// The figures of a cell that lists several (`0 / 34 / 109`).
@@ -575,6 +587,7 @@ fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
     let empty = Amplification {
         rows: Vec::new(),
         fan_in_ms: 0.0,
+        runs: 0,
     };
     table.has_the_labs_columns(&empty.outcome().columns);
     let expected: Vec<(&str, &str)> = amplification::CASES
@@ -583,11 +596,20 @@ fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
         .collect();
     assert_eq!(table.labels2(), expected, "{}: the lab's rows", table.name);
     let at = |case: &str, stack: &str, column: &str| figure(table.cell2(case, stack, column));
-    let [outage, throttled, failures, fan_in] = amplification::CASES;
+    let [
+        outage,
+        throttled,
+        failures,
+        fan_in,
+        slow,
+        replica_down,
+        _replica_slow,
+    ] = amplification::CASES;
     assert_eq!(at(outage, "ours", "at C per root"), 3.0, "maxAttempts at C");
     assert_eq!(at(outage, "ours", "at A per root"), 1.0);
     assert_eq!(at(outage, "ours", "at B per root"), 1.0);
     assert_eq!(at(outage, "per-hop", "at C per root"), 27.0, "3 × 3 × 3");
+    assert_eq!(at(outage, "edge only", "at C per root"), 3.0);
     assert!(at(throttled, "ours", "at C, first root call") <= 3.0);
     assert!(
         at(throttled, "per-hop", "at C, first root call")
@@ -596,6 +618,14 @@ fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
     assert!(at(failures, "ours", "root OK share") >= 0.995);
     assert!(at(fan_in, "ours", "at C per root") <= 1.1);
     assert!(at(fan_in, "ours", "at C per root") < at(fan_in, "per-hop", "at C per root"));
+    for stack in amplification::STACKS {
+        assert!(at(slow, stack, "at C per root") <= 3.0, "{stack}");
+    }
+    // The availability the chain budget costs with replicas is shown.
+    assert!(
+        at(replica_down, "ours", "root OK share") + 0.15
+            < at(replica_down, "per-hop", "root OK share")
+    );
 }
 
 #[test]
@@ -606,34 +636,87 @@ fn docs_metastable_table_holds_the_laws_experiment_metastable_asserts() {
         capacity_rps: 0.0,
         offered_rps: 0.0,
         timeline_s: [0.0; 3],
+        runs: 0,
     };
     table.has_the_labs_columns(&empty.outcome().columns);
     let expected: Vec<(&str, &str)> = metastable::TRIGGERS
         .iter()
-        .flat_map(|trigger| metastable::STACKS.map(|stack| (*trigger, stack)))
+        .flat_map(|trigger| {
+            metastable::STACKS
+                .iter()
+                .chain(&metastable::ABLATIONS)
+                .map(|stack| (*trigger, *stack))
+        })
         .collect();
     assert_eq!(table.labels2(), expected, "{}: the lab's rows", table.name);
+    let recovery = |cell: &str| match median_of(cell) {
+        "never" => f64::INFINITY,
+        figure_ => figure(figure_),
+    };
     for trigger in metastable::TRIGGERS {
         let cell = |stack: &str, column: &str| table.cell2(trigger, stack, column);
-        assert!(figure(cell("ours", "recovery s")) <= 1.0, "{trigger}");
+        for stack in metastable::STACKS.iter().chain(&metastable::ABLATIONS) {
+            assert!(
+                has_spread(cell(stack, "recovery s"))
+                    && has_spread(cell(stack, "during / capacity left")),
+                "{trigger} / {stack}: the median of the runs and their spread"
+            );
+        }
+        assert!(recovery(cell("ours", "recovery s")) <= 1.0, "{trigger}");
         assert!(
-            figure(cell("ours", "during / capacity left")) >= 0.9,
+            figure(cell("ours", "during / capacity left")) >= 0.85,
             "{trigger}"
         );
         assert!(
             figure(cell("ours", "work for callers gone")) <= 0.01,
             "{trigger}"
         );
+        let retry_loop = "hand-written retry loop";
         assert!(
-            figure(cell("plain", "work for callers gone")) >= 0.1,
-            "{trigger}: the trigger hurts plain tonic"
+            figure(cell(retry_loop, "work for callers gone")) >= 0.1,
+            "{trigger}: the loop's attempts fill the pool with work for callers gone"
         );
-        let plain = cell("plain", "recovery s");
         assert!(
-            plain == "never" || figure(plain) > figure(cell("ours", "recovery s")),
-            "{trigger}: plain tonic stays down longer: {plain}"
+            recovery(cell(retry_loop, "recovery s")) > recovery(cell("ours", "recovery s")),
+            "{trigger}: the loop stays down longer"
+        );
+        assert!(
+            figure(cell("plain, no retries", "during / capacity left"))
+                < 0.5 * figure(cell("ours", "during / capacity left")),
+            "{trigger}: plain tonic without retries, FIFO, serves little during the trigger"
+        );
+        assert!(
+            figure(cell("ours, bounded queue", "attempts/s during"))
+                > figure(cell("ours", "attempts/s during")),
+            "{trigger}: the bounded queue's refusals are retried"
         );
     }
+}
+
+#[test]
+fn readme_quotes_the_metastable_figures_of_the_measured_table() {
+    let table = measured_table("experiment metastable");
+    let readme = read("README.md");
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| overload that outlives its trigger"))
+        .expect("README.md must show the metastable row");
+    let cells = cells(row);
+    let recovery = |stack: &str| median_of(table.cell2("capacity", stack, "recovery s")).to_owned();
+    let careful = format!("`tower::retry`: back in {} s", recovery("careful plain"));
+    assert!(
+        cells[1].contains("hand-written retry loop")
+            && recovery("hand-written retry loop") == "never"
+            && cells[1].contains(&careful),
+        "README's baseline cell names each stack with the docs' figures: {:?}, want {careful:?}",
+        cells[1]
+    );
+    let ours = format!("back in {} s", recovery("ours"));
+    assert!(
+        cells[2].starts_with(&ours),
+        "README's cell for ours quotes the docs' figure: {:?}, want {ours:?}",
+        cells[2]
+    );
 }
 
 #[test]

@@ -298,17 +298,19 @@ fn the_report_plots_goodput_through_a_trigger_and_attempts_across_hops() {
         attempts: vec![180.0; goodput.len()],
         expired_share: vec![0.0; goodput.len()],
         goodput,
+        ..metastable::Row::default()
     };
     let m = Metastable {
-        rows: vec![
-            row("plain", "capacity", vec![0.9, 0.2, 0.0, 0.0]),
-            row("ours", "capacity", vec![0.9, 0.2, 0.9, 0.9]),
-            row("plain", "spike", vec![0.9, 0.9, 0.0, 0.0]),
-            row("ours", "spike", vec![0.9, 1.0, 0.9, 0.9]),
-        ],
+        rows: metastable::TRIGGERS
+            .iter()
+            .flat_map(|trigger| {
+                metastable::STACKS.map(|stack| row(stack, trigger, vec![0.9, 0.2, 0.9, 0.9]))
+            })
+            .collect(),
         capacity_rps: 200.0,
         offered_rps: 180.0,
         timeline_s: [1.0, 1.0, 2.0],
+        runs: 3,
     };
     let a = Amplification {
         rows: amplification::CASES
@@ -323,10 +325,12 @@ fn the_report_plots_goodput_through_a_trigger_and_attempts_across_hops() {
                     attempts_at_a_per_root: 1.0,
                     first_attempts_at_leaf: 3.0,
                     root_ok_share: 0.0,
+                    ..amplification::Row::default()
                 })
             })
             .collect(),
         fan_in_ms: 2000.0,
+        runs: 3,
     };
     let html = render(&[step("metastable", &m), step("amplification", &a)], 1.0);
     for chart in ["metastable-capacity", "metastable-spike"] {
@@ -334,14 +338,15 @@ fn the_report_plots_goodput_through_a_trigger_and_attempts_across_hops() {
             .split("<svg ")
             .find(|svg| svg.contains(&format!("data-chart=\"{chart}\"")))
             .unwrap_or_else(|| panic!("the report must plot {chart}"));
+        let lines = metastable::STACKS.len() + 1;
         assert_eq!(
             svg.matches("<polyline class=\"line").count(),
-            3,
-            "plain, ours and the offered load in {chart}"
+            lines,
+            "every stack and the offered load in {chart}"
         );
         assert_eq!(
             svg.matches("<circle class=\"point").count(),
-            3 * 4,
+            lines * 4,
             "a point per line and second in {chart}"
         );
     }
