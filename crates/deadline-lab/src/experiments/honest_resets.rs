@@ -40,10 +40,7 @@ use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
@@ -194,24 +191,15 @@ impl probe::CallOnly for Worker {
 /// A server started for one row.
 struct Running {
     addr: SocketAddr,
-    stop: oneshot::Sender<()>,
+    stop: net::Stop,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
 impl Running {
     async fn start(kind: Kind, metrics: &Metrics) -> anyhow::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let incoming = TcpListenerStream::new(listener).map(|conn| {
-            conn.inspect(|stream| {
-                let _ = stream.set_nodelay(true);
-            })
-        });
+        let (incoming, addr) = net::bind("127.0.0.1:0").await?;
         let routes = Routes::new(ProbeServer::new(Worker));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let signal = async {
-            let _ = stopped.await;
-        };
+        let (stop, signal) = net::Stop::new();
         let task = match kind {
             Kind::Plain => tonic_deadline::detach(
                 Server::builder()
@@ -239,7 +227,7 @@ impl Running {
     }
 
     async fn stop(self) {
-        let _ = self.stop.send(());
+        self.stop.stop();
         let mut task = self.task;
         if tokio::time::timeout(Duration::from_secs(2), &mut task)
             .await
