@@ -265,7 +265,7 @@ impl Receiver {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let spans = Arc::new(Mutex::new(Vec::new()));
         let service = TraceServiceServer::new(Collect(spans.clone()));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = crate::net::Incoming::new(listener);
         // The collector lives as long as the process; no request owns it.
         tonic_deadline::detach(
             tonic::transport::Server::builder()

@@ -266,6 +266,12 @@ impl Experiment for Storm {
     const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = Args;
 
+    /// 1 s windows, as `bench overload` in the demo: at 2x capacity a
+    /// window still holds ~700 calls per variant.
+    fn demo_args() -> Args {
+        Args { window_s: 1.0 }
+    }
+
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
         measure(Load {
             window: Duration::from_secs_f64(args.window_s.clamp(0.5, 30.0)),

@@ -41,8 +41,6 @@ use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
@@ -558,13 +556,7 @@ fn channel(addr: SocketAddr, remembered: usize) -> anyhow::Result<ReadyChannelBu
 /// the library's reset guard, hyper's bound on resets before accept set to
 /// `pending_accept_resets`.
 async fn serve(routes: Routes, pending_accept_resets: usize) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        conn.inspect(|stream| {
-            let _ = stream.set_nodelay(true);
-        })
-    });
+    let (incoming, addr) = net::bind("127.0.0.1:0").await?;
     let guard = ResetGuard::new();
     let server = guard
         .builder()

@@ -41,11 +41,8 @@ use probe::flood::{self, Flood, Shape};
 use probe::tls::Pki;
 use rustix::thread::CpuSet;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic_deadline::observe::Metrics;
@@ -243,7 +240,7 @@ impl Kind {
 /// A server started for one row.
 struct Running {
     addr: SocketAddr,
-    stop: oneshot::Sender<()>,
+    stop: net::Stop,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
@@ -251,23 +248,14 @@ impl Running {
     /// Serves the health check as `kind` says on a free loopback port (over
     /// TLS with `pki`'s server certificate); ours reports to `metrics`.
     async fn start(kind: Kind, metrics: &Metrics, pki: &Pki) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         // No delay on the servers' writes, for all three alike: the
         // honest client's latency is then the servers', not Nagle's.
-        let incoming = TcpListenerStream::new(listener).map(|conn| {
-            conn.inspect(|stream| {
-                let _ = stream.set_nodelay(true);
-            })
-        });
+        let (incoming, addr) = net::bind("127.0.0.1:0").await?;
         // The standard health check: answered at once, so the honest
         // client's latency is the server's own.
         let (_reporter, health) = tonic_health::server::health_reporter();
         let routes = Routes::new(health);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let signal = async {
-            let _ = stopped.await;
-        };
+        let (stop, signal) = net::Stop::new();
         let task = match kind {
             Kind::Plain => tonic_deadline::detach(
                 Server::builder()
@@ -316,7 +304,7 @@ impl Running {
 
     /// Stops the server and waits for it to close (or gives it up).
     async fn stop(self) {
-        let _ = self.stop.send(());
+        self.stop.stop();
         let mut task = self.task;
         if tokio::time::timeout(SHUTDOWN, &mut task).await.is_err() {
             task.abort();

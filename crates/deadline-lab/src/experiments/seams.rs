@@ -20,9 +20,7 @@ use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;
 use tonic::body::Body;
 use tonic::transport::Server;
@@ -145,17 +143,15 @@ impl probe::CallOnly for Sink {
 }
 
 /// B, serving on `listener` until `stop` fires (then its connections close).
-fn serve_sink(sink: Sink, listener: TcpListener) -> oneshot::Sender<()> {
-    let (stop, stopped) = oneshot::channel::<()>();
+fn serve_sink(sink: Sink, listener: TcpListener) -> net::Stop {
+    let (stop, stopped) = net::Stop::new();
     tonic_deadline::detach(
         Server::builder()
             // What the header gives each hop, exactly: no reserve kept for
             // the ledger's answer.
             .layer(ServerDeadlineLayer::new().reply_reserve(Duration::ZERO))
             .add_service(ProbeServer::new(sink))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            }),
+            .serve_with_incoming_shutdown(net::Incoming::new(listener), stopped),
     );
     stop
 }
@@ -457,7 +453,7 @@ async fn measure(way: &Way) -> anyhow::Result<Row> {
             .with_timeout(Duration::from_secs(5))
             .enter(next.clone().call(CallRequest::default()))
             .await?;
-        let _ = stop_sink.send(());
+        stop_sink.stop();
         tokio::time::sleep(Duration::from_millis(50)).await;
         sink.clear();
         stop_sink = serve_sink(sink.clone(), TcpListener::bind(sink_addr).await?);
@@ -471,7 +467,7 @@ async fn measure(way: &Way) -> anyhow::Result<Row> {
     // Let B finish or be stopped: its full work, and some slack.
     tokio::time::sleep_until(started + SLOW + CONNECT + Duration::from_millis(100)).await;
     let entry = sink.last();
-    let _ = stop_sink.send(());
+    stop_sink.stop();
 
     let (warned_after, said) = crate::logs::library_warnings();
     let said: Vec<String> = said
