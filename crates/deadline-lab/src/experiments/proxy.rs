@@ -331,7 +331,8 @@ pub async fn measure() -> anyhow::Result<Proxy> {
     let b_addr = net::serve(
         "127.0.0.1:0",
         Routes::new(ProbeServer::new(b.clone())),
-        Some(ServerDeadlineLayer::new()),
+        // B's deadline is A's plus the transit, exactly: no reserve kept.
+        Some(ServerDeadlineLayer::new().reply_reserve(std::time::Duration::ZERO)),
     )
     .await?;
     let (plain, version) = through(

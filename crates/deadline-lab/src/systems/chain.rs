@@ -218,7 +218,10 @@ pub async fn start_hop(
     if reflection {
         routes = super::with_reflection(routes, probe::FILE_DESCRIPTOR_SET)?;
     }
-    let addr = net::serve(listen, routes, Some(ServerDeadlineLayer::new())).await?;
+    // The chain shows what the header gives each hop, to the microsecond:
+    // its hops keep nothing for the ledger's answer.
+    let layer = ServerDeadlineLayer::new().reply_reserve(std::time::Duration::ZERO);
+    let addr = net::serve(listen, routes, Some(layer)).await?;
     Ok((addr, done))
 }
 
