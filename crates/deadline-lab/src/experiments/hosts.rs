@@ -145,6 +145,9 @@ impl Layout {
             for (name, addr) in peers {
                 args.extend(["--peer".to_owned(), format!("{name}={addr}")]);
             }
+            // The excess is the transit alone: no reserve kept for the
+            // ledger's answer (the chain keeps none either).
+            args.extend(["--reply-reserve-ms".to_owned(), "0".to_owned()]);
         }
         args.extend(transit.args());
         args
