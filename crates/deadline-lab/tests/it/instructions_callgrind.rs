@@ -233,7 +233,8 @@ const BASELINE_REQUESTS: u64 = 1000;
 /// request dearer would flatter every ratio it prints. Loaded the same way,
 /// the README's server (`serve echo`: the reset guard and the layer) costs
 /// the layer alone (`serve echo --layer-only`) plus about 1 % of plain
-/// tonic's request.
+/// tonic's request (held here to 2.5 %: loaded from outside, the figures
+/// move from run to run).
 #[test]
 fn plain_tonic_in_the_lab_costs_what_it_costs_in_a_binary_of_its_own() {
     for (tool, package) in [("valgrind", "valgrind"), ("h2load", "nghttp2-client")] {
@@ -269,11 +270,13 @@ fn plain_tonic_in_the_lab_costs_what_it_costs_in_a_binary_of_its_own() {
     );
     // Loaded from outside, how h2load's requests fall into reads and writes
     // moves each server's figure by a few hundred instructions from run to
-    // run (the two runs go side by side); the bench's own count, made in
-    // one process, holds the guard to 1 % exactly. Here: within 1.5 %.
+    // run (the two runs go side by side): the guard measured +250 to
+    // +1 160 here (one request at a time on one connection moves it as
+    // much). The bench's own count, made in one process, holds the guard
+    // to 1 % exactly; here, against a gross regression: within 2.5 %.
     assert!(
-        readme - layer_alone <= 0.015 * on_its_own,
-        "the README's server must cost the layer alone plus about 1 % of plain tonic's \
+        readme - layer_alone <= 0.025 * on_its_own,
+        "the README's server must cost the layer alone plus at most 2.5 % of plain tonic's \
          request: {readme:.0} against {layer_alone:.0}, plain tonic {on_its_own:.0}"
     );
     let ratio = in_lab / on_its_own;
