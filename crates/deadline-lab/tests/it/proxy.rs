@@ -124,7 +124,7 @@ async fn the_ledger_passes_through_nginx_unchanged() {
     let b = deadline_lab::net::serve(
         "127.0.0.1:0",
         stalls.routes(),
-        Some(ServerDeadlineLayer::new().reply_reserve(Duration::from_millis(10))),
+        Some(ServerDeadlineLayer::new().reply_reserve(Duration::from_millis(25))),
     )
     .await
     .expect("B serves");
@@ -139,7 +139,7 @@ async fn the_ledger_passes_through_nginx_unchanged() {
     let mut through = 0;
     for _ in 0..5 {
         let status = Scope::background()
-            .with_timeout(Duration::from_millis(300))
+            .with_timeout(Duration::from_millis(600))
             .enter(client.call(probe::CallRequest::default()))
             .await
             .expect_err("B stalls");
@@ -155,8 +155,10 @@ async fn the_ledger_passes_through_nginx_unchanged() {
             );
         }
     }
-    // B answers 10 ms before the deadline it was told; through a proxy on
-    // a loaded machine an answer may still lose the race now and then.
+    // B answers 25 ms before the deadline it was told (timers here fire up
+    // to a few ms late, in the debug build the test runs B in, and nginx
+    // adds its own hop); on a loaded machine an answer may still lose the
+    // race now and then. The test is about what nginx does to the answer.
     assert!(
         through >= 4,
         "the ledger came through nginx {through} of 5 times"
