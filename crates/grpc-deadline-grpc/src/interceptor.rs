@@ -21,36 +21,18 @@ use crate::streams::{DeadlineRecvStream, DeadlineSendStream, Watch, late};
 /// The header a call's budget travels in.
 const GRPC_TIMEOUT: &str = "grpc-timeout";
 
-/// What the interceptor does with a call that finds no scope: neither a
+/// What the interceptor does with a call that finds no scope — neither a
 /// current scope on its task ([`Scope::enter`], or a server layer's) nor
-/// anything else.
-///
-/// Inside a server such a call has almost always *lost* its request's
-/// scope (a `tokio::spawn`ed task, a thread): nothing cancels it when the
-/// caller gives up, and it carries no more budget than its own
-/// `CallOptions` deadline.
+/// anything else: the core's policy, [`grpc_deadline::Unscoped`], as the
+/// tonic client layer applies it. Under `Warn` and `Deny` the call is
+/// counted in [`Stats::unscoped`].
 ///
 /// ```
 /// use grpc_deadline_grpc::{DeadlineInterceptor, Unscoped};
 /// let strict = DeadlineInterceptor::new().unscoped(Unscoped::Deny);
 /// # let _ = strict;
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Unscoped {
-    /// Send it as it is, unreported.
-    Allow,
-    /// Send it, count it ([`Stats::unscoped`]) and log a `WARN` naming the
-    /// method (at most one line every ten seconds per interceptor, with the
-    /// number of such calls since the last). The default: code whose call
-    /// is meant to have no scope says so with
-    /// `Scope::background().enter(call)`, or [`Unscoped::Allow`].
-    #[default]
-    Warn,
-    /// Refuse it locally with `FAILED_PRECONDITION`, sending nothing; the
-    /// message names the fix. Counted like `Warn`.
-    Deny,
-}
+pub use grpc_deadline::Unscoped;
 
 /// The message of a call refused by [`Unscoped::Deny`].
 const UNSCOPED_REFUSED: &str = "outbound call made outside any scope: run it under the request's \

@@ -25,7 +25,9 @@ pub mod timeout_header;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod tonic_status;
+mod unscoped;
 pub mod warn_limit;
 
 pub use code::Code;
 pub use scope::{Cause, Ended, JoinSet, Scope, detach, spawn};
+pub use unscoped::Unscoped;

@@ -7,41 +7,17 @@ use super::observer::Observer;
 use grpc_deadline::warn_limit::WarnLimit;
 
 /// What the client layer does with an outbound call that finds no scope —
-/// neither a current scope on its task nor one carried in the request.
-///
-/// Inside a server such a call has almost always *lost* its request's
-/// scope: it was made from a `tokio::spawn`ed task, a tokio `JoinSet`, a
-/// thread of `spawn_blocking`, or from the worker of a tower `Buffer` placed
-/// above this layer. It carries no deadline, and nothing cancels it when
-/// the caller gives up.
+/// neither a current scope on its task nor one carried in the request: the
+/// core's policy, [`grpc_deadline::Unscoped`], the same for every stack.
+/// Under `Warn` and `Deny` the call is counted in the layer's
+/// [`Metrics`](crate::observe::Metrics).
 ///
 /// ```
 /// use tonic_deadline::{ClientDeadlineLayer, client::Unscoped};
 /// let strict = ClientDeadlineLayer::new().unscoped(Unscoped::Deny);
 /// # let _ = strict;
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Unscoped {
-    /// Send it as it is: no deadline, no cancellation, no report.
-    Allow,
-    /// Send it, and report it: counted in the layer's
-    /// [`Metrics`](crate::observe::Metrics), and logged as a `WARN` naming
-    /// the method (at most one line every ten seconds per client, with the
-    /// number of such calls since the last).
-    ///
-    /// The default in every process, server or not: a call without a scope
-    /// carries no deadline and nothing cancels it, which inside a server
-    /// means a request's scope was lost. Code whose call is meant to have
-    /// no deadline says so, as Go code passes `context.Background()`: per
-    /// call with `Scope::background().enter(call)`, or for a whole client
-    /// with [`Unscoped::Allow`].
-    #[default]
-    Warn,
-    /// Refuse it locally with `FAILED_PRECONDITION`, sending nothing; the
-    /// message names the fix. Counted like `Warn`.
-    Deny,
-}
+pub use grpc_deadline::Unscoped;
 
 /// The fixed text of a refused unscoped call.
 pub(crate) const UNSCOPED_REFUSED: &str = "outbound call made outside any scope: run it under the request's scope \
