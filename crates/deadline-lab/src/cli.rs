@@ -109,9 +109,16 @@ enum System {
         listen: String,
         #[arg(long, default_value_t = 100)]
         hop_ms: u64,
-        /// Run only this hop (A, B or C); it calls `--next`.
+        /// Run only this hop (A, B, C, or D for a fourth); it calls
+        /// `--next`.
         #[arg(long)]
         role: Option<String>,
+        /// Keep the server layer's default reserve for the answer's way
+        /// back (`server::default_reply_reserve`), as a server with nothing
+        /// set does; otherwise each hop keeps none, so the budgets it
+        /// reports are exact.
+        #[arg(long, requires = "role")]
+        default_reply_reserve: bool,
         /// The address of the hop this one calls.
         #[arg(long)]
         next: Option<std::net::SocketAddr>,
@@ -418,6 +425,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                         listen,
                         hop_ms,
                         role,
+                        default_reply_reserve,
                         next,
                         transit_allowance_ms,
                         transit_from_round_trip,
@@ -429,7 +437,8 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                         match role {
                             Some(role) => {
                                 let name = systems::chain::hop_name(&role)?;
-                                systems::chain::start_hop(
+                                let exact = Some(Duration::ZERO);
+                                systems::chain::start_hop_with_reserve(
                                     name,
                                     &listen,
                                     plan,
@@ -439,6 +448,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                         transit_from_round_trip,
                                     ),
                                     true,
+                                    exact.filter(|_| !default_reply_reserve),
                                 )
                                 .await?
                                 .0

@@ -12,6 +12,9 @@
 //! Every case runs twice: with every hop keeping [`REPLY_RESERVE`] for its
 //! answer, and with the defaults (nothing set: the server layer's default
 //! reserve, `server::default_reply_reserve`, keeps time for the answer).
+//! Then, with the defaults, a chain as a user builds it:
+//! `four processes, D stalls, defaults`, four `serve chain` processes
+//! A → B → C → D, D stalled, under a 600 ms root scope.
 //! For each: the
 //! share of runs whose ledger reached the stalled hop's line, the share
 //! that named it (the hop that spent the most time itself), how far the
@@ -65,7 +68,8 @@ pub struct LedgerResult {
 /// One stall case over many runs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
-    /// `IM route stalls`, `shop pricing late`, `a retried call`.
+    /// `IM route stalls`, `shop pricing late`, `a retried call` (each
+    /// also `…, defaults`), [`FOUR_PROCESSES`].
     pub case: String,
     /// Runs made.
     pub runs: usize,
@@ -270,7 +274,60 @@ const RETRIED_SPANS: usize = 7;
 pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResult> {
     let mut rows = cases(n, Some(REPLY_RESERVE), Some(receiver)).await?;
     rows.extend(cases(n, None, None).await?);
+    rows.push(four_processes(n).await?);
     Ok(LedgerResult { rows })
+}
+
+/// The case of a chain of separate processes: what a user builds.
+pub const FOUR_PROCESSES: &str = "four processes, D stalls, defaults";
+
+/// A chain of four `deadline-lab serve chain` processes, A → B → C → D,
+/// each with the server layer's defaults and the README's client to the
+/// next (`ClientDeadlineLayer` over `ReadyChannel::lazy`); A, B and C work
+/// 20 ms, D stalls; the root calls A with a 600 ms scope, `n` runs.
+///
+/// # Errors
+///
+/// When a hop's process cannot start.
+async fn four_processes(n: usize) -> anyhow::Result<Row> {
+    let exe = crate::process::lab_exe()?;
+    let mut hops = Vec::new();
+    let mut next: Option<std::net::SocketAddr> = None;
+    for (role, work_ms) in [("D", "30000"), ("C", "20"), ("B", "20"), ("A", "20")] {
+        let mut command = std::process::Command::new(&exe);
+        command.args(["serve", "chain", "--role", role, "--hop-ms", work_ms]);
+        command.arg("--default-reply-reserve");
+        if let Some(addr) = next {
+            command.args(["--next", &addr.to_string()]);
+        }
+        let mut hop = crate::process::Spawned::spawn(format!("chain {role}"), command)?;
+        next = Some(hop.addr().await?);
+        hops.push(hop);
+    }
+    let a = next.ok_or_else(|| anyhow::anyhow!("the chain has no hop"))?;
+    let root = probe::probe_client::ProbeClient::new(crate::net::lazy_layered(a)?);
+    let call = || {
+        let mut root = root.clone();
+        async move { root.call(probe::CallRequest::default()).await.map(drop) }
+    };
+    let four = runs(n, Duration::from_millis(600), call).await;
+    let mut row = row(FOUR_PROCESSES, "/probe.v1.Probe/Call", None, &four);
+    // Every hop serves the same method: D's is the fourth line.
+    let whole = |l: &Ledger| l.hops().len() == 4;
+    let ledgers: Vec<Ledger> = four
+        .iter()
+        .filter_map(|r| r.status.as_ref().and_then(Ledger::from_status))
+        .collect();
+    let share = |n: usize| n as f64 / four.len().max(1) as f64;
+    row.arrived_share = share(ledgers.iter().filter(|l| whole(l)).count());
+    row.named_right_share = share(
+        ledgers
+            .iter()
+            .filter(|l| whole(l) && l.stalled().is_some_and(|h| std::ptr::eq(h, &l.hops()[3])))
+            .count(),
+    );
+    drop(hops);
+    Ok(row)
 }
 
 /// The cases, `n` runs each, every hop keeping `reserve` (`None`: the

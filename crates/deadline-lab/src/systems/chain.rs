@@ -206,6 +206,28 @@ pub async fn start_hop(
     transit: net::Transit,
     reflection: bool,
 ) -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
+    // The chain shows what the header gives each hop, to the microsecond:
+    // its hops keep nothing for the ledger's answer.
+    let exact = Some(std::time::Duration::ZERO);
+    start_hop_with_reserve(name, listen, plan, next, transit, reflection, exact).await
+}
+
+/// [`start_hop`], the hop's server layer keeping `reply_reserve` of each
+/// budget for its answer's way back (`None`: the layer's default,
+/// `server::default_reply_reserve`, as a server with nothing set keeps).
+///
+/// # Errors
+///
+/// A port that cannot be bound.
+pub async fn start_hop_with_reserve(
+    name: &'static str,
+    listen: &str,
+    plan: Plan,
+    next: Option<SocketAddr>,
+    transit: net::Transit,
+    reflection: bool,
+    reply_reserve: Option<std::time::Duration>,
+) -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
     let next = match next {
         Some(addr) => Some(Next::Layered(ProbeClient::new(net::lazy_with(
             addr, transit,
@@ -218,9 +240,10 @@ pub async fn start_hop(
     if reflection {
         routes = super::with_reflection(routes, probe::FILE_DESCRIPTOR_SET)?;
     }
-    // The chain shows what the header gives each hop, to the microsecond:
-    // its hops keep nothing for the ledger's answer.
-    let layer = ServerDeadlineLayer::new().reply_reserve(std::time::Duration::ZERO);
+    let mut layer = ServerDeadlineLayer::new();
+    if let Some(reserve) = reply_reserve {
+        layer = layer.reply_reserve(reserve);
+    }
     let addr = net::serve(listen, routes, Some(layer)).await?;
     Ok((addr, done))
 }
@@ -235,7 +258,8 @@ pub fn hop_name(role: &str) -> anyhow::Result<&'static str> {
         "A" | "a" => Ok("A"),
         "B" | "b" => Ok("B"),
         "C" | "c" => Ok("C"),
-        other => anyhow::bail!("the chain has no service {other}; roles: A, B, C"),
+        "D" | "d" => Ok("D"),
+        other => anyhow::bail!("the chain has no service {other}; roles: A, B, C, D"),
     }
 }
 

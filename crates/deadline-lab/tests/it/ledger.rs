@@ -3,7 +3,7 @@
 //! (the IM chain with route stalled, the shop with pricing late, a retried
 //! call), read back into the experiment's own type.
 
-use deadline_lab::experiments::ledger::LedgerResult;
+use deadline_lab::experiments::ledger::{FOUR_PROCESSES, LedgerResult};
 use tonic_deadline::ledger::MAX_ENTRY_BYTES;
 
 use crate::common::timed as lab;
@@ -11,16 +11,23 @@ use crate::common::timed as lab;
 #[test]
 fn the_root_receives_the_ledger_and_it_names_the_stalled_hop() {
     let result: LedgerResult = lab(&["experiment", "ledger", "--runs", "60", "--json"]);
-    assert_eq!(result.rows.len(), 6, "{result:?}");
+    assert_eq!(result.rows.len(), 7, "{result:?}");
     // With the defaults (no reserve set anywhere) the server layer's own
-    // reserve brings the ledger back.
+    // reserve brings the ledger back, also across four processes.
     for row in &result.rows[3..] {
         assert!(row.case.ends_with(", defaults"), "{row:?}");
+        assert_eq!(row.runs, 60, "{row:?}");
         assert_eq!(row.reserve_ms, None, "{row:?}");
         assert!(row.traced.is_none(), "{row:?}");
         assert!(row.arrived_share >= floor(row), "{}: {row:?}", row.case);
         assert!(row.named_right_share >= floor(row), "{}: {row:?}", row.case);
     }
+    let four = &result.rows[6];
+    assert_eq!(four.case, FOUR_PROCESSES, "{four:?}");
+    assert!(
+        four.example_lines.len() == 4 && four.example.contains("(stalled here)"),
+        "A, B, C and D each wrote a line, D's the stalled one: {four:?}"
+    );
     for row in &result.rows[..3] {
         assert_eq!(row.runs, 60, "{row:?}");
         // The answers race their callers' timers; each hop's reserve wins
