@@ -186,7 +186,7 @@ fn honest_clients_that_end_streams_early_fare_no_worse_against_ours_than_plain_t
         "honest-resets",
         "--json",
         "--window-ms",
-        "1000",
+        "500",
     ]);
     for pattern in PATTERNS {
         for server in SERVERS {
