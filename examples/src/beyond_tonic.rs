@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::routing::get;
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
@@ -57,7 +58,10 @@ type OrdersClient = ProbeClient<ClientDeadline<ReadyChannel>>;
 
 /// The HTTP edge: its scope comes from the layer; the gRPC call carries
 /// what is left of it.
-async fn order(State(mut orders): State<OrdersClient>, Path(work_ms): Path<u64>) -> String {
+async fn order(
+    State(mut orders): State<OrdersClient>,
+    Path(work_ms): Path<u64>,
+) -> Result<String, (StatusCode, String)> {
     let edge = Scope::current().remaining();
     match orders
         .call(CallRequest {
@@ -66,11 +70,21 @@ async fn order(State(mut orders): State<OrdersClient>, Path(work_ms): Path<u64>)
         })
         .await
     {
-        Ok(reply) => format!(
+        Ok(reply) => Ok(format!(
             "edge had {edge:?}; orders had {} µs on entry",
             reply.into_inner().hops[0].remaining_us
-        ),
-        Err(status) => format!("orders: {:?}", status.code()),
+        )),
+        // Out of time below is out of time here: a 504, as the layer's own
+        // timer answers (orders keeps a little of its budget for its
+        // answer, so it usually arrives first). Anything else failed below.
+        Err(status) if status.code() == tonic::Code::DeadlineExceeded => Err((
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("orders: {}", status.message()),
+        )),
+        Err(status) => Err((
+            StatusCode::BAD_GATEWAY,
+            format!("orders: {}", status.message()),
+        )),
     }
 }
 
