@@ -445,11 +445,11 @@ impl Experiment for Overload {
     const SECTION: Option<Section> = Some(Section::Overload);
     type Args = Args;
 
-    /// 1 s windows: a dozen windows are the demo's longest step, and at 1x
-    /// capacity a window still holds ~350 calls (`bench overload` alone
+    /// Half-second windows: the windows are the demo's longest bench, and
+    /// at 1x capacity one still holds ~175 calls (`bench overload` alone
     /// keeps 3 s).
     fn demo_args() -> Args {
-        Args { window_s: 1.0 }
+        Args { window_s: 0.5 }
     }
 
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {

@@ -266,10 +266,10 @@ impl Experiment for Storm {
     const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = Args;
 
-    /// 1 s windows, as `bench overload` in the demo: at 2x capacity a
-    /// window still holds ~700 calls per variant.
+    /// Half-second windows, as `bench overload` in the demo: at 2x capacity
+    /// a window still holds ~350 calls per variant.
     fn demo_args() -> Args {
-        Args { window_s: 1.0 }
+        Args { window_s: 0.5 }
     }
 
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {

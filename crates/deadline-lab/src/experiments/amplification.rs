@@ -87,7 +87,7 @@ const SLOW_ATTEMPT: Duration = Duration::from_millis(100);
 pub const FAN_IN_MS: u64 = 10_000;
 
 /// How long it lasts in the demo.
-pub const DEMO_FAN_IN_MS: u64 = 2_000;
+pub const DEMO_FAN_IN_MS: u64 = 1_000;
 
 /// The flags of `experiment amplification`.
 #[derive(Debug, Clone, clap::Args)]

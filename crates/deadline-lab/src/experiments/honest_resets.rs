@@ -70,16 +70,16 @@ pub const PATTERNS: [&str; 7] = [
 /// How long each pattern runs against each server when run alone.
 pub const WINDOW_MS: u64 = 1500;
 
-/// How long each pattern runs in the demo: half a second holds hundreds of
-/// calls per pattern and server; the client-timeout patterns still run a
-/// second, through their latency spike.
-pub const DEMO_WINDOW_MS: u64 = 500;
+/// How long each pattern runs in the demo: 300 ms hold hundreds of calls
+/// per pattern and server; the client-timeout patterns still run a second,
+/// through their latency spike.
+pub const DEMO_WINDOW_MS: u64 = 300;
 
 /// The flags of `experiment honest-resets`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// How long each pattern runs against each server, in milliseconds
-    /// (at least 500; the client-timeout patterns run at least 1 000:
+    /// (at least 200; the client-timeout patterns run at least 1 000:
     /// their latency spike lasts a second).
     #[arg(long, default_value_t = WINDOW_MS)]
     window_ms: u64,
@@ -566,7 +566,7 @@ impl Experiment for HonestResets {
     }
 
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
-        measure(Duration::from_millis(args.window_ms.clamp(500, 60_000))).await
+        measure(Duration::from_millis(args.window_ms.clamp(200, 60_000))).await
     }
 
     fn outcome(&self) -> Outcome {

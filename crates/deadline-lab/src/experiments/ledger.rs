@@ -46,6 +46,8 @@ use crate::systems::{REPLY_RESERVE, im, shop};
 
 /// Runs of each case by default.
 pub const RUNS: usize = 100;
+/// Runs of each case in the demo: one wave of calls in flight at once.
+pub const DEMO_RUNS: usize = 25;
 
 /// The flags of `experiment ledger`.
 #[derive(Debug, Clone, clap::Args)]
@@ -502,6 +504,10 @@ impl Experiment for LedgerResult {
     const COLLECTS_SPANS: bool = true;
     const SECTION: Option<Section> = Some(Section::Ledger);
     type Args = Args;
+
+    fn demo_args() -> Args {
+        Args { runs: DEMO_RUNS }
+    }
 
     async fn run(args: Args, spans: Spans) -> anyhow::Result<Self> {
         let n = args.runs.clamp(1, 100_000);

@@ -142,7 +142,7 @@ pub const TRIGGERS: [&str; 2] = ["capacity", "spike"];
 /// The timeline when run alone: before, during and after the trigger.
 pub const TIMELINE_MS: [u64; 3] = [2_000, 10_000, 10_000];
 /// The demo's.
-pub const DEMO_TIMELINE_MS: [u64; 3] = [1_000, 2_000, 3_000];
+pub const DEMO_TIMELINE_MS: [u64; 3] = [500, 2_000, 2_000];
 /// Runs each figure is the median of.
 pub const RUNS: usize = 3;
 

@@ -61,7 +61,7 @@ use crate::report::{Outcome, ms};
 pub const FLOOD_MS: u64 = 2_000;
 
 /// How long each row floods in the demo.
-pub const DEMO_FLOOD_MS: u64 = 600;
+pub const DEMO_FLOOD_MS: u64 = 300;
 
 /// The flags of `experiment rapid-reset`.
 #[derive(Debug, Clone, clap::Args)]
