@@ -235,7 +235,7 @@ pub enum Transit {
 }
 
 /// How often a measuring channel sends its PING.
-pub(crate) const PING_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const PING_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Transit {
     /// The `deadline-lab serve` flags that give a role process this transit

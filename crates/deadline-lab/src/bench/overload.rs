@@ -148,12 +148,29 @@ impl probe::CallOnly for Service {
 /// One server under test and the clients that drive it.
 struct Target {
     clients: Vec<ProbeClient<Channel>>,
+    pool: Pool,
+}
+
+impl Target {
+    /// Waits, at most `bound`, for the plain server's abandoned queries to
+    /// drain: its pool runs every query it queued to the end. Ours stops
+    /// each query with its request, so nothing of it is left once the
+    /// calls have answered.
+    async fn drained(&self, connections: usize, bound: Duration) {
+        let Pool::Plain(pool) = &self.pool else {
+            return;
+        };
+        let until = Instant::now() + bound;
+        while pool.available_permits() < connections && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 async fn start(pool: Pool, load: &Load) -> anyhow::Result<Target> {
     let layer = matches!(pool, Pool::Ours(_)).then(ServerDeadlineLayer::new);
     let service = Service {
-        pool,
+        pool: pool.clone(),
         query: load.query,
     };
     let addr = net::serve("127.0.0.1:0", Routes::new(ProbeServer::new(service)), layer).await?;
@@ -161,7 +178,7 @@ async fn start(pool: Pool, load: &Load) -> anyhow::Result<Target> {
     for _ in 0..load.channels.max(1) {
         clients.push(ProbeClient::new(net::connect(addr).await?));
     }
-    Ok(Target { clients })
+    Ok(Target { clients, pool })
 }
 
 /// Closed loop, `callers` at a time, for `length`: completed calls per second.
@@ -406,7 +423,7 @@ pub async fn measure(load: Load) -> anyhow::Result<Overload> {
             };
             measured.push(((goodput * 1000.0).round() / 1000.0, calls));
             // Let the plain server's abandoned queries drain before the next.
-            tokio::time::sleep(load.deadline * 3).await;
+            target.drained(load.connections, load.deadline * 3).await;
         }
         // In the order the targets were started: plain, ours, FIFO, LIFO.
         let [plain, ours, fifo, lifo] = measured[..] else {

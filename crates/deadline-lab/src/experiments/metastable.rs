@@ -831,7 +831,10 @@ async fn run_once(stack: &str, trigger: &str, timeline: [Duration; 3]) -> anyhow
     }
     // Calls still running end within their deadline, then the counts are
     // read.
-    tokio::time::sleep(DEADLINE + Duration::from_millis(100)).await;
+    let _ = tokio::time::timeout(DEADLINE + Duration::from_millis(100), async {
+        while calls.join_next().await.is_some() {}
+    })
+    .await;
     calls.abort_all();
     let _ = trigger_task.await;
 

@@ -464,8 +464,12 @@ async fn measure(way: &Way) -> anyhow::Result<Row> {
     let started = Instant::now();
     let outcome = scope.enter(client.call(CallRequest::default())).await;
     let client_ms = ms(started.elapsed());
-    // Let B finish or be stopped: its full work, and some slack.
-    tokio::time::sleep_until(started + SLOW + CONNECT + Duration::from_millis(100)).await;
+    // Let B finish or be stopped: once its scope has ended its entry is
+    // whole; a call still on its way gets B's full work, and some slack.
+    let settled = started + SLOW + CONNECT + Duration::from_millis(100);
+    while Instant::now() < settled && sink.last().is_none_or(|e| e.ended.is_none()) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let entry = sink.last();
     stop_sink.stop();
 
