@@ -116,3 +116,42 @@ def test_grpcurl_prints_the_ledger_and_decodes_its_debug_info(reserving_relay):
     assert info["@type"] == "type.googleapis.com/google.rpc.DebugInfo", info
     assert info["detail"] == DETAIL, info
     assert info["stackEntries"][0].startswith("/conformance.relay.Relay/Forward budget="), info
+
+
+DEFAULT_RESERVE_CALLS = 20
+MIN_DEFAULT_SHARE = 0.75
+
+
+@pytest.fixture(scope="module")
+def default_relay(grpcio_peer):
+    argv = [bin_path("interop-relay"), "--port", "0", "--downstream", grpcio_peer.addr]
+    relay = Process("relay with the layer's defaults", argv + ["--default_reply_reserve"])
+    yield relay
+    relay.stop()
+
+
+def test_a_grpcio_root_receives_the_ledger_of_a_relay_that_sets_nothing(default_relay, protos):
+    """A foreign root over a hop with the defaults: the layer's own reserve
+    (a twentieth of the budget, at most 10 ms) against grpcio's timer, one
+    call at a time, 300 ms each."""
+    _, _, relay_pb2, relay_grpc = protos
+    carried, budgets = [], []
+    with grpc.insecure_channel(default_relay.addr) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
+        stub = relay_grpc.RelayStub(channel)
+        stub.Forward(relay_pb2.ForwardRequest(tag="warm-up"), timeout=5)
+        for _ in range(DEFAULT_RESERVE_CALLS):
+            request = relay_pb2.ForwardRequest(work_ms=5000, tag=str(uuid.uuid4()))
+            with pytest.raises(grpc.RpcError) as failed:
+                stub.Forward(request, timeout=0.3)
+            error = failed.value
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+            carried.append(rpc_status.from_call(error) is not None)
+            budget = re.search(r"\[ledger\] ([\d.]+) ms budget", error.details())
+            if budget:
+                budgets.append(float(budget.group(1)))
+    share = sum(carried) / len(carried)
+    report(figure="ledgers a grpcio root received, relay with the defaults",
+           calls=len(carried), carried=sum(carried), share=share,
+           relay_budget_ms=[min(budgets, default=None), max(budgets, default=None)])
+    assert share >= MIN_DEFAULT_SHARE, f"{sum(carried)} of {len(carried)} carried the ledger"

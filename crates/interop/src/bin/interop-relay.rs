@@ -10,7 +10,9 @@
 //! retries at this hop alone with `--per_hop_retries`). With
 //! `--reply_reserve_ms N` it answers `N` ms before its deadline (at most a
 //! twentieth of the budget): its `DEADLINE_EXCEEDED`, with its ledger, then
-//! reaches the caller before the caller's own timer.
+//! reaches the caller before the caller's own timer. With
+//! `--default_reply_reserve` it keeps the layer's default
+//! (`server::default_reply_reserve`), as a user who sets nothing does.
 
 use clap::Parser;
 
@@ -35,6 +37,10 @@ struct Args {
     /// (`ServerDeadlineLayer::reply_reserve`).
     #[arg(long = "reply_reserve_ms", default_value_t = 0)]
     reply_reserve_ms: u64,
+    /// Keep the server layer's default reserve, as a user who sets nothing
+    /// does (instead of `--reply_reserve_ms`).
+    #[arg(long = "default_reply_reserve", conflicts_with = "reply_reserve_ms")]
+    default_reply_reserve: bool,
 }
 
 #[tokio::main]
@@ -51,8 +57,12 @@ async fn main() -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
     println!("listening on {}", listener.local_addr()?);
-    let layer = tonic_deadline::ServerDeadlineLayer::new()
-        .reply_reserve(std::time::Duration::from_millis(args.reply_reserve_ms));
+    let layer = tonic_deadline::ServerDeadlineLayer::new();
+    let layer = if args.default_reply_reserve {
+        layer
+    } else {
+        layer.reply_reserve(std::time::Duration::from_millis(args.reply_reserve_ms))
+    };
     interop::relay::serve_with(listener, relay, layer, async {
         let _ = tokio::signal::ctrl_c().await;
     })
