@@ -74,10 +74,11 @@ fn the_root_receives_the_ledger_and_it_names_the_stalled_hop() {
 /// The share of runs whose ledger must arrive. The experiment sends 25
 /// calls at once: the shop's reach the pricing hop's deadline in the same
 /// millisecond, and the reserve (10 ms) races the answers of the whole
-/// burst, three processes' work on two cores; 57 % to 100 % of them
-/// arrive from one invocation to the next on an idle 2-core host, fewer
-/// beside the suite's other tests (43 % once). The IM chain and the
-/// retried call arrived whole in every invocation measured: 0.8.
+/// burst. Alone, on an idle 2-core host or beside one CPU-bound process,
+/// every row arrives whole in every run (docs/ledger.md); beside the
+/// suite's other tests an earlier build saw 43 % of the shop's once. The IM
+/// chain and the retried call arrived whole in every invocation measured:
+/// 0.8.
 fn floor(row: &deadline_lab::experiments::ledger::Row) -> f64 {
     if row.case.starts_with("shop") {
         0.3
