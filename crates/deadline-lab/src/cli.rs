@@ -437,8 +437,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                         match role {
                             Some(role) => {
                                 let name = systems::chain::hop_name(&role)?;
-                                let exact = Some(Duration::ZERO);
-                                systems::chain::start_hop_with_reserve(
+                                systems::chain::start_hop(
                                     name,
                                     &listen,
                                     plan,
@@ -448,7 +447,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                                         transit_from_round_trip,
                                     ),
                                     true,
-                                    exact.filter(|_| !default_reply_reserve),
+                                    systems::chain::EXACT.filter(|_| !default_reply_reserve),
                                 )
                                 .await?
                                 .0

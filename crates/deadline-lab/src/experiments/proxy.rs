@@ -185,6 +185,7 @@ async fn start_a(next: std::net::SocketAddr) -> anyhow::Result<ProbeClient<net::
         Some(next),
         net::Transit::Ignored,
         false,
+        chain::EXACT,
     )
     .await?;
     layered_client(a).await

@@ -190,36 +190,21 @@ pub struct Chain {
     pub completed: [Arc<AtomicU64>; 3],
 }
 
+/// The reserve of a chain's hops: none, so that each shows what the header
+/// gives it, to the microsecond.
+pub const EXACT: Option<std::time::Duration> = Some(std::time::Duration::ZERO);
+
 /// Starts one hop named `name` on `listen`, calling `next` (if any) through
 /// our client layer with `transit` compensation; with `reflection` it also
-/// serves gRPC server reflection. Returns its address and its completion
-/// counter.
+/// serves gRPC server reflection. Its server layer keeps `reply_reserve` of
+/// each budget for its answer's way back ([`EXACT`]: none; `None`: the
+/// layer's default, `server::default_reply_reserve`, as a server with
+/// nothing set keeps). Returns its address and its completion counter.
 ///
 /// # Errors
 ///
 /// A port that cannot be bound.
 pub async fn start_hop(
-    name: &'static str,
-    listen: &str,
-    plan: Plan,
-    next: Option<SocketAddr>,
-    transit: net::Transit,
-    reflection: bool,
-) -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
-    // The chain shows what the header gives each hop, to the microsecond:
-    // its hops keep nothing for the ledger's answer.
-    let exact = Some(std::time::Duration::ZERO);
-    start_hop_with_reserve(name, listen, plan, next, transit, reflection, exact).await
-}
-
-/// [`start_hop`], the hop's server layer keeping `reply_reserve` of each
-/// budget for its answer's way back (`None`: the layer's default,
-/// `server::default_reply_reserve`, as a server with nothing set keeps).
-///
-/// # Errors
-///
-/// A port that cannot be bound.
-pub async fn start_hop_with_reserve(
     name: &'static str,
     listen: &str,
     plan: Plan,
@@ -272,11 +257,28 @@ pub fn hop_name(role: &str) -> anyhow::Result<&'static str> {
 /// A port that cannot be bound.
 pub async fn start(entry_addr: &str, plans: [Plan; 3], reflection: bool) -> anyhow::Result<Chain> {
     let ignored = net::Transit::Ignored;
-    let (c_addr, c_done) = start_hop("C", "127.0.0.1:0", plans[2], None, ignored, false).await?;
-    let (b_addr, b_done) =
-        start_hop("B", "127.0.0.1:0", plans[1], Some(c_addr), ignored, false).await?;
-    let (entry, a_done) =
-        start_hop("A", entry_addr, plans[0], Some(b_addr), ignored, reflection).await?;
+    let (c_addr, c_done) =
+        start_hop("C", "127.0.0.1:0", plans[2], None, ignored, false, EXACT).await?;
+    let (b_addr, b_done) = start_hop(
+        "B",
+        "127.0.0.1:0",
+        plans[1],
+        Some(c_addr),
+        ignored,
+        false,
+        EXACT,
+    )
+    .await?;
+    let (entry, a_done) = start_hop(
+        "A",
+        entry_addr,
+        plans[0],
+        Some(b_addr),
+        ignored,
+        reflection,
+        EXACT,
+    )
+    .await?;
     Ok(Chain {
         entry,
         completed: [a_done, b_done, c_done],

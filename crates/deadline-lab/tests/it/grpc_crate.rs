@@ -213,6 +213,7 @@ async fn cancelled_call(
         None,
         deadline_lab::net::Transit::Ignored,
         false,
+        deadline_lab::systems::chain::EXACT,
     )
     .await
     .expect("the server starts");
