@@ -141,21 +141,24 @@ pub const TRIGGERS: [&str; 2] = ["capacity", "spike"];
 
 /// The timeline when run alone: before, during and after the trigger.
 pub const TIMELINE_MS: [u64; 3] = [2_000, 10_000, 10_000];
-/// The demo's.
-pub const DEMO_TIMELINE_MS: [u64; 3] = [500, 2_000, 2_000];
+/// The demo's: each part at least [`MIN_PART_MS`], as every run's.
+pub const DEMO_TIMELINE_MS: [u64; 3] = [MIN_PART_MS, 2_000, 2_000];
+/// The shortest part of a timeline a run takes: a second of buckets, the
+/// window goodput is judged on.
+pub const MIN_PART_MS: u64 = 1_000;
 /// Runs each figure is the median of.
 pub const RUNS: usize = 3;
 
 /// The flags of `experiment metastable`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Milliseconds of load before the trigger.
+    /// Milliseconds of load before the trigger (each part at least 1 000).
     #[arg(long, default_value_t = TIMELINE_MS[0])]
     before_ms: u64,
-    /// How long the trigger lasts, in milliseconds.
+    /// How long the trigger lasts, in milliseconds (at least 1 000).
     #[arg(long, default_value_t = TIMELINE_MS[1])]
     trigger_ms: u64,
-    /// Milliseconds of load after it.
+    /// Milliseconds of load after it (at least 1 000).
     #[arg(long, default_value_t = TIMELINE_MS[2])]
     after_ms: u64,
     /// Runs of the whole timeline; each figure is their median.
@@ -1079,7 +1082,7 @@ impl Experiment for Metastable {
     async fn run(args: Args, _: Spans) -> anyhow::Result<Self> {
         let timeline = [args.before_ms, args.trigger_ms, args.after_ms];
         measure(
-            timeline.map(|ms| Duration::from_millis(ms.clamp(1_000, 120_000))),
+            timeline.map(|ms| Duration::from_millis(ms.clamp(MIN_PART_MS, 120_000))),
             args.runs.clamp(1, 9),
         )
         .await
