@@ -100,6 +100,8 @@ pub(crate) struct Book {
     tokens: f64,
     allowance: f64,
     refilled: u64,
+    /// On probation: time refills nothing until a stream ended honestly.
+    probation: bool,
     /// When the account opened: what its times count from.
     start: Instant,
     /// When the read this account is following was read, and the one
@@ -144,6 +146,7 @@ impl Book {
             },
             allowance: f64::from(rules.allowance),
             refilled: 0,
+            probation,
             start: now,
             now: 0,
             previous: 0,
@@ -249,10 +252,16 @@ impl Book {
             return;
         }
         self.early_resets += 1;
-        let elapsed = self.now.saturating_sub(self.refilled) as f64 / 1e9;
+        // On probation, time spent before the first honest end refills
+        // nothing: a flood that waits after connecting (or a server that
+        // reads it late) would otherwise start with an allowance again.
+        let refill = if self.probation && self.honest_ends == 0 {
+            0.0
+        } else {
+            self.now.saturating_sub(self.refilled) as f64 / 1e9 * self.rules.refill_per_second
+        };
         self.refilled = self.now;
-        self.tokens =
-            (self.tokens + elapsed * self.rules.refill_per_second).min(self.allowance) - 1.0;
+        self.tokens = (self.tokens + refill).min(self.allowance) - 1.0;
         if self.tokens < 0.0 && self.breach.is_none() {
             self.breach = Some(Breach {
                 early_resets: self.early_resets,
@@ -504,6 +513,38 @@ mod tests {
             client.answer(answered);
             let early = client.open(None);
             client.reset(early);
+        }
+        assert_eq!(client.book.breach(), None);
+    }
+
+    /// Time refills an account, but not one on probation before its
+    /// streams earned anything: a flood that waits after connecting (or
+    /// that a busy server reads late) still starts with nothing.
+    #[tokio::test(start_paused = true)]
+    async fn on_probation_time_refills_nothing_until_a_stream_ends_honestly() {
+        let rules = Rules {
+            refill_per_second: 100.0,
+            ..RULES
+        };
+        let mut client = Client::new();
+        client.book = Book::new(rules, Instant::now(), true);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let id = client.open(None);
+        client.reset(id);
+        assert!(
+            client.book.breach().is_some(),
+            "a second's wait earns nothing"
+        );
+
+        // Once a stream ended honestly, time refills as on any connection.
+        let mut client = Client::new();
+        client.book = Book::new(rules, Instant::now(), true);
+        let answered = client.open(None);
+        client.answer(answered);
+        for _ in 0..200 {
+            let id = client.open(None);
+            client.reset(id);
+            tokio::time::advance(Duration::from_millis(10)).await;
         }
         assert_eq!(client.book.breach(), None);
     }

@@ -161,7 +161,13 @@ async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
 /// One raw connection that opens a stream and resets it at once: the
 /// first stream of a flood.
 fn one_early_reset(addr: SocketAddr) -> std::net::TcpStream {
+    early_reset_after(addr, Duration::ZERO)
+}
+
+/// [`one_early_reset`], sent `wait` after the connection is made.
+fn early_reset_after(addr: SocketAddr, wait: Duration) -> std::net::TcpStream {
     let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
+    std::thread::sleep(wait);
     let mut wire = probe::frames::PREFACE.to_vec();
     frame(&mut wire, SETTINGS, 0, 0, &[]);
     let block = flood::request_block(&addr.to_string(), CALL, None);
@@ -272,5 +278,43 @@ async fn connections_beyond_those_that_may_be_held_are_cut_off_at_once() {
         started.elapsed() >= LONG_HOLD,
         "not before their hold ended: {:?}",
         started.elapsed()
+    );
+}
+
+/// A flood on probation that waits after connecting before its first
+/// early reset (as a busy server, reading it late, also makes it seem to)
+/// has earned nothing by waiting: it is held like one that floods at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_that_waits_after_connecting_is_held_all_the_same() {
+    let _machine = MACHINE.lock().await;
+    let (listener, addr) = loopback().await;
+    let counts = Counts::default();
+    tokio::spawn(serve_guarded(listener, &counts));
+    let first = tokio::task::spawn_blocking(move || {
+        flood::flood(addr, CALL, Shape::FAST, &AtomicBool::new(false), PATIENCE)
+    })
+    .await
+    .expect("the flooding thread");
+    assert!(first.was_cut(), "the first flood is cut off: {first:?}");
+
+    // At the default refill of 100 early resets a second, 300 ms would
+    // have refilled the whole allowance of a connection not on probation.
+    let waited =
+        tokio::task::spawn_blocking(move || early_reset_after(addr, Duration::from_millis(300)))
+            .await
+            .expect("the connecting thread");
+    let deadline = Instant::now() + PATIENCE;
+    while counts.connections_held() + counts.connections_refused() == 0 && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        (counts.connections_held(), counts.connections_refused()),
+        (1, 0),
+        "the waiting flood is held"
+    );
+    assert!(
+        !closed_by_the_server(&waited),
+        "and held open, unread, until its hold ends"
     );
 }
