@@ -418,6 +418,12 @@ mod tests {
         hold: None,
     };
 
+    /// [`RULES`] with the default refill by time: one early reset per 10 ms.
+    const REFILLING: Rules = Rules {
+        refill_per_second: 100.0,
+        ..RULES
+    };
+
     /// A request's header block, with `grpc-timeout` when given.
     fn block(encoder: &mut loona_hpack::Encoder<'_>, timeout: Option<&str>) -> Vec<u8> {
         let mut headers: Vec<(&[u8], &[u8])> = vec![
@@ -522,12 +528,8 @@ mod tests {
     /// that a busy server reads late) still starts with nothing.
     #[tokio::test(start_paused = true)]
     async fn on_probation_time_refills_nothing_until_a_stream_ends_honestly() {
-        let rules = Rules {
-            refill_per_second: 100.0,
-            ..RULES
-        };
         let mut client = Client::new();
-        client.book = Book::new(rules, Instant::now(), true);
+        client.book = Book::new(REFILLING, Instant::now(), true);
         tokio::time::advance(Duration::from_secs(1)).await;
         let id = client.open(None);
         client.reset(id);
@@ -538,7 +540,7 @@ mod tests {
 
         // Once a stream ended honestly, time refills as on any connection.
         let mut client = Client::new();
-        client.book = Book::new(rules, Instant::now(), true);
+        client.book = Book::new(REFILLING, Instant::now(), true);
         let answered = client.open(None);
         client.answer(answered);
         for _ in 0..200 {
@@ -707,12 +709,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn time_refills_the_allowance() {
-        let rules = Rules {
-            refill_per_second: 100.0,
-            ..RULES
-        };
         let mut client = Client::new();
-        client.book = Book::new(rules, Instant::now(), false);
+        client.book = Book::new(REFILLING, Instant::now(), false);
         for _ in 0..200 {
             let id = client.open(None);
             client.reset(id);
