@@ -14,6 +14,7 @@ prints the message's line and the decoded `DebugInfo`.
 import json
 import os
 import re
+import shutil
 import subprocess
 import uuid
 
@@ -22,7 +23,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from conftest import CONFORMANCE, Process, bin_path, report
+from conftest import CONFORMANCE, Process, bin_path, report, require
 from test_foreign_clients import PROTO_DIR, grpcurl
 
 RESERVE_MS = 50
@@ -155,3 +156,34 @@ def test_a_grpcio_root_receives_the_ledger_of_a_relay_that_sets_nothing(default_
            calls=len(carried), carried=sum(carried), share=share,
            relay_budget_ms=[min(budgets, default=None), max(budgets, default=None)])
     assert share >= MIN_DEFAULT_SHARE, f"{sum(carried)} of {len(carried)} carried the ledger"
+
+
+def foreign_root(argv, what):
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=CONFORMANCE)
+    assert done.returncode == 0, f"{what}: {done.stderr}"
+    result = json.loads(done.stdout)
+    assert result["calls"] == DEFAULT_RESERVE_CALLS, result
+    assert result["deadline_exceeded"] == result["calls"], f"{what}: every call runs out: {result['codes']}"
+    share = result["carried"] / result["deadline_exceeded"]
+    budgets = result["budgets_ms"]
+    report(figure=f"ledgers a {what} root received, relay with the defaults",
+           client=result["client"], calls=result["calls"], carried=result["carried"], share=share,
+           relay_budget_ms=[min(budgets, default=None), max(budgets, default=None)],
+           example=result["example"])
+    assert share >= MIN_DEFAULT_SHARE, f"{what}: {result['carried']} of {result['calls']} carried the ledger"
+    return result
+
+
+def test_a_grpc_go_root_receives_the_ledger_of_a_relay_that_sets_nothing(default_relay):
+    """grpc-go's context deadline against the layer's own reserve; the
+    ledger decoded by grpc-go's status package as a DebugInfo."""
+    foreign_root([bin_path("go-ledger-root"), "-addr", default_relay.addr,
+                  "-calls", str(DEFAULT_RESERVE_CALLS), "-timeout_ms", "300"], "grpc-go")
+
+
+def test_a_grpc_js_root_receives_the_ledger_of_a_relay_that_sets_nothing(default_relay):
+    """grpc-js's deadline timer against the layer's own reserve."""
+    node = shutil.which("node")
+    require(node is not None, "node")
+    foreign_root([node, os.path.join(CONFORMANCE, "node", "ledger_root.js"), default_relay.addr,
+                  str(DEFAULT_RESERVE_CALLS), "300"], "grpc-js")
