@@ -92,6 +92,12 @@ enum Command {
         #[arg(long, global = true)]
         json: bool,
     },
+    /// One step of the demo in a process of its own (run by the demo itself).
+    #[command(hide = true)]
+    DemoStep {
+        /// The step: `chain`, `bench soak`.
+        name: String,
+    },
     /// One side of one `bench instructions` variant (run by the bench itself).
     #[command(hide = true)]
     BenchChild(bench::instructions::ChildArgs),
@@ -407,6 +413,7 @@ pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result
                 anyhow::bail!("bench children run before the runtime starts")
             }
             Command::Demo { report } => crate::demo::run(&report).await,
+            Command::DemoStep { name } => crate::demo::step(&name).await,
             Command::Capture {
                 listen,
                 upstream,

@@ -3,14 +3,27 @@
 //! self-contained HTML report.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::html::{self, Skipped, Step};
-use crate::registry;
+use crate::registry::{self, Entry, Missing};
+use crate::report::Outcome;
+
+/// How many light steps ([`Experiment::LIGHT`]) run at once.
+///
+/// [`Experiment::LIGHT`]: crate::registry::Experiment::LIGHT
+const LIGHT_AT_ONCE: usize = 8;
 
 /// Runs the demo and writes the report to `report`.
 ///
+/// Each run of consecutive light steps starts at once, each step in a
+/// process of its own (at most [`LIGHT_AT_ONCE`] at a time); every other
+/// step runs alone, in this process. Tables print in the demo's order.
 /// A step whose optional tool is missing is skipped, saying how to get it.
 /// A step that fails is reported (on stderr, in the report) and the demo
 /// goes on; once the report is written, the demo fails if any step did.
@@ -21,40 +34,66 @@ use crate::registry;
 pub async fn run(report: &Path) -> anyhow::Result<()> {
     println!("deadline-lab demo: every experiment on real tonic services over loopback\n");
     let started = Instant::now();
-    let total = registry::demo_steps().count();
+    let steps: Vec<&'static Entry> = registry::demo_steps().collect();
+    let total = steps.len();
+    let permits = Arc::new(Semaphore::new(LIGHT_AT_ONCE));
     let mut done = Vec::with_capacity(total);
     let mut skipped = Vec::new();
-    for (i, entry) in registry::demo_steps().enumerate() {
-        let name = entry.step();
-        eprintln!("[{:>2}/{total}] {name} …", i + 1);
-        if let Some(missing) = entry.missing_tool().await {
-            println!("{name}: skipped ({missing}; {})\n", missing.why);
-            skipped.push(Skipped {
-                name,
-                needs: missing.to_string(),
+    let mut next = 0;
+    while next < total {
+        let together = if steps[next].light {
+            steps[next..].iter().take_while(|e| e.light).count()
+        } else {
+            1
+        };
+        let mut batch = Vec::with_capacity(together);
+        for &entry in &steps[next..next + together] {
+            batch.push(match entry.missing_tool().await {
+                Some(missing) => Start::Skipped(missing),
+                None if together > 1 => {
+                    Start::InChild(tonic_deadline::detach(in_child(entry, permits.clone())))
+                }
+                None => Start::Here,
             });
-            continue;
         }
-        let t = Instant::now();
-        let outcome = registry::quietly(entry.run_in_demo())
-            .await
-            .map_err(|e| format!("{e:#}"));
-        let seconds = t.elapsed().as_secs_f64();
-        match &outcome {
-            Ok(outcome) => {
-                eprintln!("        {name}: done in {seconds:.1} s");
-                println!("{}", outcome.table());
+        for (i, (&entry, start)) in steps[next..].iter().zip(batch).enumerate() {
+            let name = entry.step();
+            eprintln!("[{:>2}/{total}] {name} …", next + i + 1);
+            let (outcome, seconds) = match start {
+                Start::Skipped(missing) => {
+                    println!("{name}: skipped ({missing}; {})\n", missing.why);
+                    skipped.push(Skipped {
+                        name,
+                        needs: missing.to_string(),
+                    });
+                    continue;
+                }
+                Start::InChild(task) => task.await?,
+                Start::Here => {
+                    let t = Instant::now();
+                    let outcome = registry::quietly(entry.run_in_demo())
+                        .await
+                        .map_err(|e| format!("{e:#}"));
+                    (outcome, t.elapsed().as_secs_f64())
+                }
+            };
+            match &outcome {
+                Ok(outcome) => {
+                    eprintln!("        {name}: done in {seconds:.1} s");
+                    println!("{}", outcome.table());
+                }
+                Err(e) => {
+                    eprintln!("        {name}: FAILED after {seconds:.1} s: {e}");
+                    println!("{name}: failed: {e}\n");
+                }
             }
-            Err(e) => {
-                eprintln!("        {name}: FAILED after {seconds:.1} s: {e}");
-                println!("{name}: failed: {e}\n");
-            }
+            done.push(Step {
+                name,
+                outcome,
+                seconds,
+            });
         }
-        done.push(Step {
-            name,
-            outcome,
-            seconds,
-        });
+        next += together;
     }
     let wall = started.elapsed().as_secs_f64();
     let path = write(report, &html::render_with_skipped(&done, &skipped, wall))?;
@@ -75,6 +114,66 @@ pub async fn run(report: &Path) -> anyhow::Result<()> {
         failed.len(),
         failed.join(", ")
     );
+    Ok(())
+}
+
+/// How a step of a batch is run.
+enum Start {
+    /// A tool it needs is missing.
+    Skipped(Missing),
+    /// In a child process, already started: its table (or why it failed)
+    /// and how long it took.
+    InChild(JoinHandle<(Result<Outcome, String>, f64)>),
+    /// Alone, in this process, when its turn comes.
+    Here,
+}
+
+/// What `deadline-lab demo-step NAME` prints: the step's result as
+/// `--json` prints it, and the line on the warnings it provoked.
+#[derive(Debug, Serialize, Deserialize)]
+struct Printed {
+    result: serde_json::Value,
+    warnings: Option<String>,
+}
+
+/// Runs `entry` as a demo step in a child process once a permit is free.
+async fn in_child(
+    entry: &'static Entry,
+    permits: Arc<Semaphore>,
+) -> (Result<Outcome, String>, f64) {
+    let _permit = permits.acquire_owned().await;
+    let t = Instant::now();
+    let outcome = async {
+        let exe = crate::process::lab_exe()?;
+        let printed = crate::process::run(&exe, &["demo-step", &entry.step()]).await?;
+        let printed: Printed = serde_json::from_str(&printed)?;
+        let mut outcome = entry.outcome(printed.result)?;
+        outcome.notes.extend(printed.warnings);
+        anyhow::Ok(outcome)
+    }
+    .await
+    .map_err(|e| format!("{e:#}"));
+    (outcome, t.elapsed().as_secs_f64())
+}
+
+/// `deadline-lab demo-step NAME`: runs the demo's step `NAME` (`chain`,
+/// `bench soak`) as the demo runs it and prints its result and the warnings
+/// it provoked as one JSON object: how the demo runs its light steps side
+/// by side, each in a process of its own.
+///
+/// # Errors
+///
+/// When there is no such step, or it fails.
+pub async fn step(name: &str) -> anyhow::Result<()> {
+    let entry =
+        registry::by_step(name).ok_or_else(|| anyhow::anyhow!("no demo step called {name:?}"))?;
+    let quiet = crate::logs::Quiet::start();
+    let outcome = entry.run_in_demo().await?;
+    let printed = Printed {
+        result: outcome.json,
+        warnings: quiet.summary(),
+    };
+    println!("{}", serde_json::to_string(&printed)?);
     Ok(())
 }
 

@@ -124,6 +124,12 @@ pub trait Experiment: Serialize + DeserializeOwned + 'static {
     const NEEDS: &'static [Needs] = &[];
     /// Whether the demo runs it.
     const IN_DEMO: bool = true;
+    /// Whether it barely uses the machine: it waits on deadlines, stalls
+    /// and timers, not on work, and its figures hold beside other such
+    /// steps. The demo runs such steps side by side, each in a process of
+    /// its own ([`crate::demo::step`]); a step that times the machine's work
+    /// (a benchmark, a flood, a load) runs alone.
+    const LIGHT: bool = false;
     /// Whether its command collects the spans it traces with a receiver in
     /// this process ([`Spans::Collected`]); the demo runs it as a child
     /// process instead.
@@ -186,6 +192,8 @@ pub struct Entry {
     pub needs: &'static [Needs],
     /// [`Experiment::IN_DEMO`].
     pub in_demo: bool,
+    /// [`Experiment::LIGHT`].
+    pub light: bool,
     /// [`Experiment::COLLECTS_SPANS`].
     pub collects_spans: bool,
     /// [`Experiment::SECTION`].
@@ -195,6 +203,7 @@ pub struct Entry {
     command: fn() -> clap::Command,
     run: fn(&ArgMatches, Spans) -> Run,
     demo: fn() -> Run,
+    outcome: fn(serde_json::Value) -> anyhow::Result<Outcome>,
     report: fn(&Outcome) -> Vec<Part>,
 }
 
@@ -207,12 +216,14 @@ impl Entry {
             about: E::ABOUT,
             needs: E::NEEDS,
             in_demo: E::IN_DEMO,
+            light: E::LIGHT,
             collects_spans: E::COLLECTS_SPANS,
             section: E::SECTION,
             style: E::STYLE,
             command: command::<E>,
             run: run::<E>,
             demo: demo::<E>,
+            outcome: outcome::<E>,
             report: report::<E>,
         }
     }
@@ -251,6 +262,16 @@ impl Entry {
         (self.demo)()
     }
 
+    /// Its table, from the result `json` a run printed (with `--json`, or
+    /// as a demo step in a child process).
+    ///
+    /// # Errors
+    ///
+    /// When `json` does not read back as its result.
+    pub fn outcome(&self, json: serde_json::Value) -> anyhow::Result<Outcome> {
+        (self.outcome)(json)
+    }
+
     /// What it draws in the report from its printed `table`: nothing when
     /// the table's JSON does not read back as its result.
     pub fn report(&self, table: &Outcome) -> Vec<Part> {
@@ -268,6 +289,10 @@ fn command<E: Experiment>() -> clap::Command {
 fn run<E: Experiment>(matches: &ArgMatches, spans: Spans) -> Run {
     let args = E::Args::from_arg_matches(matches);
     Box::pin(async move { Ok(E::run(args?, spans).await?.outcome()) })
+}
+
+fn outcome<E: Experiment>(json: serde_json::Value) -> anyhow::Result<Outcome> {
+    Ok(serde_json::from_value::<E>(json)?.outcome())
 }
 
 fn report<E: Experiment>(table: &Outcome) -> Vec<Part> {

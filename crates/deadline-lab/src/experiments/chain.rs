@@ -86,6 +86,7 @@ pub async fn measure(hop: Duration) -> anyhow::Result<Chain> {
 
 impl Experiment for Chain {
     const NAME: &'static str = "chain";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Remaining budget on entry at A, B and C";
     const SECTION: Option<Section> = Some(Section::BudgetPerHop);
     type Args = Args;

@@ -293,6 +293,7 @@ pub async fn measure() -> anyhow::Result<DbCancel> {
 
 impl crate::registry::Experiment for DbCancel {
     const NAME: &'static str = "db-cancel";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "A 5 s query under a 200 ms deadline, on SQLite and PostgreSQL";
     type Args = crate::registry::NoArgs;
 

@@ -196,6 +196,7 @@ pub async fn measure() -> anyhow::Result<Drift> {
 
 impl Experiment for Drift {
     const NAME: &'static str = "drift";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Relative timeouts under injected client → server delay";
     const SECTION: Option<Section> = Some(Section::Transit);
     type Args = NoArgs;

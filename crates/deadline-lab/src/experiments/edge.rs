@@ -519,6 +519,7 @@ fn cell(v: Option<f64>) -> String {
 
 impl crate::registry::Experiment for Edge {
     const NAME: &'static str = "edge";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "An axum edge → tonic → sqlx query (and → reqwest → REST) under one 900 ms budget, the client giving up at 300 ms (needs PostgreSQL)";
     const SECTION: Option<Section> = Some(Section::BeyondTonic);
     type Args = crate::registry::NoArgs;

@@ -79,6 +79,7 @@ pub async fn measure() -> anyhow::Result<Expired> {
 
 impl Experiment for Expired {
     const NAME: &'static str = "expired";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "An already-expired call: status, time, frames on the wire";
     const SECTION: Option<Section> = Some(Section::OnTheWire);
     type Args = NoArgs;

@@ -310,6 +310,7 @@ pub async fn measure() -> anyhow::Result<Faults> {
 
 impl Experiment for Faults {
     const NAME: &'static str = "faults";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "A downstream process killed, a connection cut mid-message, a downstream hung: the upstream hop's answer and what it released";
     const SECTION: Option<Section> = Some(Section::Across);
     type Args = NoArgs;

@@ -615,6 +615,7 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
 
 impl Experiment for GrpcCrate {
     const NAME: &'static str = "grpc-crate";
+    const LIGHT: bool = true;
     const ABOUT: &'static str =
         "The official grpc crate alone, with our interceptor, and tonic with our layers";
     type Args = NoArgs;

@@ -137,6 +137,7 @@ pub async fn measure() -> anyhow::Result<Handler> {
 
 impl Experiment for Handler {
     const NAME: &'static str = "handler";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "A handler that watches its scope vs one that ignores it";
     const SECTION: Option<Section> = Some(Section::WorkAfterGivingUp);
     type Args = NoArgs;

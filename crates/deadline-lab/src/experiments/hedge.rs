@@ -415,6 +415,7 @@ pub async fn measure() -> anyhow::Result<(HedgeRows, Metrics)> {
 
 impl Experiment for HedgeRows {
     const NAME: &'static str = "hedge";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Hedging against a 5 % slow tail: none, ours, tower::hedge";
     const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = NoArgs;

@@ -442,6 +442,7 @@ pub async fn measure(one_way_ms: &[u64]) -> anyhow::Result<Hosts> {
 
 impl Experiment for Hosts {
     const NAME: &'static str = "hosts";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Every service in its own network namespace with one-way latency: what each hop's deadline gains over its parent's (needs root)";
     const NEEDS: &'static [Needs] = &[Needs::NetNamespaces];
     const SECTION: Option<Section> = Some(Section::Across);

@@ -225,6 +225,7 @@ pub async fn measure() -> anyhow::Result<Im> {
 
 impl Experiment for Im {
     const NAME: &'static str = "im";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "The IM chain's per-hop budgets, normal and with route stalling";
     const SECTION: Option<Section> = Some(Section::BudgetPerHop);
     type Args = NoArgs;

@@ -105,6 +105,7 @@ pub struct JobsRun {
 
 impl crate::registry::Experiment for JobsRun {
     const NAME: &'static str = "jobs";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Jobs on PostgreSQL, two worker processes, one killed mid-job";
     const SECTION: Option<Section> = Some(Section::LeftBehind);
     type Args = crate::registry::NoArgs;

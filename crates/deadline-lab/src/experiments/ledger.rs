@@ -500,6 +500,7 @@ async fn run_child(n: usize) -> anyhow::Result<LedgerResult> {
 
 impl Experiment for LedgerResult {
     const NAME: &'static str = "ledger";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Where the budget of a DEADLINE_EXCEEDED went: the ledger the root caller receives for the IM chain with route stalled, the shop with pricing late and a retried call, over many runs";
     const COLLECTS_SPANS: bool = true;
     const SECTION: Option<Section> = Some(Section::Ledger);

@@ -170,6 +170,7 @@ pub async fn measure() -> anyhow::Result<Orders> {
 
 impl crate::registry::Experiment for Orders {
     const NAME: &'static str = "orders";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "CreateOrder with a payment that stalls past the deadline";
     type Args = crate::registry::NoArgs;
 

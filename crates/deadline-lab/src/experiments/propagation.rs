@@ -94,6 +94,7 @@ pub async fn measure() -> anyhow::Result<Propagation> {
 
 impl Experiment for Propagation {
     const NAME: &'static str = "propagation";
+    const LIGHT: bool = true;
     const ABOUT: &'static str =
         "Completions downstream after the client gives up: propagate vs detach";
     const SECTION: Option<Section> = Some(Section::WorkAfterGivingUp);

@@ -373,6 +373,7 @@ pub async fn measure() -> anyhow::Result<Proxy> {
 
 impl Experiment for Proxy {
     const NAME: &'static str = "proxy";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Debian's nginx (grpc_pass) between two hops: the header it forwards, the transit, and whether a client's cancel reaches the hop behind it";
     const NEEDS: &'static [Needs] = &[Needs::Nginx];
     const SECTION: Option<Section> = Some(Section::Across);

@@ -379,6 +379,7 @@ fn list(values: &[f64]) -> String {
 
 impl Experiment for RetryCases {
     const NAME: &'static str = "retry";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "Retries inside one deadline: succeeding on the 3rd attempt, the deadline ending the backoff, pushback, outcome-unknown codes";
     const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = NoArgs;

@@ -536,6 +536,7 @@ fn opt(v: Option<f64>) -> String {
 
 impl Experiment for Seams {
     const NAME: &'static str = "seams";
+    const LIGHT: bool = true;
     const ABOUT: &'static str =
         "Every way code moves work or makes a call: budget kept, or the break reported";
     type Args = NoArgs;

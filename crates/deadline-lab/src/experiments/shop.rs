@@ -180,6 +180,7 @@ pub async fn measure() -> anyhow::Result<Shop> {
 
 impl Experiment for Shop {
     const NAME: &'static str = "shop";
+    const LIGHT: bool = true;
     const ABOUT: &'static str =
         "The API's 900 ms shared by inventory and pricing, the cache cap, fan-out";
     const SECTION: Option<Section> = Some(Section::BudgetPerHop);

@@ -399,6 +399,7 @@ fn opt(v: Option<f64>) -> String {
 
 impl Experiment for Waterfall {
     const NAME: &'static str = "waterfall";
+    const LIGHT: bool = true;
     const ABOUT: &'static str = "One request through the IM chain, traced: every hop's span, budget and outcome, normal and with route stalling";
     const COLLECTS_SPANS: bool = true;
     const SECTION: Option<Section> = Some(Section::Waterfall);

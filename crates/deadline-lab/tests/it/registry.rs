@@ -100,3 +100,71 @@ fn the_benchmarks_of_the_demo_are_benchmarks_on_the_command_line() {
         );
     }
 }
+
+#[test]
+fn the_steps_the_demo_runs_side_by_side_wait_and_none_times_the_machine() {
+    let light: Vec<&str> = entries().filter(|e| e.light).map(|e| e.name).collect();
+    assert_eq!(
+        light,
+        [
+            "chain",
+            "grpc-crate",
+            "propagation",
+            "expired",
+            "handler",
+            "drift",
+            "im",
+            "ledger",
+            "waterfall",
+            "shop",
+            "orders",
+            "db-cancel",
+            "seams",
+            "edge",
+            "hosts",
+            "proxy",
+            "faults",
+            "retry",
+            "hedge",
+            "jobs",
+        ],
+        "a light step runs beside others in the demo: a flood, a load or a benchmark must not"
+    );
+    assert!(entries().all(|e| !(e.light && e.kind == Kind::Bench)));
+}
+
+#[test]
+fn a_demo_step_run_in_a_child_prints_the_result_its_table_is_drawn_from() {
+    let out = std::process::Command::new(crate::common::debug_lab())
+        .args(["demo-step", "chain"])
+        .output()
+        .expect("the lab starts");
+    assert!(
+        out.status.success(),
+        "demo-step chain: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let entry = by_step("chain").expect("the demo has a chain step");
+    let table = entry
+        .outcome(printed["result"].clone())
+        .expect("the result reads back as the chain's");
+    assert_eq!(table.json, printed["result"]);
+    let hops: Vec<&str> = table.rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(hops, ["A", "B", "C"], "{}", table.table());
+    assert!(
+        printed["warnings"].is_null(),
+        "the chain provokes no warning: {printed}"
+    );
+
+    let out = std::process::Command::new(crate::common::debug_lab())
+        .args(["demo-step", "no-such-step"])
+        .output()
+        .expect("the lab starts");
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("no demo step called \"no-such-step\""),
+        "{said}"
+    );
+}
