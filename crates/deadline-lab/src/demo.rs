@@ -3,6 +3,7 @@
 //! self-contained HTML report.
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -68,7 +69,11 @@ pub async fn run(report: &Path) -> anyhow::Result<()> {
                     });
                     continue;
                 }
-                Start::InChild(task) => task.await?,
+                Start::InChild(task) => {
+                    let (outcome, seconds, logged) = task.await?;
+                    eprint!("{logged}");
+                    (outcome, seconds)
+                }
                 Start::Here => {
                     let t = Instant::now();
                     let outcome = registry::quietly(entry.run_in_demo())
@@ -121,9 +126,9 @@ pub async fn run(report: &Path) -> anyhow::Result<()> {
 enum Start {
     /// A tool it needs is missing.
     Skipped(Missing),
-    /// In a child process, already started: its table (or why it failed)
-    /// and how long it took.
-    InChild(JoinHandle<(Result<Outcome, String>, f64)>),
+    /// In a child process, already started: its table (or why it failed),
+    /// how long it took and what it logged.
+    InChild(JoinHandle<(Result<Outcome, String>, f64, String)>),
     /// Alone, in this process, when its turn comes.
     Here,
 }
@@ -136,24 +141,44 @@ struct Printed {
     warnings: Option<String>,
 }
 
-/// Runs `entry` as a demo step in a child process once a permit is free.
+/// Runs `entry` as a demo step in a child process once a permit is free:
+/// its table (or why it failed) and how long it took. What the child logged
+/// (with `RUST_LOG`, the warnings the table counts) is printed on stderr
+/// when the step's turn comes.
 async fn in_child(
     entry: &'static Entry,
     permits: Arc<Semaphore>,
-) -> (Result<Outcome, String>, f64) {
+) -> (Result<Outcome, String>, f64, String) {
     let _permit = permits.acquire_owned().await;
     let t = Instant::now();
     let outcome = async {
         let exe = crate::process::lab_exe()?;
-        let printed = crate::process::run(&exe, &["demo-step", &entry.step()]).await?;
-        let printed: Printed = serde_json::from_str(&printed)?;
+        let out = tokio::process::Command::new(&exe)
+            .args(["demo-step", &entry.step()])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", exe.display()))?;
+        let logged = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            out.status.success(),
+            "`deadline-lab demo-step {}` failed ({}): {}",
+            entry.step(),
+            out.status,
+            logged.trim()
+        );
+        let printed: Printed = serde_json::from_slice(&out.stdout)?;
         let mut outcome = entry.outcome(printed.result)?;
         outcome.notes.extend(printed.warnings);
-        anyhow::Ok(outcome)
+        anyhow::Ok((outcome, logged.into_owned()))
     }
-    .await
-    .map_err(|e| format!("{e:#}"));
-    (outcome, t.elapsed().as_secs_f64())
+    .await;
+    let seconds = t.elapsed().as_secs_f64();
+    match outcome {
+        Ok((outcome, logged)) => (Ok(outcome), seconds, logged),
+        Err(e) => (Err(format!("{e:#}")), seconds, String::new()),
+    }
 }
 
 /// `deadline-lab demo-step NAME`: runs the demo's step `NAME` (`chain`,
