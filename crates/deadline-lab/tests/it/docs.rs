@@ -391,7 +391,14 @@ fn docs_retry_table_shows_the_cases_and_outcomes_experiment_retry_measures() {
         // What does not depend on timing must be what the lab measures now:
         // the status, the deadline, and the attempts — except where the
         // backoff, which is random, decides whether a second attempt fits.
-        assert_eq!(table.cell(name, "status"), case.status, "{name}");
+        // The random backoff's second attempt, sent with a few
+        // milliseconds to spare, may run out of them on a busy machine.
+        let ran_out = name == retry::DEADLINE_ENDS_BACKOFF
+            && case.attempts > 1
+            && case.status == "DEADLINE_EXCEEDED";
+        if !ran_out {
+            assert_eq!(table.cell(name, "status"), case.status, "{name}");
+        }
         let deadline = table.figure(name, "deadline ms");
         assert_eq!(deadline, case.deadline_ms, "{name}");
         let attempts = table.figure(name, "attempts");

@@ -58,11 +58,25 @@ fn retry_experiment_every_attempt_lives_inside_the_callers_deadline() {
     let third = get(retry::THIRD_ATTEMPT);
     assert_eq!((third.status.as_str(), third.attempts), ("OK", 3));
     let backoff = get(retry::DEADLINE_ENDS_BACKOFF);
-    assert_eq!(
-        backoff.status, "UNAVAILABLE",
-        "no backoff outlives the deadline: the answer is the last attempt's, before it: {backoff:?}"
+    // The backoff is random: one short enough to fit, with an attempt,
+    // before the deadline is taken (about one run in four), and that
+    // attempt, sent with a few milliseconds to spare, may run out of them
+    // on a busy machine.
+    let ran_out = backoff.attempts > 1 && backoff.status == "DEADLINE_EXCEEDED";
+    assert!(
+        backoff.status == "UNAVAILABLE" || ran_out,
+        "no backoff outlives the deadline: the answer is the last attempt's: {backoff:?}"
     );
-    assert!(backoff.client_ms < backoff.deadline_ms, "{backoff:?}");
+    assert!(
+        backoff
+            .attempt_starts_ms
+            .iter()
+            .all(|&start| start < backoff.deadline_ms),
+        "every attempt starts before the deadline: {backoff:?}"
+    );
+    if !ran_out {
+        assert!(backoff.client_ms < backoff.deadline_ms, "{backoff:?}");
+    }
     let stop = get(retry::PUSHBACK_STOPS);
     assert_eq!((stop.status.as_str(), stop.attempts), ("UNAVAILABLE", 1));
     let delayed = get(retry::PUSHBACK_DELAYS);
