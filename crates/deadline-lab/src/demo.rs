@@ -142,9 +142,9 @@ struct Printed {
 }
 
 /// Runs `entry` as a demo step in a child process once a permit is free:
-/// its table (or why it failed) and how long it took. What the child logged
-/// (with `RUST_LOG`, the warnings the table counts) is printed on stderr
-/// when the step's turn comes.
+/// its table (or why it failed), how long it took, and what the child
+/// logged (with `RUST_LOG`, the warnings the table counts), which the demo
+/// prints when the step's turn comes.
 async fn in_child(
     entry: &'static Entry,
     permits: Arc<Semaphore>,
