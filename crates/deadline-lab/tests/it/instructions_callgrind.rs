@@ -96,9 +96,13 @@ const BOUNDS: [Bound; 8] = [
 ];
 // Today's figures at N = 200 (the test's), and at N = 1000 (the docs'):
 // the smaller run moves plain tonic's count by up to 0.4 %, and plain
-// tonic's count in the lab binary moves by up to 0.3 % from one build of
-// our crates to the next (shared generic code is compiled anew), so each
-// bound sits about 0.4 % above the N = 200 figure. The lab turns the
+// tonic's count in the lab binary moves by up to 0.5 % from one build of
+// our crates to the next (shared generic code is compiled anew; two
+// builds differing only in the demo's scheduling: 65 572 and 65 267 in
+// the server rows, then 65 122 in a run of a build that differs from the
+// second only in tests and a comment), so each bound sits about 0.7 %
+// above the N = 200 figure (one row measured 1.0494 and 1.0516 in those
+// last two builds, against a bound of 1.051 then). The lab turns the
 // `ledger` feature on: it adds about 100 instructions to a server request
 // with a deadline and 260 to one hop (both layers), in every row below;
 // since the response body carries the hop's entry too (a stream cut at its
@@ -107,19 +111,20 @@ const BOUNDS: [Bound; 8] = [
 // function, against the build before it). In that same pair of builds
 // plain tonic's own count moved by 0.66 % (h2's code laid out anew).
 
-/// `server layer, no header`: today 1.0465 (N = 1000: 1.0497); goal 1.02.
-const SERVER_RATIO: f64 = 1.051;
-/// `server layer, header`: today 1.0609 (N = 1000: 1.0596); goal 1.02.
-const SERVER_HEADER_RATIO: f64 = 1.065;
-/// `one hop, both layers`: today 1.0695 (N = 1000: 1.0683); goal 1.03.
-const ONE_HOP_RATIO: f64 = 1.074;
+/// `server layer, no header`: today 1.0494–1.0516 (N = 1000: 1.0497 on
+/// an earlier build); goal 1.02.
+const SERVER_RATIO: f64 = 1.058;
+/// `server layer, header`: today 1.0595 (N = 1000: 1.0596); goal 1.02.
+const SERVER_HEADER_RATIO: f64 = 1.067;
+/// `one hop, both layers`: today 1.0725 (N = 1000: 1.0683); goal 1.03.
+const ONE_HOP_RATIO: f64 = 1.080;
 /// `3-hop chain` (ours propagates the budget, plain tonic does not): today
-/// 1.1050 (N = 1000: 1.1027).
-const CHAIN_RATIO: f64 = 1.110;
+/// 1.1074 (N = 1000: 1.1027).
+const CHAIN_RATIO: f64 = 1.115;
 /// `3-hop chain, hand-written` (plain tonic passes the budget on by hand):
-/// today 1.0704 (N = 1000: 1.0683); goal 1.02.
-const CHAIN_BY_HAND_RATIO: f64 = 1.075;
-/// `server streaming`, per message: today 1.0375 (N = 1000 and 200 alike:
+/// today 1.0736 (N = 1000: 1.0683); goal 1.02.
+const CHAIN_BY_HAND_RATIO: f64 = 1.081;
+/// `server streaming`, per message: today 1.0310 (N = 1000 and 200 alike:
 /// one call of 10 000 messages against five); goal 1.01.
 const STREAMING_RATIO: f64 = 1.040;
 /// `server layer and reset guard`: today 1.0585 (N = 1000: 1.0551 on an
@@ -128,8 +133,8 @@ const STREAMING_RATIO: f64 = 1.040;
 /// count moved from 65 572 to 65 267 (-0.47 %), ours from 69 332 to 69 085
 /// (-0.36 %), so the bound sits 0.55 % above today's figure.
 const SERVER_GUARD_RATIO: f64 = 1.064;
-/// `server layer and reset guard, header`: today 1.0676 (N = 1000: 1.0692).
-const SERVER_GUARD_HEADER_RATIO: f64 = 1.072;
+/// `server layer and reset guard, header`: today 1.0690 (N = 1000: 1.0692).
+const SERVER_GUARD_HEADER_RATIO: f64 = 1.076;
 /// What the reset guard may add to the layer alone per request, as a share
 /// of plain tonic's request: the README's server costs the layer alone plus
 /// about 1 %, held here to 1.5 %. It moves with the lab's own code: two
