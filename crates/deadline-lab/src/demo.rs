@@ -3,7 +3,6 @@
 //! self-contained HTML report.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -153,25 +152,12 @@ async fn in_child(
     let t = Instant::now();
     let outcome = async {
         let exe = crate::process::lab_exe()?;
-        let out = tokio::process::Command::new(&exe)
-            .args(["demo-step", &entry.step()])
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", exe.display()))?;
-        let logged = String::from_utf8_lossy(&out.stderr);
-        anyhow::ensure!(
-            out.status.success(),
-            "`deadline-lab demo-step {}` failed ({}): {}",
-            entry.step(),
-            out.status,
-            logged.trim()
-        );
-        let printed: Printed = serde_json::from_slice(&out.stdout)?;
+        let (printed, logged) =
+            crate::process::run_logged(&exe, &["demo-step", &entry.step()]).await?;
+        let printed: Printed = serde_json::from_str(&printed)?;
         let mut outcome = entry.outcome(printed.result)?;
         outcome.notes.extend(printed.warnings);
-        anyhow::Ok((outcome, logged.into_owned()))
+        anyhow::Ok((outcome, logged))
     }
     .await;
     let seconds = t.elapsed().as_secs_f64();

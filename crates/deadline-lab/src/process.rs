@@ -184,20 +184,32 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
 ///
 /// When it cannot start or exits with failure; the message has its stderr.
 pub async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
+    Ok(run_logged(program, args).await?.0)
+}
+
+/// Runs `program args…` to completion: what it printed on stdout, then on
+/// stderr.
+///
+/// # Errors
+///
+/// As [`run`].
+pub async fn run_logged(program: &Path, args: &[&str]) -> anyhow::Result<(String, String)> {
     let out = tokio::process::Command::new(program)
         .args(args)
         .stdin(Stdio::null())
+        .kill_on_drop(true)
         .output()
         .await
         .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", program.display()))?;
+    let logged = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
         anyhow::bail!(
             "`{} {}` failed ({}): {}",
             program.display(),
             args.join(" "),
             out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            logged.trim()
         );
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok((String::from_utf8_lossy(&out.stdout).into_owned(), logged))
 }

@@ -135,16 +135,8 @@ fn the_steps_the_demo_runs_side_by_side_wait_and_none_times_the_machine() {
 
 #[test]
 fn a_demo_step_run_in_a_child_prints_the_result_its_table_is_drawn_from() {
-    let out = std::process::Command::new(crate::common::debug_lab())
-        .args(["demo-step", "chain"])
-        .output()
-        .expect("the lab starts");
-    assert!(
-        out.status.success(),
-        "demo-step chain: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let printed: serde_json::Value =
+        crate::common::json(crate::common::debug_lab(), &["demo-step", "chain"]);
     let entry = by_step("chain").expect("the demo has a chain step");
     let table = entry
         .outcome(printed["result"].clone())
