@@ -345,23 +345,36 @@ impl PgConn {
 
     /// Cancels the statement in flight (if cancel requests are on), waits
     /// until the server has finished it, and rolls back our transaction.
+    ///
+    /// The cleaning runs on a task of its own and finishes even if this call
+    /// is dropped: a cancel request cut off half-way could land on the next
+    /// caller's statement, and a connection taken back before its statement
+    /// stopped would hand that caller a busy backend.
     async fn stop(&mut self, cause: Cause) -> Result<(), Error> {
         let Some(object) = self.object.take() else {
             return Ok(());
         };
-        let in_transaction = std::mem::take(&mut self.in_transaction);
-        match clean(&self.shared, &object, self.in_flight, in_transaction).await {
-            Ok(()) => {
+        let permit = self.permit.take();
+        let cleaned = clean_then_release(
+            &self.shared,
+            object,
+            permit,
+            self.in_flight,
+            self.in_transaction,
+            Some(cause),
+        );
+        match cleaned.await {
+            Ok(Ok((object, permit))) => {
                 self.in_flight = false;
+                self.in_transaction = false;
                 self.object = Some(object);
+                self.permit = permit;
                 Ok(())
             }
-            Err(err) => {
-                tracing::warn!(%cause, error = %err, "discarding a connection that could not be cleaned");
-                self.shared.discarded.fetch_add(1, Ordering::Relaxed);
-                drop(Object::take(object));
-                Err(err)
-            }
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(Error::database(
+                "the connection's cleanup could not run (no Tokio runtime)",
+            )),
         }
     }
 
@@ -489,6 +502,56 @@ impl Op<'_> {
             Op::Batch(sql) => client.batch_execute(sql).await.map(|()| Done::Batch),
         }
     }
+}
+
+/// What [`clean_then_release`] hands back: the connection and its permit,
+/// clean, or why the connection was discarded.
+type Cleaned = Result<(Object, Option<Permit>), Error>;
+
+/// Cleans the connection on a task of its own (see [`clean`]) and hands it
+/// back through the receiver; if nobody waits any more, returns it to the
+/// pool and then releases its permit. A connection that cannot be cleaned is
+/// discarded, with a WARN.
+fn clean_then_release(
+    shared: &Arc<Shared>,
+    object: Object,
+    permit: Option<Permit>,
+    in_flight: bool,
+    in_transaction: bool,
+    cause: Option<Cause>,
+) -> tokio::sync::oneshot::Receiver<Cleaned> {
+    let (reply, cleaned) = tokio::sync::oneshot::channel();
+    let shared = shared.clone();
+    let running = &shared.cleanups_running;
+    let cleanup = {
+        let shared = shared.clone();
+        async move {
+            let out = match clean(&shared, &object, in_flight, in_transaction).await {
+                Ok(()) => Ok((object, permit)),
+                Err(err) => {
+                    match cause {
+                        Some(cause) => {
+                            tracing::warn!(%cause, error = %err, "discarding a connection that could not be cleaned")
+                        }
+                        None => {
+                            tracing::warn!(error = %err, "discarding a connection that could not be cleaned")
+                        }
+                    }
+                    shared.discarded.fetch_add(1, Ordering::Relaxed);
+                    drop(Object::take(object));
+                    drop(permit);
+                    Err(err)
+                }
+            };
+            if let Err(Ok((object, permit))) = reply.send(out) {
+                drop(object); // back to the pool first,
+                drop(permit); // then the next caller may take it
+            }
+            shared.cleanups_running.fetch_sub(1, Ordering::Relaxed);
+        }
+    };
+    spawn_cleanup(running, cleanup);
+    cleaned
 }
 
 /// Makes a connection safe to reuse: cancel what runs, wait for the server to
@@ -627,21 +690,13 @@ impl Drop for PgConn {
         }
         // Dropped mid-statement or mid-transaction: clean on a task of its
         // own, then release. The caller is gone; the connection is not.
-        let (shared, in_flight, in_transaction) =
-            (self.shared.clone(), self.in_flight, self.in_transaction);
-        let running = &self.shared.cleanups_running;
-        let cleanup = async move {
-            match clean(&shared, &object, in_flight, in_transaction).await {
-                Ok(()) => drop(object),
-                Err(err) => {
-                    tracing::warn!(error = %err, "discarding a connection that could not be cleaned");
-                    shared.discarded.fetch_add(1, Ordering::Relaxed);
-                    drop(Object::take(object));
-                }
-            }
-            drop(permit);
-            shared.cleanups_running.fetch_sub(1, Ordering::Relaxed);
-        };
-        spawn_cleanup(running, cleanup);
+        drop(clean_then_release(
+            &self.shared,
+            object,
+            permit,
+            self.in_flight,
+            self.in_transaction,
+            None,
+        ));
     }
 }

@@ -324,3 +324,81 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
     let mut conn = pool.acquire(&Scope::background()).await.expect("usable");
     assert!(backend_pid(&mut conn).await > 0, "the pool serves again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_while_its_statement_is_being_stopped_leaves_no_dirty_connection() {
+    // The scope ends, the pool is stopping the statement (a cancel request,
+    // then a check that waits for the server), and the caller drops the call
+    // in the middle of that. The connection must not go back to the pool
+    // before the stop is done: the next caller would get a backend still
+    // running the old statement, or the old statement's cancel.
+    let pool = PgPool::connect(&url(), 1).expect("pool");
+    let monitor = monitor().await;
+    let pid = backend_pid(&mut pool.acquire(&Scope::background()).await.expect("conn")).await;
+    let (mut dropped, mut dirty) = (0, Vec::new());
+    for attempt in 0..80u64 {
+        let scope = Scope::background().with_timeout(Duration::from_secs(10));
+        let mut conn = pool.acquire(&scope).await.expect("conn");
+        let mut call = Box::pin(conn.query("SELECT pg_sleep(10)", &[]));
+        let waited = Instant::now();
+        loop {
+            assert!(
+                futures_util::poll!(call.as_mut()).is_pending(),
+                "pg_sleep(10) ended early"
+            );
+            if active(&monitor, pid).await {
+                break;
+            }
+            assert!(
+                waited.elapsed() < Duration::from_secs(5),
+                "the statement never ran"
+            );
+        }
+        scope.cancel();
+        // Drop the call 0–2 ms after the cancel, in steps of 25 µs: before,
+        // during and after the stop, which takes about a millisecond on
+        // loopback.
+        let drop_at = Instant::now() + Duration::from_micros(25 * attempt);
+        let finished = loop {
+            if futures_util::poll!(call.as_mut()).is_ready() {
+                break true;
+            }
+            if Instant::now() >= drop_at {
+                break false;
+            }
+            tokio::task::yield_now().await;
+        };
+        drop(call);
+        drop(conn);
+        if !finished {
+            dropped += 1;
+        }
+        // A statement left running would hold the next one for its 10 s.
+        let asked = Instant::now();
+        let mut next = pool.acquire(&Scope::background()).await.expect("conn");
+        let waited = asked.elapsed();
+        let busy = active(&monitor, pid).await;
+        let answer = tokio::time::timeout(
+            Duration::from_secs(2),
+            next.query("SELECT pg_backend_pid()", &[]),
+        )
+        .await;
+        if busy || !matches!(answer, Ok(Ok(_))) || waited > Duration::from_secs(2) {
+            dirty.push(format!(
+                "attempt {attempt}: dropped={} waited={waited:?} busy={busy} answer={:?}",
+                !finished,
+                answer.map(|out| out.map(|rows| rows.len()))
+            ));
+        }
+    }
+    assert!(
+        dropped >= 10,
+        "only {dropped} of 80 calls were dropped before the stop finished: the test missed its window"
+    );
+    assert!(
+        dirty.is_empty(),
+        "the next caller got a connection that was not clean ({} of 80):\n{}",
+        dirty.len(),
+        dirty.join("\n")
+    );
+}
