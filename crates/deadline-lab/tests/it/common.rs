@@ -162,3 +162,44 @@ pub(crate) fn reserve_ms(budget_ms: f64) -> f64 {
     .as_secs_f64()
         * 1e3
 }
+
+/// Polls `call` until `running()` says its statement runs on the server
+/// (at most 5 s); panics if the call ends first.
+#[cfg(feature = "postgres-tests")]
+pub(crate) async fn poll_until_running<F: std::future::Future + ?Sized>(
+    mut call: std::pin::Pin<&mut F>,
+    mut running: impl AsyncFnMut() -> bool,
+) {
+    let waited = tokio::time::Instant::now();
+    loop {
+        assert!(
+            futures_util::poll!(call.as_mut()).is_pending(),
+            "the statement ended early"
+        );
+        if running().await {
+            return;
+        }
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(5),
+            "the statement never ran"
+        );
+    }
+}
+
+/// Polls `call` until it finishes or `at` passes, yielding in between: finer
+/// than the timer's millisecond. Whether it finished.
+#[cfg(feature = "postgres-tests")]
+pub(crate) async fn finishes_by<F: std::future::Future + ?Sized>(
+    mut call: std::pin::Pin<&mut F>,
+    at: tokio::time::Instant,
+) -> bool {
+    loop {
+        if futures_util::poll!(call.as_mut()).is_ready() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= at {
+            return false;
+        }
+        tokio::task::yield_now().await;
+    }
+}

@@ -555,34 +555,14 @@ async fn a_call_dropped_while_its_statement_is_being_stopped_leaves_no_dirty_con
         let scope = Scope::background().with_timeout(Duration::from_secs(10));
         let mut conn = pool.acquire(&scope).await.expect("conn");
         let mut call = Box::pin(conn.fetch_all(sqlx::query("SELECT pg_sleep(10)")));
-        let waited = Instant::now();
-        loop {
-            assert!(
-                futures_util::poll!(call.as_mut()).is_pending(),
-                "pg_sleep(10) ended early"
-            );
-            if active(&mut monitor, pid).await {
-                break;
-            }
-            assert!(
-                waited.elapsed() < Duration::from_secs(5),
-                "the statement never ran"
-            );
-        }
+        crate::common::poll_until_running(call.as_mut(), async || active(&mut monitor, pid).await)
+            .await;
         scope.cancel();
         // Drop the call 0–2 ms after the cancel, in steps of 25 µs: before,
         // during and after the stop, which takes about a millisecond on
         // loopback.
         let drop_at = Instant::now() + Duration::from_micros(25 * attempt);
-        let finished = loop {
-            if futures_util::poll!(call.as_mut()).is_ready() {
-                break true;
-            }
-            if Instant::now() >= drop_at {
-                break false;
-            }
-            tokio::task::yield_now().await;
-        };
+        let finished = crate::common::finishes_by(call.as_mut(), drop_at).await;
         drop(call);
         drop(conn);
         if !finished {
