@@ -65,6 +65,17 @@ impl EndGuard {
     }
 
     fn end(&mut self, cause: Cause) {
+        // A request whose client reset its upload ended its scope as
+        // abandoned when the handler read the reset: an answer the handler
+        // still made of it (the error it read) is not a completed request.
+        let cause = match cause {
+            Cause::Completed if self.scope.is_cancelled() => self
+                .scope
+                .cause()
+                .filter(|c| *c == Cause::Abandoned)
+                .unwrap_or(cause),
+            cause => cause,
+        };
         if cause != Cause::Completed {
             // An expected end, not a fault: named, at DEBUG.
             tracing::debug!(%cause, "request scope ended before its answer was complete");

@@ -30,14 +30,18 @@ pin_project! {
     /// see the scope ended, with its cause.
     ///
     /// ```
-    /// use tonic_deadline::server::{ResponseFuture, ServerDeadline};
+    /// use tonic_deadline::server::{RequestBody, ResponseFuture, ServerDeadline};
     /// use tower_service::Service;
     ///
-    /// // The future a tonic server polls for each request.
+    /// // The future a tonic server polls for each request; the handler's
+    /// // service receives the request's body as a `RequestBody`.
     /// fn future_of<S>(service: &mut ServerDeadline<S>, request: http::Request<tonic::body::Body>)
     ///     -> ResponseFuture<S::Future>
     /// where
-    ///     S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
+    ///     S: Service<
+    ///         http::Request<RequestBody<tonic::body::Body>>,
+    ///         Response = http::Response<tonic::body::Body>,
+    ///     >,
     /// {
     ///     service.call(request)
     /// }

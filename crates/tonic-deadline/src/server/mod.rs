@@ -16,7 +16,13 @@
 //!    whether or not the handler looks at it;
 //! 6. cancels the scope with [`Cause::Abandoned`] when the client resets
 //!    the stream (hyper drops the handler), and with [`Cause::Completed`] once
-//!    the response is complete, so tasks spawned under it stop too.
+//!    the response is complete, so tasks spawned under it stop too;
+//! 7. hands the handler its request body as a [`RequestBody`]: an input
+//!    its client abandoned never reads as complete. tonic reads a request
+//!    stream reset with `CANCEL` as its clean end (`Ok(None)`); behind the
+//!    layer the scope ends first and the handler reads an error,
+//!    [`Truncated`] (`ABORTED`), so a handler that commits at the end of its
+//!    input commits nothing its client gave up on.
 //!
 //! How it differs from tonic's `Server::timeout`: that timer answers
 //! `CANCELLED`, ignores malformed headers, covers only the response head and
@@ -95,6 +101,7 @@ mod future;
 mod layer;
 pub(crate) mod observer;
 mod protocol;
+mod request_body;
 /// The reset guard: the crate `tonic-deadline-guard`, re-exported (see
 /// [`ResetGuard`]).
 #[cfg(feature = "server")]
@@ -119,6 +126,7 @@ pub use layer::ServerDeadlineLayer;
 #[cfg(feature = "http")]
 pub use protocol::Http;
 pub use protocol::{Grpc, Protocol};
+pub use request_body::{RequestBody, Truncated};
 #[cfg(feature = "server")]
 pub use tonic_deadline_guard::{
     Guarded, GuardedIncoming, GuardedRouter, GuardedServer, LOCAL_ERROR_RESETS,
@@ -332,7 +340,7 @@ impl<S, P> ServerDeadline<S, P> {
 
 impl<S, B, RB, P> Service<Request<B>> for ServerDeadline<S, P>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<P::RequestBody<B>>, Response = Response<RB>>,
     RB: http_body::Body,
     P: Protocol,
 {
@@ -392,6 +400,7 @@ where
         let entry = None;
         let scope = Scope::root_attached(deadline, self.config.attachment(request.headers()));
         request.extensions_mut().insert(scope.clone());
+        let request = request.map(|body| P::request_body(body, &scope));
         let timer = deadline
             .zip(now)
             .map(|(d, now)| (d.checked_sub(P::TIMER_LEAD).unwrap_or(d), now));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Response};
 
-use crate::scope::Cause;
+use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 use crate::wire::timeout_header::{self, MalformedTimeout};
 #[cfg(feature = "http")]
@@ -33,7 +33,13 @@ use {
 /// fn speaks<P: Protocol>(_: &ServerDeadlineLayer<P>) {}
 /// speaks::<Grpc>(&ServerDeadlineLayer::new());
 /// ```
-pub trait Protocol: sealed::Sealed {}
+pub trait Protocol: sealed::Sealed {
+    /// The request body the handler's service receives: for [`Grpc`], a
+    /// [`RequestBody`](super::RequestBody) (an input its caller abandoned
+    /// never reads as complete); for `Http`, the body as it came (hyper
+    /// already reports a reset or a lost connection as an error).
+    type RequestBody<B>;
+}
 
 /// gRPC: the deadline is `grpc-timeout`, decoded strictly; the layer
 /// answers for a handler with a trailers-only status, or in the trailers of
@@ -48,7 +54,9 @@ pub trait Protocol: sealed::Sealed {}
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Grpc;
 
-impl Protocol for Grpc {}
+impl Protocol for Grpc {
+    type RequestBody<B> = super::RequestBody<B>;
+}
 
 /// Plain HTTP: the deadline is the tightest of the deadline headers the
 /// layer accepts; it answers for a handler with `504 Gateway Timeout`, and
@@ -110,7 +118,9 @@ impl Http {
 }
 
 #[cfg(feature = "http")]
-impl Protocol for Http {}
+impl Protocol for Http {
+    type RequestBody<B> = B;
+}
 
 /// An answer the layer gives itself: the head, and a short text for the
 /// body (none for gRPC, whose answers are trailers-only).
@@ -140,6 +150,11 @@ pub(crate) mod sealed {
 
         /// The answer for a handler out of time.
         fn deadline_exceeded() -> Answer;
+
+        /// The request body the handler reads, under the request's scope.
+        fn request_body<B>(body: B, scope: &Scope) -> <Self as Protocol>::RequestBody<B>
+        where
+            Self: Protocol;
     }
 }
 
@@ -169,6 +184,11 @@ impl sealed::Sealed for Grpc {
         status_for(Cause::DeadlineExceeded).into_http()
     }
 
+    #[inline]
+    fn request_body<B>(body: B, scope: &Scope) -> super::RequestBody<B> {
+        super::RequestBody::new(body, scope.clone())
+    }
+
     const HTTP_STATUS: bool = false;
 }
 
@@ -193,6 +213,11 @@ impl sealed::Sealed for Http {
             StatusCode::GATEWAY_TIMEOUT,
             Cause::DeadlineExceeded.to_string(),
         )
+    }
+
+    #[inline]
+    fn request_body<B>(body: B, _: &Scope) -> B {
+        body
     }
 
     const HTTP_STATUS: bool = true;

@@ -23,8 +23,11 @@ const MS: Duration = Duration::from_millis(1);
 /// How early the gRPC layer's timer fires.
 const TONIC_TIMER_LEAD: Duration = <Grpc as Sealed>::TIMER_LEAD;
 
-type Mock = tower_test::mock::Mock<Request<Empty<Bytes>>, Response<Full<Bytes>>>;
-type MockHandle = tower_test::mock::Handle<Request<Empty<Bytes>>, Response<Full<Bytes>>>;
+/// What a handler behind the gRPC layer receives.
+type Handed = super::RequestBody<Empty<Bytes>>;
+
+type Mock = tower_test::mock::Mock<Request<Handed>, Response<Full<Bytes>>>;
+type MockHandle = tower_test::mock::Handle<Request<Handed>, Response<Full<Bytes>>>;
 
 /// The layer keeping nothing for the answer's way back: the budgets these
 /// tests read are the header's exactly (see
@@ -61,12 +64,12 @@ fn head_status<B>(response: &Response<B>) -> tonic::Status {
 fn hanging_handler(
     seen: mpsc::UnboundedSender<Scope>,
 ) -> impl Service<
-    Request<Empty<Bytes>>,
+    Request<Handed>,
     Response = Response<Full<Bytes>>,
     Error = Infallible,
     Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>>,
 > + Clone {
-    service_fn(move |_request: Request<Empty<Bytes>>| {
+    service_fn(move |_request: Request<Handed>| {
         let seen = seen.clone();
         async move {
             seen.send(Scope::current())
@@ -81,12 +84,12 @@ fn answering_handler<B>(
     seen: mpsc::UnboundedSender<Scope>,
     body: impl Fn() -> B + Clone,
 ) -> impl Service<
-    Request<Empty<Bytes>>,
+    Request<Handed>,
     Response = Response<B>,
     Error = Infallible,
     Future = impl Future<Output = Result<Response<B>, Infallible>>,
 > + Clone {
-    service_fn(move |_request: Request<Empty<Bytes>>| {
+    service_fn(move |_request: Request<Handed>| {
         let seen = seen.clone();
         let body = body.clone();
         async move {
@@ -279,7 +282,7 @@ async fn max_timeout_caps_every_budget() {
 #[tokio::test(start_paused = true)]
 async fn scope_is_in_extensions_and_current_during_the_handler() {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let handler = service_fn(move |request: Request<Empty<Bytes>>| {
+    let handler = service_fn(move |request: Request<Handed>| {
         let tx = tx.clone();
         let extension = request
             .extensions()
@@ -382,7 +385,7 @@ async fn server_timer_applies_the_default_to_a_handler_ignoring_it() {
 async fn dropping_the_response_future_cancels_the_scope_as_caller_cancelled() {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (task_tx, mut task_rx) = mpsc::unbounded_channel();
-    let handler = service_fn(move |_request: Request<Empty<Bytes>>| {
+    let handler = service_fn(move |_request: Request<Handed>| {
         let tx = tx.clone();
         let task_tx = task_tx.clone();
         async move {
@@ -458,7 +461,7 @@ async fn dropping_the_body_mid_stream_cancels_the_scope_as_caller_cancelled() {
 async fn completing_the_body_ends_the_scope_as_completed() {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (task_tx, mut task_rx) = mpsc::unbounded_channel();
-    let handler = service_fn(move |_request: Request<Empty<Bytes>>| {
+    let handler = service_fn(move |_request: Request<Handed>| {
         let tx = tx.clone();
         let task_tx = task_tx.clone();
         async move {
@@ -539,7 +542,7 @@ async fn handler_errors_and_trailers_only_answers_complete_the_scope() {
     );
 
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let failing = service_fn(move |_request: Request<Empty<Bytes>>| {
+    let failing = service_fn(move |_request: Request<Handed>| {
         let tx = tx.clone();
         async move {
             tx.send(Scope::current()).expect("receiver alive");
@@ -633,7 +636,7 @@ async fn forward_metadata_copies_only_the_allow_list() {
         },
     ));
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let handler = service_fn(move |_request: Request<Empty<Bytes>>| {
+    let handler = service_fn(move |_request: Request<Handed>| {
         let downstream = downstream.clone();
         let tx = tx.clone();
         async move {
@@ -727,7 +730,7 @@ async fn a_grpc_web_stream_cut_at_its_deadline_ends_with_a_trailer_frame() {
     ] {
         let (_frames, frames_rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
         let frames_rx = Arc::new(std::sync::Mutex::new(Some(frames_rx)));
-        let handler = service_fn(move |_request: Request<Empty<Bytes>>| {
+        let handler = service_fn(move |_request: Request<Handed>| {
             let stream = frames_rx
                 .lock()
                 .expect("not poisoned")
@@ -809,5 +812,153 @@ async fn the_default_reserve_keeps_a_twentieth_up_to_10_ms_for_the_ledger() {
         .await,
         Some(950 * MS),
         "a reserve set is kept, at most a twentieth"
+    );
+}
+
+/// A request whose body the test feeds frame by frame (`None` ends it).
+fn fed_request(
+    timeout: &'static str,
+) -> (
+    Request<StreamBody<ReceiverStream<Result<Frame<Bytes>, tonic::Status>>>>,
+    mpsc::Sender<Result<Frame<Bytes>, tonic::Status>>,
+) {
+    let (tx, rx) = mpsc::channel(4);
+    let mut request = Request::new(StreamBody::new(ReceiverStream::new(rx)));
+    request
+        .headers_mut()
+        .insert("grpc-timeout", HeaderValue::from_static(timeout));
+    (request, tx)
+}
+
+type FedBody = super::RequestBody<StreamBody<ReceiverStream<Result<Frame<Bytes>, tonic::Status>>>>;
+
+/// A handler that hands the test its request body and never answers.
+fn body_taking_handler(
+    bodies: mpsc::UnboundedSender<(FedBody, Scope)>,
+) -> impl Service<
+    Request<FedBody>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>>,
+> + Clone {
+    service_fn(move |request: Request<FedBody>| {
+        let bodies = bodies.clone();
+        async move {
+            let scope = Scope::current();
+            bodies
+                .send((request.into_body(), scope))
+                .expect("receiver alive");
+            std::future::pending().await
+        }
+    })
+}
+
+/// What tonic's decoder hands a handler for a body error: the status found
+/// in the error, as `tonic::body::Body` finds it.
+fn status_read(err: crate::BoxError) -> tonic::Status {
+    tonic::Status::from_error(err)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_request_stream_ends_the_scope_first_and_reads_aborted_not_its_end() {
+    let (bodies, mut taken) = mpsc::unbounded_channel();
+    let (request, feed) = fed_request("10S");
+    let mut call = Box::pin(exact().layer(body_taking_handler(bodies)).oneshot(request));
+    assert!(futures_util::poll!(call.as_mut()).is_pending());
+    let (mut body, scope) = taken.try_recv().expect("the handler must run");
+
+    feed.send(Ok(Frame::data(Bytes::from_static(b"one"))))
+        .await
+        .expect("body alive");
+    let frame = body.frame().await.expect("a frame").expect("data");
+    assert!(frame.is_data(), "data passes untouched");
+    assert!(!scope.is_ended());
+
+    // What tonic makes of an h2 RST_STREAM(CANCEL) on the request stream.
+    feed.send(Err(tonic::Status::cancelled(
+        "h2 protocol error: stream reset",
+    )))
+    .await
+    .expect("body alive");
+    let err = body
+        .frame()
+        .await
+        .expect("the reset must not read as the end")
+        .expect_err("the reset must read as an error");
+    assert_eq!(
+        scope.cause(),
+        Some(Cause::Abandoned),
+        "the scope must have ended, as abandoned, before the handler reads the error"
+    );
+    let truncated = err
+        .downcast_ref::<super::Truncated>()
+        .expect("the error must be Truncated");
+    assert_eq!(truncated.cause(), Cause::Abandoned);
+    let status = status_read(err);
+    assert_eq!(
+        status.code(),
+        tonic::Code::Aborted,
+        "tonic reads CANCELLED from a request body as its end: the handler must read another code"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_stream_ending_after_its_deadline_reads_deadline_exceeded_not_its_end() {
+    let (bodies, mut taken) = mpsc::unbounded_channel();
+    let (request, feed) = fed_request("100m");
+    let layer = exact().layer(body_taking_handler(bodies));
+    let mut call = Box::pin(layer.oneshot(request));
+    assert!(futures_util::poll!(call.as_mut()).is_pending());
+    let (mut body, scope) = taken.try_recv().expect("the handler must run");
+    // The server's timer answers DEADLINE_EXCEEDED and ends the scope; a
+    // reader of the body that outlived the handler (a task it spawned)
+    // then sees the input end.
+    let response = call.await.expect("an answer");
+    assert_eq!(head_status(&response).code(), tonic::Code::DeadlineExceeded);
+    assert_eq!(scope.cause(), Some(Cause::DeadlineExceeded));
+    drop(feed);
+    let err = body
+        .frame()
+        .await
+        .expect("an input that ended after its scope must not read as its end")
+        .expect_err("it reads as an error");
+    assert_eq!(status_read(err).code(), tonic::Code::DeadlineExceeded);
+}
+
+#[tokio::test(start_paused = true)]
+async fn other_request_body_errors_and_a_timely_end_pass_unchanged() {
+    let (bodies, mut taken) = mpsc::unbounded_channel();
+    let (request, feed) = fed_request("10S");
+    let mut call = Box::pin(
+        exact()
+            .layer(body_taking_handler(bodies.clone()))
+            .oneshot(request),
+    );
+    assert!(futures_util::poll!(call.as_mut()).is_pending());
+    let (mut body, scope) = taken.try_recv().expect("the handler must run");
+    feed.send(Err(tonic::Status::internal(
+        "h2 protocol error: flow control",
+    )))
+    .await
+    .expect("body alive");
+    let err = body.frame().await.expect("an item").expect_err("an error");
+    assert_eq!(
+        status_read(err).code(),
+        tonic::Code::Internal,
+        "passes as it came"
+    );
+    assert!(
+        !scope.is_ended(),
+        "only a reset with CANCEL ends the scope here"
+    );
+
+    let (request, feed) = fed_request("10S");
+    let mut call = Box::pin(exact().layer(body_taking_handler(bodies)).oneshot(request));
+    assert!(futures_util::poll!(call.as_mut()).is_pending());
+    let (mut body, _scope) = taken.try_recv().expect("the handler must run");
+    drop(feed);
+    assert!(
+        body.frame().await.is_none(),
+        "an input the client ended, under a live scope, ends"
     );
 }

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod abandoned;
 mod admission_layer;
 mod cancellation;
 mod chain_budget;
