@@ -16,7 +16,9 @@ use grpc_deadline::{Cause, Scope};
 use tokio::time::Instant;
 
 use crate::status;
-use crate::streams::{DeadlineRecvStream, DeadlineSendStream, Watch, late};
+use crate::streams::{
+    Call, DeadlineRecvStream, DeadlineSendStream, HOLD_WITHOUT_DEADLINE, Watch, late,
+};
 
 /// The header a call's budget travels in.
 const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -57,6 +59,7 @@ pub struct Stats {
     refused_cancelled: AtomicU64,
     cancels_not_reset: AtomicU64,
     left_late: AtomicU64,
+    held_then_ended: AtomicU64,
 }
 
 impl Stats {
@@ -78,11 +81,15 @@ impl Stats {
         self.refused_cancelled.load(Ordering::Relaxed)
     }
 
-    /// Calls cancelled by their scope before the server's response
-    /// headers: the caller got `CANCELLED` at once, but the `grpc` crate
-    /// (0.9) keeps such a call's stream open on a task no interceptor
-    /// reaches until the server answers, so the server was not told. It
-    /// stops at the deadline it was sent, if any.
+    /// Calls abandoned for a reason other than their deadline — their
+    /// scope ended, or the caller dropped them (a `select!`, a `timeout`
+    /// around the call) — whose stream the `grpc` crate's transport could
+    /// not reset: before the server's response headers (0.9 keeps the
+    /// stream on a task of its own until then), or with the request
+    /// stream still open (held, so that it is not ended normally). The
+    /// caller got its answer at once; the server was not told, and stops
+    /// at the deadline it was sent, if any. Never counted under
+    /// [`Abandoned::Drop`].
     pub fn cancels_not_reset(&self) -> u64 {
         self.cancels_not_reset.load(Ordering::Relaxed)
     }
@@ -93,15 +100,55 @@ impl Stats {
     pub fn left_late(&self) -> u64 {
         self.left_late.load(Ordering::Relaxed)
     }
+
+    /// Abandoned calls without a deadline whose open request stream was
+    /// held 10 s and then let go: the `grpc` crate's transport then ended
+    /// it normally, and the server may have read the part it received as
+    /// a complete input. Give such calls a deadline (the server then ends
+    /// them), or run them on a transport that resets what it drops.
+    pub fn held_then_ended(&self) -> u64 {
+        self.held_then_ended.load(Ordering::Relaxed)
+    }
+}
+
+/// What the interceptor does with the streams of a call its caller
+/// abandoned before the answer's end (its scope ended, its deadline
+/// passed, or the caller dropped it).
+///
+/// ```
+/// use grpc_deadline_grpc::{Abandoned, DeadlineInterceptor};
+/// // Over a transport whose dropped streams are reset (RST_STREAM).
+/// let interceptor = DeadlineInterceptor::new().abandoned(Abandoned::Drop);
+/// # let _ = interceptor;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Abandoned {
+    /// Hold them until the server has ended the call (the default, for
+    /// the `grpc` crate's own transport, which ends a dropped request
+    /// stream normally — HTTP/2 END_STREAM — so that the server would read
+    /// the part it received as a complete input). A call whose request
+    /// stream is still open is held until a second past its deadline (the
+    /// server ends it at the deadline it was sent), or, without a
+    /// deadline, 10 s, then let go and counted in
+    /// [`Stats::held_then_ended`]. Its send half, dropped before its last
+    /// message, ends the request stream when the caller next reads the
+    /// answer, as the crate's generated clients do to finish an upload.
+    #[default]
+    Hold,
+    /// Drop them at once: for a transport that resets the stream of a
+    /// call whose streams are dropped, and never ends it normally.
+    Drop,
 }
 
 /// What an interceptor and every clone of it share.
 pub(crate) struct Config {
     unscoped: Unscoped,
+    abandoned: Abandoned,
     stats: Stats,
     unscoped_warnings: WarnLimit,
     reset_warnings: WarnLimit,
     late_warnings: WarnLimit,
+    held_warnings: WarnLimit,
 }
 
 impl fmt::Debug for Config {
@@ -128,6 +175,24 @@ impl Config {
                  on a task of its own until the server's response headers arrive, and no \
                  interceptor can reset it. The server was not told; it stops at the deadline it \
                  was sent (grpc-timeout), if the call had one",
+            );
+        }
+    }
+
+    /// An abandoned call without a deadline was held and then let go:
+    /// counted and warned about (rate-limited).
+    #[cold]
+    pub(crate) fn held_then_ended(&self) {
+        self.stats.held_then_ended.fetch_add(1, Ordering::Relaxed);
+        if let Some(similar) = self.held_warnings.admit() {
+            tracing::warn!(
+                held_s = HOLD_WITHOUT_DEADLINE.as_secs(),
+                similar_since_last_warning = similar,
+                "a call made through the grpc crate was abandoned before its upload ended and had \
+                 no deadline: its request stream was held open {HOLD_WITHOUT_DEADLINE:?} and then \
+                 let go, and the crate's transport ended it normally, so the server may read the \
+                 part it received as a complete input. Give such calls a deadline (the server \
+                 then ends them), or use a transport that resets what it drops (Abandoned::Drop)",
             );
         }
     }
@@ -220,17 +285,19 @@ impl DeadlineInterceptor {
     /// assert_eq!(interceptor.stats().unscoped(), 0);
     /// ```
     pub fn new() -> Self {
-        Self::with(Unscoped::default())
+        Self::with(Unscoped::default(), Abandoned::default())
     }
 
-    fn with(unscoped: Unscoped) -> Self {
+    fn with(unscoped: Unscoped, abandoned: Abandoned) -> Self {
         Self {
             config: Arc::new(Config {
                 unscoped,
+                abandoned,
                 stats: Stats::default(),
                 unscoped_warnings: WarnLimit::new(),
                 reset_warnings: WarnLimit::new(),
                 late_warnings: WarnLimit::new(),
+                held_warnings: WarnLimit::new(),
             }),
         }
     }
@@ -246,7 +313,22 @@ impl DeadlineInterceptor {
     /// ```
     #[must_use]
     pub fn unscoped(self, unscoped: Unscoped) -> Self {
-        Self::with(unscoped)
+        Self::with(unscoped, self.config.abandoned)
+    }
+
+    /// What to do with the streams of a call its caller abandoned (see
+    /// [`Abandoned`]; [`Abandoned::Hold`] by default, for the `grpc`
+    /// crate's own transport). Configure before cloning, as
+    /// [`unscoped`](Self::unscoped).
+    ///
+    /// ```
+    /// use grpc_deadline_grpc::{Abandoned, DeadlineInterceptor};
+    /// let interceptor = DeadlineInterceptor::new().abandoned(Abandoned::Hold);
+    /// # let _ = interceptor;
+    /// ```
+    #[must_use]
+    pub fn abandoned(self, abandoned: Abandoned) -> Self {
+        Self::with(self.config.unscoped, abandoned)
     }
 
     /// What this interceptor (and its clones) counted.
@@ -261,7 +343,12 @@ impl DeadlineInterceptor {
     }
 }
 
-impl<I: InvokeOnce> Intercept<I> for DeadlineInterceptor {
+impl<I> Intercept<I> for DeadlineInterceptor
+where
+    I: InvokeOnce,
+    I::SendStream: Send,
+    I::RecvStream: Send,
+{
     type SendStream = DeadlineSendStream<I::SendStream>;
     type RecvStream = DeadlineRecvStream<I::RecvStream>;
 
@@ -280,7 +367,7 @@ impl<I: InvokeOnce> Intercept<I> for DeadlineInterceptor {
                 deadline: None,
             };
             (
-                DeadlineSendStream::new(None, watch),
+                DeadlineSendStream::new(None, watch, None),
                 DeadlineRecvStream::failed(status, config.clone(), method.clone()),
             )
         };
@@ -383,9 +470,11 @@ impl<I: InvokeOnce> Intercept<I> for DeadlineInterceptor {
                 config.departed(&method, granted, late);
             }
         }
+        let call =
+            (config.abandoned == Abandoned::Hold).then(|| Call::new(deadline, config.clone()));
         (
-            DeadlineSendStream::new(Some(send), watch.clone()),
-            DeadlineRecvStream::open(recv, watch, config.clone(), method, note),
+            DeadlineSendStream::new(Some(send), watch.clone(), call.clone()),
+            DeadlineRecvStream::open(recv, watch, config.clone(), method, note, call),
         )
     }
 }

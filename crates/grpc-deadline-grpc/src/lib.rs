@@ -71,6 +71,6 @@ mod ledger;
 mod status;
 mod streams;
 
-pub use interceptor::{DeadlineInterceptor, Stats, Unscoped};
+pub use interceptor::{Abandoned, DeadlineInterceptor, Stats, Unscoped};
 pub use status::{code_name, code_of};
 pub use streams::{DeadlineRecvStream, DeadlineSendStream};

@@ -1,15 +1,18 @@
 //! The streams of a call under the interceptor: each wait on them races the
 //! call's deadline and its scope.
 
+use std::any::Any;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use grpc::client::{RecvStream, ResponseStreamItem, SendOptions, SendStream};
 use grpc::core::{RecvMessage, SendMessage, Trailers};
 use grpc::{StatusCodeError, StatusError};
 use grpc_deadline::{Cause, Code, Scope};
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::interceptor::Config;
@@ -68,6 +71,153 @@ impl Watch {
     }
 }
 
+/// How long past its deadline an abandoned call's streams are held: the
+/// server ends the call at the deadline it was sent, a transit later.
+const HOLD_PAST_DEADLINE: Duration = Duration::from_secs(1);
+
+/// How long an abandoned call without a deadline is held before its
+/// streams are let go (and its request stream ends normally).
+pub(crate) const HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// What the two halves of one call share: the request side's stream while
+/// the caller has let go of it but not of the call, and how the call
+/// stands.
+///
+/// The `grpc` crate's own transport ends a call's request stream normally
+/// (HTTP/2 END_STREAM, "the client finished sending") when its send half
+/// is dropped, and when its receive half is: a call abandoned mid-upload
+/// would read to the server as a complete input. So a send half dropped
+/// before its last message waits here until the caller reads the answer
+/// (then the drop was its end of input), and the halves of an abandoned
+/// call are held until the server has ended the call itself, at the
+/// deadline it was sent.
+pub(crate) struct Call {
+    /// The send half's stream, dropped before its last message, not yet
+    /// let go.
+    parked: Mutex<Parked>,
+    /// Woken when a send half is parked, so that a receive already under
+    /// way lets it go.
+    parked_now: Notify,
+    /// The request stream is closed: its last message was sent, or the
+    /// caller's end of input was let go.
+    request_closed: AtomicBool,
+    deadline: Option<Instant>,
+    config: Arc<Config>,
+}
+
+enum Parked {
+    /// The call runs; the send half, if parked, waits for the caller's
+    /// next read.
+    Live(Option<Box<dyn Any + Send>>),
+    /// The answer was read: a send half dropped now ends its stream.
+    Done,
+    /// The caller went away: a send half dropped now is held.
+    Abandoned,
+}
+
+impl Call {
+    pub(crate) fn new(deadline: Option<Instant>, config: Arc<Config>) -> Arc<Self> {
+        Arc::new(Self {
+            parked: Mutex::new(Parked::Live(None)),
+            parked_now: Notify::new(),
+            request_closed: AtomicBool::new(false),
+            deadline,
+            config,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Parked> {
+        // Nothing panics while holding it; a poisoned lock is still sound.
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_abandoned(&self) -> bool {
+        matches!(*self.lock(), Parked::Abandoned)
+    }
+
+    /// The send half was dropped before its last message.
+    fn send_half_dropped(&self, stream: Box<dyn Any + Send>) {
+        let mut parked = self.lock();
+        match &mut *parked {
+            Parked::Live(slot) => {
+                *slot = Some(stream);
+                drop(parked);
+                self.parked_now.notify_one();
+            }
+            Parked::Done => {
+                drop(parked);
+                drop(stream);
+            }
+            Parked::Abandoned => {
+                drop(parked);
+                self.hold(vec![stream]);
+            }
+        }
+    }
+
+    /// The caller reads the answer: a send half it dropped was its end of
+    /// input, and goes now.
+    fn let_parked_go(&self) {
+        let stream = match &mut *self.lock() {
+            Parked::Live(slot) => slot.take(),
+            Parked::Done | Parked::Abandoned => None,
+        };
+        if stream.is_some() {
+            self.request_closed.store(true, Ordering::Relaxed);
+        }
+        drop(stream);
+    }
+
+    /// The answer was read to its end.
+    fn done(&self) {
+        let stream = match std::mem::replace(&mut *self.lock(), Parked::Done) {
+            Parked::Live(stream) => stream,
+            Parked::Done | Parked::Abandoned => None,
+        };
+        drop(stream);
+    }
+
+    /// The caller went away before the answer's end: returns what must be
+    /// held with the receive half (a parked send half), and whether the
+    /// request stream was still open.
+    fn abandon(&self) -> (Option<Box<dyn Any + Send>>, bool) {
+        let stream = match std::mem::replace(&mut *self.lock(), Parked::Abandoned) {
+            Parked::Live(stream) => stream,
+            Parked::Done | Parked::Abandoned => None,
+        };
+        let open = !self.request_closed.load(Ordering::Relaxed);
+        (stream, open)
+    }
+
+    /// Holds `streams` until the server has ended the call: a little past
+    /// its deadline, or [`HOLD_WITHOUT_DEADLINE`] for a call without one
+    /// (reported: its request stream then ends normally).
+    fn hold(&self, streams: Vec<Box<dyn Any + Send>>) {
+        let deadline = self.deadline;
+        let config = self.config.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to hold them on: they end now, and say so.
+            config.held_then_ended();
+            return;
+        };
+        // The held streams belong to no request: their scope is over.
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "holds an abandoned call's streams; no request's work"
+        )]
+        runtime.spawn(async move {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline + HOLD_PAST_DEADLINE).await,
+                None => {
+                    tokio::time::sleep(HOLD_WITHOUT_DEADLINE).await;
+                    config.held_then_ended();
+                }
+            }
+            drop(streams);
+        });
+    }
+}
+
 /// The sending side of a call made through
 /// [`DeadlineInterceptor`](crate::DeadlineInterceptor): a send stops at the
 /// deadline or when the scope ends, and reports the stream closed (the
@@ -79,38 +229,55 @@ impl Watch {
 /// sends(&s);
 /// # }
 /// ```
-pub struct DeadlineSendStream<S> {
+pub struct DeadlineSendStream<S: Send + 'static> {
     inner: Option<S>,
     watch: Watch,
     timer: Option<Pin<Box<Sleep>>>,
+    /// What it shares with the receiving side (none for a call that
+    /// failed before it left, or when the transport resets what it drops).
+    call: Option<Arc<Call>>,
+    /// Closed here: its scope ended or its deadline passed. The stream is
+    /// kept, not ended.
+    closed: bool,
+    /// Its last message was sent: the request stream ended normally.
+    finished: bool,
 }
 
-impl<S> DeadlineSendStream<S> {
-    pub(crate) fn new(inner: Option<S>, watch: Watch) -> Self {
+impl<S: Send + 'static> DeadlineSendStream<S> {
+    pub(crate) fn new(inner: Option<S>, watch: Watch, call: Option<Arc<Call>>) -> Self {
         Self {
             inner,
             watch,
             timer: None,
+            call,
+            closed: false,
+            finished: false,
         }
     }
 }
 
-impl<S> fmt::Debug for DeadlineSendStream<S> {
+impl<S: Send + 'static> fmt::Debug for DeadlineSendStream<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadlineSendStream")
-            .field("open", &self.inner.is_some())
+            .field("open", &(self.inner.is_some() && !self.closed))
             .finish_non_exhaustive()
     }
 }
 
-impl<S: SendStream> SendStream for DeadlineSendStream<S> {
+impl<S: SendStream + Send + 'static> SendStream for DeadlineSendStream<S> {
     async fn send(&mut self, msg: &dyn SendMessage, options: SendOptions) -> Result<(), ()> {
-        if self.watch.ended_now().is_some() {
-            self.inner = None;
+        if self.closed
+            || self.watch.ended_now().is_some()
+            || self.call.as_ref().is_some_and(|c| c.is_abandoned())
+        {
+            // Closed, but not ended: the stream is kept (see `Drop`).
+            self.closed = true;
+            return Err(());
         }
         let Some(inner) = self.inner.as_mut() else {
             return Err(());
         };
+        let final_msg = options.final_msg;
         let sent = {
             let send = inner.send(msg, options);
             tokio::select! {
@@ -120,12 +287,39 @@ impl<S: SendStream> SendStream for DeadlineSendStream<S> {
             }
         };
         match sent {
-            Some(sent) => sent,
+            Some(sent) => {
+                if final_msg && sent.is_ok() {
+                    self.finished = true;
+                    if let Some(call) = &self.call {
+                        call.request_closed.store(true, Ordering::Relaxed);
+                    }
+                }
+                sent
+            }
             None => {
-                // Ends the request stream; the receiving side reports why.
-                self.inner = None;
+                // The receiving side reports why; the request stream is
+                // not ended (see `Drop`).
+                self.closed = true;
                 Err(())
             }
+        }
+    }
+}
+
+/// A send half dropped before its last message does not end the request
+/// stream at once: the `grpc` crate's transport would end it normally,
+/// and a call its caller abandoned would read to the server as a complete
+/// input. It waits for the caller's next read of the answer (then the drop
+/// was its end of input), or, if the caller went away, is held until the
+/// server ends the call.
+impl<S: Send + 'static> Drop for DeadlineSendStream<S> {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        match &self.call {
+            Some(call) if !self.finished => call.send_half_dropped(Box::new(inner)),
+            _ => drop(inner),
         }
     }
 }
@@ -157,7 +351,7 @@ enum State<R> {
 /// receives(&r);
 /// # }
 /// ```
-pub struct DeadlineRecvStream<R> {
+pub struct DeadlineRecvStream<R: Send + 'static> {
     state: State<R>,
     watch: Watch,
     timer: Option<Pin<Box<Sleep>>>,
@@ -169,15 +363,19 @@ pub struct DeadlineRecvStream<R> {
     method: Arc<str>,
     /// The ledger's note of the call, until it ends.
     note: Option<Note>,
+    /// What it shares with the sending side (none for a call that failed
+    /// before it left, or when the transport resets what it drops).
+    call: Option<Arc<Call>>,
 }
 
-impl<R> DeadlineRecvStream<R> {
+impl<R: Send + 'static> DeadlineRecvStream<R> {
     pub(crate) fn open(
         inner: R,
         watch: Watch,
         config: Arc<Config>,
         method: Arc<str>,
         note: Option<Note>,
+        call: Option<Arc<Call>>,
     ) -> Self {
         Self {
             state: State::Open(inner),
@@ -187,6 +385,7 @@ impl<R> DeadlineRecvStream<R> {
             config,
             method,
             note,
+            call,
         }
     }
 
@@ -209,26 +408,52 @@ impl<R> DeadlineRecvStream<R> {
             config,
             method,
             note: None,
+            call: None,
         }
     }
 
-    /// The call ended here with `cause`: its stream is dropped now.
+    /// The call ended here with `cause`: its stream is let go of.
     fn end(&mut self, cause: Cause) -> ResponseStreamItem {
-        self.state = State::Closed;
         self.note_end(cause.code(), None);
-        if cause != Cause::DeadlineExceeded && !self.headers_seen {
-            // The server was told the deadline, not the cancel: until its
-            // response headers arrive, the grpc crate keeps the stream on
-            // a task of its own that nothing here can reach.
-            self.config.cancel_not_reset(&self.method);
+        if let State::Open(inner) = std::mem::replace(&mut self.state, State::Closed) {
+            self.abandon(inner, Some(cause));
         }
         ResponseStreamItem::Trailers(Trailers::new(Err(status::ended(cause, true))))
+    }
+
+    /// The caller went away (`cause`: why, if its scope or deadline says;
+    /// none for a call it dropped) before the answer's end.
+    ///
+    /// A transport that resets what it drops lets the call go now. The
+    /// `grpc` crate's own cannot: before the server's response headers it
+    /// keeps the stream on a task of its own, and a dropped request stream
+    /// it ends normally. So a call whose request stream is still open is
+    /// held, both halves, until the server has ended it at the deadline
+    /// it was sent; and a call the server was not told of at once (a
+    /// cause other than the deadline it has) is counted and warned about.
+    fn abandon(&mut self, inner: R, cause: Option<Cause>) {
+        let Some(call) = self.call.take() else {
+            drop(inner);
+            return;
+        };
+        let (parked, open) = call.abandon();
+        if cause != Some(Cause::DeadlineExceeded) && (open || !self.headers_seen) {
+            self.config.cancel_not_reset(&self.method);
+        }
+        if open {
+            let mut held: Vec<Box<dyn Any + Send>> = vec![Box::new(inner)];
+            held.extend(parked);
+            call.hold(held);
+        }
     }
 
     /// The server's trailers, read by the spec's rules for a call with a
     /// deadline, and the chain budget's mark noted.
     fn trailers(&mut self, trailers: Trailers) -> ResponseStreamItem {
         self.state = State::Closed;
+        if let Some(call) = self.call.take() {
+            call.done();
+        }
         let Err(error) = trailers.status() else {
             self.note_end(Code::Ok, None);
             return ResponseStreamItem::Trailers(trailers);
@@ -261,25 +486,25 @@ impl<R> DeadlineRecvStream<R> {
     }
 }
 
-/// A call dropped open because its scope ended (a handler dropped when its
-/// caller went away) is a cancel too: the same report when the server
-/// cannot be told.
-impl<R> Drop for DeadlineRecvStream<R> {
+/// A call dropped open — because its scope ended (a handler dropped when
+/// its caller went away), or by the caller itself (a `select!`, a
+/// `timeout` around it) — is abandoned too: held or let go as
+/// [`abandon`](DeadlineRecvStream::abandon) says, and reported when the
+/// server cannot be told.
+impl<R: Send + 'static> Drop for DeadlineRecvStream<R> {
     fn drop(&mut self) {
-        if !matches!(self.state, State::Open(_)) {
-            return;
-        }
-        let Some(cause) = self.watch.scope.as_ref().and_then(Scope::cause) else {
+        let State::Open(inner) = std::mem::replace(&mut self.state, State::Closed) else {
             return;
         };
-        if cause != Cause::DeadlineExceeded && !self.headers_seen {
-            self.config.cancel_not_reset(&self.method);
+        let cause = self.watch.ended_now();
+        if let Some(cause) = cause {
+            self.note_end(cause.code(), None);
         }
-        self.note_end(cause.code(), None);
+        self.abandon(inner, cause);
     }
 }
 
-impl<R> fmt::Debug for DeadlineRecvStream<R> {
+impl<R: Send + 'static> fmt::Debug for DeadlineRecvStream<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Open(_) => "open",
@@ -293,7 +518,7 @@ impl<R> fmt::Debug for DeadlineRecvStream<R> {
     }
 }
 
-impl<R: RecvStream> RecvStream for DeadlineRecvStream<R> {
+impl<R: RecvStream + Send + 'static> RecvStream for DeadlineRecvStream<R> {
     async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem {
         match std::mem::replace(&mut self.state, State::Closed) {
             State::Open(inner) => self.state = State::Open(inner),
@@ -302,15 +527,39 @@ impl<R: RecvStream> RecvStream for DeadlineRecvStream<R> {
             }
             State::Closed => return ResponseStreamItem::StreamClosed,
         }
+        if let Some(cause) = self.watch.ended_now() {
+            return self.end(cause);
+        }
+        // The caller reads the answer: a send half it dropped was its end
+        // of input.
+        if let Some(call) = &self.call {
+            call.let_parked_go();
+        }
         let State::Open(inner) = &mut self.state else {
             return ResponseStreamItem::StreamClosed;
         };
+        let call = self.call.as_deref();
         let item = {
             let recv = inner.recv(msg);
-            tokio::select! {
-                biased;
-                cause = self.watch.ended(&mut self.timer) => Err(cause),
-                item = recv => Ok(item),
+            tokio::pin!(recv);
+            loop {
+                let parked_now = async {
+                    match call {
+                        Some(call) => call.parked_now.notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    cause = self.watch.ended(&mut self.timer) => break Err(cause),
+                    () = parked_now => {
+                        // A send half dropped while this read waits.
+                        if let Some(call) = call && self.watch.ended_now().is_none() {
+                            call.let_parked_go();
+                        }
+                    }
+                    item = &mut recv => break Ok(item),
+                }
             }
         };
         match item {
@@ -322,6 +571,9 @@ impl<R: RecvStream> RecvStream for DeadlineRecvStream<R> {
             Ok(ResponseStreamItem::Trailers(trailers)) => self.trailers(trailers),
             Ok(ResponseStreamItem::StreamClosed) => {
                 self.state = State::Closed;
+                if let Some(call) = self.call.take() {
+                    call.done();
+                }
                 ResponseStreamItem::StreamClosed
             }
             Ok(item) => item,

@@ -25,6 +25,9 @@ struct Server {
     connect: Duration,
     /// Whether the call's stream was dropped (the crate resets it then).
     dropped: Arc<Mutex<bool>>,
+    /// Whether the call's send half was dropped (the crate's transport then
+    /// ends the request stream normally).
+    send_dropped: Arc<Mutex<bool>>,
 }
 
 struct Streams {
@@ -38,7 +41,13 @@ impl Drop for Streams {
     }
 }
 
-struct Sink;
+struct Sink(Arc<Mutex<bool>>);
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        *self.0.lock().expect("not poisoned") = true;
+    }
+}
 
 /// One call to the stand-in server, answered from `answers`.
 struct Channel(Server, mpsc::UnboundedReceiver<ResponseStreamItem>);
@@ -56,7 +65,7 @@ impl InvokeOnce for Channel {
             .map(|v| v.to_str().to_owned());
         server.sent.lock().expect("not poisoned").push(header);
         (
-            Sink,
+            Sink(server.send_dropped.clone()),
             Streams {
                 answers,
                 dropped: server.dropped.clone(),
@@ -186,15 +195,27 @@ async fn a_call_options_deadline_alone_is_written_and_kept() {
         Duration::from_millis(500),
         "at the deadline, not later"
     );
-    assert!(
-        *server.dropped.lock().expect("not poisoned"),
-        "the call's stream must be dropped at the deadline"
-    );
     assert_eq!(
         recv.recv(&mut Ignore).await.to_string_lossy(),
         "closed",
         "nothing after the trailers"
     );
+    drop(_send);
+    tokio::task::yield_now().await;
+    assert!(
+        !dropped(&server.dropped) && !dropped(&server.send_dropped),
+        "an upload cut at its deadline is held, not ended: the server ends it at the deadline it \
+         was sent"
+    );
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    assert!(
+        dropped(&server.dropped) && dropped(&server.send_dropped),
+        "a second past the deadline the call's streams are let go"
+    );
+}
+
+fn dropped(flag: &Arc<Mutex<bool>>) -> bool {
+    *flag.lock().expect("not poisoned")
 }
 
 #[tokio::test(start_paused = true)]
@@ -296,14 +317,143 @@ async fn a_scope_that_ends_cancels_the_call_at_once() {
         "at the cancel"
     );
     assert!(
-        *server.dropped.lock().expect("not poisoned"),
-        "the stream must be dropped"
+        !dropped(&server.dropped),
+        "with its request stream open, the call is held, not ended normally"
     );
     assert_eq!(
         interceptor.stats().cancels_not_reset(),
-        0,
-        "after the response headers the crate resets a dropped stream"
+        1,
+        "a held call is not reset: counted"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scope_that_ends_after_the_last_message_drops_the_call_at_once() {
+    let interceptor = DeadlineInterceptor::new();
+    let server = Server::default();
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let (mut send, mut recv, answer) = scope
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    send.send(&Empty, SendOptions::new().with_final_msg(true))
+        .await
+        .expect("the call takes its message");
+    answer
+        .send(ResponseStreamItem::Headers(ResponseHeaders::new()))
+        .expect("the call is open");
+    assert!(matches!(
+        recv.recv(&mut Ignore).await,
+        ResponseStreamItem::Headers(_)
+    ));
+    scope.cancel();
+    assert_eq!(code(status(&mut recv).await), StatusCodeError::Cancelled);
+    assert!(
+        dropped(&server.dropped),
+        "after the response headers and the last message, dropping the stream resets it"
+    );
+    assert_eq!(interceptor.stats().cancels_not_reset(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_half_dropped_before_its_last_message_ends_the_upload_when_the_answer_is_read() {
+    let interceptor = DeadlineInterceptor::new();
+    let server = Server::default();
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let (send, mut recv, answer) = scope
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    // As the crate's generated client-streaming calls finish an upload.
+    drop(send);
+    assert!(
+        !dropped(&server.send_dropped),
+        "the drop alone does not end the request stream: the caller may be going away"
+    );
+    answer
+        .send(ResponseStreamItem::Trailers(Trailers::new(Ok(()))))
+        .expect("the call is open");
+    assert!(status(&mut recv).await.is_ok());
+    assert!(
+        dropped(&server.send_dropped),
+        "reading the answer ends the upload"
+    );
+    assert_eq!(interceptor.stats().cancels_not_reset(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_half_dropped_while_a_read_waits_ends_the_upload() {
+    let interceptor = DeadlineInterceptor::new();
+    let server = Server::default();
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let (send, mut recv, _answer) = scope
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    let flag = server.send_dropped.clone();
+    let reading = async { recv.recv(&mut Ignore).await };
+    let dropping = async move {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        drop(send);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        dropped(&flag)
+    };
+    tokio::select! {
+        _ = reading => panic!("the server never answers"),
+        ended = dropping => assert!(ended, "a read under way lets the dropped send half go"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_its_caller_drops_mid_upload_is_held_and_counted() {
+    let interceptor = DeadlineInterceptor::new();
+    let server = Server::default();
+    let scope = Scope::background().with_timeout(Duration::from_secs(2));
+    let (send, recv, _answer) = scope
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    // A `select!` or a `timeout` drops the call; the scope lives on.
+    drop((send, recv));
+    tokio::task::yield_now().await;
+    assert!(
+        !dropped(&server.dropped) && !dropped(&server.send_dropped),
+        "an upload its caller dropped is not ended normally"
+    );
+    assert_eq!(
+        interceptor.stats().cancels_not_reset(),
+        1,
+        "a dropped call the server cannot be told of is counted, scope or no scope"
+    );
+    tokio::time::sleep(Duration::from_millis(3001)).await;
+    assert!(dropped(&server.dropped) && dropped(&server.send_dropped));
+    assert_eq!(interceptor.stats().held_then_ended(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_upload_without_a_deadline_is_let_go_after_a_hold_and_reported() {
+    let interceptor = DeadlineInterceptor::new().unscoped(Unscoped::Allow);
+    let server = Server::default();
+    let (send, recv, _answer) = call(&interceptor, &server, CallOptions::new()).await;
+    drop((send, recv));
+    tokio::time::sleep(Duration::from_millis(9_999)).await;
+    assert!(!dropped(&server.send_dropped), "held for 10 s");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    assert!(dropped(&server.send_dropped));
+    assert_eq!(
+        interceptor.stats().held_then_ended(),
+        1,
+        "let go without a deadline: the server may read it as complete, so it is counted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_a_resetting_transport_an_abandoned_call_is_dropped_at_once() {
+    let interceptor = DeadlineInterceptor::new().abandoned(grpc_deadline_grpc::Abandoned::Drop);
+    let server = Server::default();
+    let scope = Scope::background().with_timeout(Duration::from_secs(2));
+    let (send, recv, _answer) = scope
+        .enter(call(&interceptor, &server, CallOptions::new()))
+        .await;
+    drop((send, recv));
+    assert!(dropped(&server.dropped) && dropped(&server.send_dropped));
+    assert_eq!(interceptor.stats().cancels_not_reset(), 0);
 }
 
 #[tokio::test(start_paused = true)]

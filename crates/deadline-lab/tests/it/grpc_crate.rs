@@ -282,3 +282,210 @@ async fn the_crate_resets_a_cancelled_call_only_after_the_response_headers() {
     );
     assert_eq!(not_reset, 0, "nothing to report then");
 }
+
+mod abandoned_upload {
+    //! An upload abandoned through the `grpc` crate under our interceptor
+    //! never leaves with a normal END_STREAM: a plain tonic server, which
+    //! commits at the end of its input, commits nothing.
+
+    #![allow(clippy::disallowed_methods)]
+
+    use std::net::SocketAddr;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::{Buf, Bytes};
+    use deadline_lab::capture::{Capture, Direction};
+    use grpc::client::interceptor::InvokeExt;
+    use grpc::client::{Channel, ChannelOptions, Invoke, RecvStream, SendOptions, SendStream};
+    use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
+    use grpc::credentials::LocalChannelCredentials;
+    use grpc_deadline_grpc::DeadlineInterceptor;
+    use probe::frames::{DATA, END_STREAM, HEADERS};
+    use probe::probe_server::{Probe, ProbeServer};
+    use probe::{CallReply, CallRequest};
+    use prost::Message;
+    use tokio::sync::mpsc;
+    use tokio_stream::Stream;
+    use tonic::{Request, Response, Status, Streaming};
+    use tonic_deadline::Scope;
+
+    /// What the upload handler did.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Seen {
+        Received,
+        Committed(usize),
+        Failed,
+    }
+
+    #[derive(Clone)]
+    struct Uploads(mpsc::UnboundedSender<Seen>);
+
+    type Replies = Pin<Box<dyn Stream<Item = Result<CallReply, Status>> + Send>>;
+
+    #[tonic::async_trait]
+    impl Probe for Uploads {
+        async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+            Err(Status::unimplemented("uploads only"))
+        }
+        type WatchStream = Replies;
+        async fn watch(&self, _: Request<CallRequest>) -> Result<Response<Replies>, Status> {
+            Err(Status::unimplemented("uploads only"))
+        }
+        type ChatStream = Replies;
+        /// Reads until the end of the input, then commits.
+        async fn chat(
+            &self,
+            request: Request<Streaming<CallRequest>>,
+        ) -> Result<Response<Replies>, Status> {
+            let mut input = request.into_inner();
+            let mut messages = 0;
+            loop {
+                match input.message().await {
+                    Ok(Some(_)) => {
+                        messages += 1;
+                        let _ = self.0.send(Seen::Received);
+                    }
+                    Ok(None) => {
+                        let _ = self.0.send(Seen::Committed(messages));
+                        return Ok(Response::new(Box::pin(tokio_stream::empty())));
+                    }
+                    Err(status) => {
+                        let _ = self.0.send(Seen::Failed);
+                        return Err(status);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Plain tonic: the server a careful user runs, which honours
+    /// `grpc-timeout` and reads a normal END_STREAM as the end of input.
+    async fn serve_plain() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("loopback");
+        let addr = listener.local_addr().expect("bound");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ProbeServer::new(Uploads(tx)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        (addr, rx)
+    }
+
+    struct Encoded(Bytes);
+
+    impl SendMessage for Encoded {
+        fn encode(&self) -> Result<Box<dyn Buf + Send + Sync>, String> {
+            Ok(Box::new(self.0.clone()))
+        }
+    }
+
+    struct Ignore;
+
+    impl RecvMessage for Ignore {
+        fn decode(&mut self, _: &mut dyn Buf) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// How the caller goes away after two of its messages.
+    #[derive(Debug, Clone, Copy)]
+    enum Leave {
+        /// Its scope ends, and it reads the call's end.
+        Cancel,
+        /// It drops the call (a `select!`, a `timeout` around it).
+        Drop,
+    }
+
+    async fn abandon(leave: Leave) {
+        let (server, mut seen) = serve_plain().await;
+        let capture = Capture::start(server)
+            .await
+            .expect("the capture proxy starts");
+        let channel = Channel::new(
+            format!("dns:///{}", capture.addr()),
+            Arc::new(LocalChannelCredentials::new()),
+            ChannelOptions::default(),
+        );
+        let interceptor = DeadlineInterceptor::new();
+        let calls = channel.with_interceptor(interceptor.clone());
+        // The server ends the call at the deadline it is sent.
+        let scope = Scope::background().with_timeout(Duration::from_millis(800));
+        let headers = RequestHeaders::new().with_method_name("/probe.v1.Probe/Chat");
+        let (mut send, mut recv) = scope
+            .enter(calls.invoke(headers, grpc::client::CallOptions::new()))
+            .await;
+        let message = Encoded(Bytes::from(CallRequest::default().encode_to_vec()));
+        for _ in 0..2 {
+            send.send(&message, SendOptions::new())
+                .await
+                .expect("the call takes its messages");
+        }
+        for _ in 0..2 {
+            let got = tokio::time::timeout(Duration::from_secs(10), seen.recv())
+                .await
+                .expect("the server receives the messages");
+            assert_eq!(got, Some(Seen::Received));
+        }
+        match leave {
+            Leave::Cancel => {
+                scope.cancel();
+                let _ = recv.recv(&mut Ignore).await;
+                drop((send, recv));
+            }
+            Leave::Drop => drop((send, recv)),
+        }
+        let end = tokio::time::timeout(Duration::from_secs(3), seen.recv()).await;
+        // A handler still waiting when the server's timer drops it reports
+        // nothing; one that read the end of its input reports a commit.
+        let outcome = end.ok().flatten();
+        assert_ne!(
+            outcome.as_ref().map(|s| matches!(s, Seen::Committed(_))),
+            Some(true),
+            "{leave:?}: the server must never read the abandoned upload as complete: {outcome:?}"
+        );
+        // What the client sent on the call's stream: never a normal end.
+        let frames = capture.records();
+        let ours: Vec<_> = frames
+            .iter()
+            .filter(|r| r.direction == Direction::ClientToServer && r.frame.stream != 0)
+            .collect();
+        assert!(
+            ours.iter().any(|r| r.frame.kind == HEADERS),
+            "the call's HEADERS are on the wire"
+        );
+        let ended = ours.iter().find(|r| {
+            (r.frame.kind == DATA || r.frame.kind == HEADERS) && r.frame.flags & END_STREAM != 0
+        });
+        assert!(
+            ended.is_none(),
+            "{leave:?}: no END_STREAM from the client on an abandoned call: {}",
+            ended.map(|r| r.line()).unwrap_or_default()
+        );
+        println!(
+            "{leave:?}: client frames on the call's stream: {:?}; server handler: {outcome:?}; \
+             cancels_not_reset {}",
+            ours.iter().map(|r| r.frame.kind_name()).collect::<Vec<_>>(),
+            interceptor.stats().cancels_not_reset()
+        );
+        assert_eq!(
+            interceptor.stats().cancels_not_reset(),
+            1,
+            "a call the crate could not reset is counted"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upload_cancelled_through_the_grpc_crate_never_ends_normally_on_the_wire() {
+        abandon(Leave::Cancel).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_upload_dropped_through_the_grpc_crate_never_ends_normally_on_the_wire() {
+        abandon(Leave::Drop).await;
+    }
+}
