@@ -815,13 +815,14 @@ async fn the_default_reserve_keeps_a_twentieth_up_to_10_ms_for_the_ledger() {
     );
 }
 
-/// A request whose body the test feeds frame by frame (`None` ends it).
-fn fed_request(
-    timeout: &'static str,
-) -> (
-    Request<StreamBody<ReceiverStream<Result<Frame<Bytes>, tonic::Status>>>>,
-    mpsc::Sender<Result<Frame<Bytes>, tonic::Status>>,
-) {
+/// What a test feeds a request body with.
+type Fed = Result<Frame<Bytes>, tonic::Status>;
+
+/// A body the test feeds frame by frame (dropping the sender ends it).
+type FedStream = StreamBody<ReceiverStream<Fed>>;
+
+/// A request whose body the test feeds frame by frame.
+fn fed_request(timeout: &'static str) -> (Request<FedStream>, mpsc::Sender<Fed>) {
     let (tx, rx) = mpsc::channel(4);
     let mut request = Request::new(StreamBody::new(ReceiverStream::new(rx)));
     request
@@ -830,7 +831,7 @@ fn fed_request(
     (request, tx)
 }
 
-type FedBody = super::RequestBody<StreamBody<ReceiverStream<Result<Frame<Bytes>, tonic::Status>>>>;
+type FedBody = super::RequestBody<FedStream>;
 
 /// A handler that hands the test its request body and never answers.
 fn body_taking_handler(
