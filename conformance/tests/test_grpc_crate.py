@@ -3,6 +3,7 @@ interceptor, against servers we did not write: grpc-go's and gRPC's Ruby
 interop servers (the deadline and cancel cases), and a grpcio server that
 reports the deadline it was given."""
 
+import json
 import os
 import socket
 import subprocess
@@ -81,9 +82,12 @@ def test_grpc_crate_cases_against_grpc_go(go_interop_server):
     ended = go_interop_server.wait_event("ended", "FullDuplexCall", timeout=5)
     # The cancel: the client answers CANCELLED at once. grpc 0.9 resets a
     # call's stream only after the server's response headers, so grpc-go is
-    # not told: the interceptor says so, and the server's call ends when
-    # the crate ends its request stream.
+    # not told: the interceptor says so. It holds the call's request stream
+    # rather than let the crate end it normally, so grpc-go's call ends when
+    # the client's connection closes (the client exits): cancelled, never
+    # an empty upload read as complete.
     cancel_end = go_interop_server.wait_event("ended", "StreamingInputCall", timeout=5)
+    assert cancel_end["why"] == "cancelled", f"an abandoned upload must never finish: {cancel_end}"
     assert "1 cancels not carried to the server" in out.stdout, out.stdout
     report(
         peer="grpc-go interop server",
@@ -91,6 +95,46 @@ def test_grpc_crate_cases_against_grpc_go(go_interop_server):
         timeout_on_sleeping_server_remaining_us=entered["remaining_us"],
         timeout_on_sleeping_server_server_end=ended["why"],
         cancel_after_begin_server_end=cancel_end["why"],
+    )
+
+
+def test_grpc_crate_cancel_after_begin_never_ends_the_upload_normally_on_the_wire(go_interop_server):
+    """cancel_after_begin through the capture proxy: the request stream of
+    the cancelled StreamingInputCall never leaves with END_STREAM (grpc 0.9's
+    transport would end it so, and grpc-go would answer an empty upload OK)."""
+    capture = subprocess.Popen(
+        [bin_path("deadline-lab"), "capture", "--upstream", go_interop_server.addr, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        listening = json.loads(capture.stdout.readline())
+        out = run_client(port_of(listening["listen"]), "--test_case=cancel_after_begin")
+        assert out.returncode == 0, f"interop-grpc-client failed:\n{out.stdout}{out.stderr}"
+        assert "PASS cancel_after_begin" in out.stdout
+        ended = go_interop_server.wait_event("ended", "StreamingInputCall", timeout=5)
+    finally:
+        capture.terminate()
+        rest, _ = capture.communicate(timeout=10)
+    records = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
+    uploads = {
+        r["stream"]
+        for r in records
+        if r["type"] == "HEADERS"
+        and r["direction"] == "c→s"
+        and r["headers"].get(":path") == "/grpc.testing.TestService/StreamingInputCall"
+    }
+    assert len(uploads) == 1, f"one StreamingInputCall on the wire: {records}"
+    sent = [r for r in records if r["stream"] in uploads and r["direction"] == "c→s"]
+    ends = [r for r in sent if "END_STREAM" in r["flags"]]
+    assert not ends, f"no END_STREAM on the abandoned upload: {sent}"
+    assert ended["why"] == "cancelled", f"grpc-go must never read the upload as complete: {ended}"
+    report(
+        peer="grpc-go interop server",
+        client="grpc crate 0.9 + grpc-deadline-grpc",
+        cancel_after_begin_client_frames=[r["type"] for r in sent],
+        cancel_after_begin_server_end=ended["why"],
     )
 
 
