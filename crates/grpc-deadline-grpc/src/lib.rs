@@ -71,6 +71,10 @@ mod ledger;
 mod status;
 mod streams;
 
+/// The scope is the core's ([`grpc_deadline::Scope`]), the same whichever
+/// crate makes the call: re-exported so that a service needs one
+/// dependency for it.
+pub use grpc_deadline::Scope;
 pub use interceptor::{Abandoned, DeadlineInterceptor, Stats, Unscoped};
 pub use status::{code_name, code_of};
 pub use streams::{DeadlineRecvStream, DeadlineSendStream};

@@ -8,9 +8,11 @@
 //! - `downstream_budget`: `conformance.relay.Downstream/Work` under a scope
 //!   of `--budget_ms`, for a server that reports the deadline it was given.
 //!
-//! The crate has no code generator of its own on crates.io yet, so the
-//! calls here are made as its generated code would make them: headers,
-//! prost-encoded messages, trailers.
+//! The crate's code generator is on crates.io (`protoc-gen-rust-grpc` and
+//! its runtime `grpc-protobuf`, 0.9.0), but it generates code for Google's
+//! `protobuf` crate (4.x), not prost, which every other peer here uses; so
+//! the calls here are made with the crate's call API (`Invoke`), as its
+//! generated code makes them: headers, prost-encoded messages, trailers.
 
 use std::sync::Arc;
 use std::time::Duration;
