@@ -98,6 +98,9 @@ impl Stats {
 /// What an interceptor and every clone of it share.
 pub(crate) struct Config {
     unscoped: Unscoped,
+    /// The transport below resets a dropped call before the server's
+    /// response headers too: nothing to report then.
+    resets_early: bool,
     stats: Stats,
     unscoped_warnings: WarnLimit,
     reset_warnings: WarnLimit,
@@ -108,6 +111,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("unscoped", &self.unscoped)
+            .field("resets_early", &self.resets_early)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -118,6 +122,9 @@ impl Config {
     /// about (rate-limited).
     #[cold]
     pub(crate) fn cancel_not_reset(&self, method: &str) {
+        if self.resets_early {
+            return;
+        }
         self.stats.cancels_not_reset.fetch_add(1, Ordering::Relaxed);
         if let Some(similar) = self.reset_warnings.admit() {
             tracing::warn!(
@@ -220,13 +227,14 @@ impl DeadlineInterceptor {
     /// assert_eq!(interceptor.stats().unscoped(), 0);
     /// ```
     pub fn new() -> Self {
-        Self::with(Unscoped::default())
+        Self::with(Unscoped::default(), false)
     }
 
-    fn with(unscoped: Unscoped) -> Self {
+    fn with(unscoped: Unscoped, resets_early: bool) -> Self {
         Self {
             config: Arc::new(Config {
                 unscoped,
+                resets_early,
                 stats: Stats::default(),
                 unscoped_warnings: WarnLimit::new(),
                 reset_warnings: WarnLimit::new(),
@@ -246,7 +254,24 @@ impl DeadlineInterceptor {
     /// ```
     #[must_use]
     pub fn unscoped(self, unscoped: Unscoped) -> Self {
-        Self::with(unscoped)
+        Self::with(unscoped, self.config.resets_early)
+    }
+
+    /// For a transport that resets a dropped call's stream also before
+    /// the server's response headers (this crate's `TonicInvoke`, feature
+    /// `tonic-transport`):
+    /// such a cancel reaches the server, so it is neither warned about nor
+    /// counted in [`Stats::cancels_not_reset`]. Over the `grpc` crate's
+    /// own channel (0.9) leave it off: the crate keeps such a call's
+    /// stream open. Configure before cloning, as [`unscoped`](Self::unscoped).
+    ///
+    /// ```
+    /// let interceptor = grpc_deadline_grpc::DeadlineInterceptor::new().transport_resets_early();
+    /// assert_eq!(interceptor.stats().cancels_not_reset(), 0);
+    /// ```
+    #[must_use]
+    pub fn transport_resets_early(self) -> Self {
+        Self::with(self.config.unscoped, true)
     }
 
     /// What this interceptor (and its clones) counted.
@@ -396,6 +421,6 @@ impl<I: InvokeOnce> Intercept<I> for DeadlineInterceptor {
     clippy::disallowed_types,
     reason = "the grpc crate's CallOptions speak std's Instant"
 )]
-fn from_std(deadline: std::time::Instant) -> Instant {
+pub(crate) fn from_std(deadline: std::time::Instant) -> Instant {
     Instant::from_std(deadline)
 }
