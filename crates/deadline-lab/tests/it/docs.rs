@@ -874,7 +874,11 @@ fn docs_grpc_crate_table_holds_the_laws_experiment_grpc_crate_asserts() {
     assert_eq!(table.cell2(deadline, "grpc", wire), "—");
     assert_eq!(table.cell2(deadline, "grpc", "status"), "OK");
     assert!(figure(table.cell2(deadline, "grpc", "elapsed ms")) >= 2000.0);
-    for client in ["grpc + ours", "tonic + ours"] {
+    for client in [
+        "grpc + ours",
+        "grpc + ours (tonic transport)",
+        "tonic + ours",
+    ] {
         let header = table.cell2(deadline, client, wire);
         let sent = timeout_header::decode(header.as_bytes()).expect("a valid header");
         assert!(
@@ -904,12 +908,14 @@ fn docs_grpc_crate_table_holds_the_laws_experiment_grpc_crate_asserts() {
             .ends_with("→ — → —"),
         "the crate alone carries no budget on"
     );
-    assert!(
-        table
-            .cell2(cancel, "tonic + ours", "server work stopped")
-            .starts_with("yes"),
-        "a cancel at the root stops C through tonic's calls"
-    );
+    for client in ["grpc + ours (tonic transport)", "tonic + ours"] {
+        assert!(
+            table
+                .cell2(cancel, client, "server work stopped")
+                .starts_with("yes"),
+            "{client}: a cancel at the root stops C through calls over tonic's transport"
+        );
+    }
 }
 
 #[test]
