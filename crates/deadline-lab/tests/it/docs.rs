@@ -902,6 +902,12 @@ fn docs_grpc_crate_table_holds_the_laws_experiment_grpc_crate_asserts() {
             );
         }
     }
+    // The crate's own transport waits for delayed ACKs on the way to C.
+    let at_c = |client: &str| figures(table.cell2(chain, client, "ms on entry A → B → C"), '→')[2];
+    assert!(
+        at_c("grpc + ours") + 40.0 < at_c("grpc + ours (tonic transport)"),
+        "the crate's transport hands C less than tonic's"
+    );
     assert!(
         table
             .cell2(chain, "grpc", "ms on entry A → B → C")
