@@ -155,14 +155,15 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("unscoped", &self.unscoped)
+            .field("abandoned", &self.abandoned)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
 }
 
 impl Config {
-    /// A call cancelled before the server's headers: counted and warned
-    /// about (rate-limited).
+    /// An abandoned call the transport could not reset: counted and
+    /// warned about (rate-limited).
     #[cold]
     pub(crate) fn cancel_not_reset(&self, method: &str) {
         self.stats.cancels_not_reset.fetch_add(1, Ordering::Relaxed);
@@ -170,11 +171,13 @@ impl Config {
             tracing::warn!(
                 method,
                 similar_since_last_warning = similar,
-                "a call made through the grpc crate was cancelled by its scope before the server \
-                 answered: the caller got CANCELLED, but grpc 0.9 keeps the call's HTTP/2 stream \
-                 on a task of its own until the server's response headers arrive, and no \
-                 interceptor can reset it. The server was not told; it stops at the deadline it \
-                 was sent (grpc-timeout), if the call had one",
+                "a call made through the grpc crate was abandoned (its scope ended, or it was \
+                 dropped) before the server's response headers or with its request stream open: \
+                 grpc 0.9 keeps such a call's HTTP/2 stream on a task of its own until the \
+                 server's response headers arrive, and ends a dropped request stream normally, so \
+                 it is held, not reset. The server was not told; it stops at the deadline it was \
+                 sent (grpc-timeout), if the call had one. TonicInvoke (feature tonic-transport) \
+                 resets such calls",
             );
         }
     }
@@ -485,6 +488,6 @@ where
     clippy::disallowed_types,
     reason = "the grpc crate's CallOptions speak std's Instant"
 )]
-fn from_std(deadline: std::time::Instant) -> Instant {
+pub(crate) fn from_std(deadline: std::time::Instant) -> Instant {
     Instant::from_std(deadline)
 }

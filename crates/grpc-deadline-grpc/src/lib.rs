@@ -63,10 +63,17 @@
 //! - `ledger`: a call that fails under a request's scope is noted for the
 //!   request's ledger (the core's `ledger`), so that the hop's line names
 //!   it, as for a call made through the tonic client layer.
+//! - `tonic-transport`: [`TonicInvoke`], an `Invoke` that runs the crate's
+//!   calls over tonic's transport under tonic-deadline's client layer, so
+//!   that a cancel reaches the server also before its response headers
+//!   (it gives up the crate's resolver, balancing and credentials).
 // On docs.rs every feature-gated item is marked with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod interceptor;
+#[cfg(feature = "tonic-transport")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic-transport")))]
+pub mod invoke;
 mod ledger;
 mod status;
 mod streams;
@@ -76,5 +83,8 @@ mod streams;
 /// dependency for it.
 pub use grpc_deadline::Scope;
 pub use interceptor::{Abandoned, DeadlineInterceptor, Stats, Unscoped};
+#[cfg(feature = "tonic-transport")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic-transport")))]
+pub use invoke::{TonicInvoke, TonicRecvStream, TonicSendStream};
 pub use status::{code_name, code_of};
 pub use streams::{DeadlineRecvStream, DeadlineSendStream};

@@ -1,6 +1,7 @@
-//! The official `grpc` crate (0.9) alone, with our interceptor, and tonic
-//! with our layers: the deadline on the wire, the call's end, the server's
-//! work, and a chain whose middle calls go through the crate.
+//! The official `grpc` crate (0.9) alone, with our interceptor (over the
+//! crate's own transport, and over tonic's through `TonicInvoke`), and
+//! tonic with our layers: the deadline on the wire, the call's end, the
+//! server's work, and a chain whose middle calls go through the crate.
 //!
 //! Every server is tonic behind our server layer, so it keeps whatever
 //! deadline arrives; what differs is only the client that calls it.
@@ -19,7 +20,7 @@ use grpc::client::{
 };
 use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
 use grpc::credentials::LocalChannelCredentials;
-use grpc_deadline_grpc::{DeadlineInterceptor, code_name as grpc_code_name};
+use grpc_deadline_grpc::{DeadlineInterceptor, TonicInvoke, code_name as grpc_code_name};
 use probe::probe_client::ProbeClient;
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest};
@@ -51,8 +52,15 @@ const CANCEL_BUDGET: Duration = Duration::from_secs(5);
 /// How long after C entered the root cancels.
 const CANCEL_AFTER: Duration = Duration::from_millis(200);
 
-/// The three clients, as the JSON names them.
-pub const CLIENTS: [&str; 3] = ["grpc", "grpc + ours", "tonic + ours"];
+/// The clients, as the JSON names them: the crate alone, the crate under
+/// our interceptor over its own transport and over tonic's
+/// (`TonicInvoke`), and tonic with our layers.
+pub const CLIENTS: [&str; 4] = [
+    "grpc",
+    "grpc + ours",
+    "grpc + ours (tonic transport)",
+    "tonic + ours",
+];
 /// The three cases, as the JSON names them.
 pub const CASES: [&str; 3] = [
     "server works 2 s, deadline 500 ms",
@@ -63,7 +71,7 @@ pub const CASES: [&str; 3] = [
 /// One client in one case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
-    /// `grpc`, `grpc + ours` or `tonic + ours`.
+    /// One of [`CLIENTS`].
     pub client: String,
     /// One of [`CASES`].
     pub case: String,
@@ -128,6 +136,12 @@ pub enum GrpcClient {
         Arc<Intercepted<Channel, DeadlineInterceptor>>,
         DeadlineInterceptor,
     ),
+    /// Under [`DeadlineInterceptor`], over tonic's transport
+    /// ([`TonicInvoke`]) instead of the crate's.
+    OursOverTonic(
+        Arc<Intercepted<TonicInvoke, DeadlineInterceptor>>,
+        DeadlineInterceptor,
+    ),
 }
 
 impl std::fmt::Debug for GrpcClient {
@@ -135,11 +149,44 @@ impl std::fmt::Debug for GrpcClient {
         f.write_str(match self {
             GrpcClient::Plain(_) => "GrpcClient::Plain",
             GrpcClient::Ours(..) => "GrpcClient::Ours",
+            GrpcClient::OursOverTonic(..) => "GrpcClient::OursOverTonic",
         })
     }
 }
 
 impl GrpcClient {
+    /// The client [`CLIENTS`] names `which` (one of the crate's), to `addr`.
+    ///
+    /// # Errors
+    ///
+    /// When `addr` makes no endpoint for tonic.
+    pub fn named(addr: SocketAddr, which: &str) -> anyhow::Result<Self> {
+        Ok(match which {
+            "grpc + ours (tonic transport)" => Self::over_tonic(addr)?,
+            _ => Self::new(addr, which == "grpc + ours"),
+        })
+    }
+
+    /// The crate's calls under our interceptor, over tonic's transport to
+    /// `addr` (a `ReadyChannel` under our client layer, TCP_NODELAY on).
+    ///
+    /// # Errors
+    ///
+    /// When `addr` makes no endpoint for tonic.
+    pub fn over_tonic(addr: SocketAddr) -> anyhow::Result<Self> {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?;
+        // The interceptor reports a call made outside any scope; the layer
+        // below it need not say so again.
+        let layer = tonic_deadline::ClientDeadlineLayer::new()
+            .unscoped(tonic_deadline::client::Unscoped::Allow);
+        let invoke = TonicInvoke::new(layer, tonic_deadline::client::ReadyChannel::lazy(&endpoint));
+        let interceptor = DeadlineInterceptor::new().abandoned(grpc_deadline_grpc::Abandoned::Drop);
+        Ok(GrpcClient::OursOverTonic(
+            Arc::new(invoke.with_interceptor(interceptor.clone())),
+            interceptor,
+        ))
+    }
+
     /// A channel to `addr`, with our interceptor when `ours`.
     pub fn new(addr: SocketAddr, ours: bool) -> Self {
         let channel = Channel::new(
@@ -162,7 +209,9 @@ impl GrpcClient {
     pub fn cancels_not_reset(&self) -> u64 {
         match self {
             GrpcClient::Plain(_) => 0,
-            GrpcClient::Ours(_, i) => i.stats().cancels_not_reset(),
+            GrpcClient::Ours(_, i) | GrpcClient::OursOverTonic(_, i) => {
+                i.stats().cancels_not_reset()
+            }
         }
     }
 
@@ -179,6 +228,7 @@ impl GrpcClient {
         match self {
             GrpcClient::Plain(channel) => unary(channel, request, options).await,
             GrpcClient::Ours(channel, _) => unary(&**channel, request, options).await,
+            GrpcClient::OursOverTonic(invoke, _) => unary(&**invoke, request, options).await,
         }
     }
 }
@@ -406,7 +456,7 @@ impl Client {
     async fn to(addr: SocketAddr, which: &str) -> anyhow::Result<Client> {
         let client = match which {
             "tonic + ours" => Client::Tonic(Box::new(layered_client(addr).await?)),
-            _ => Client::Grpc(GrpcClient::new(addr, which == "grpc + ours")),
+            _ => Client::Grpc(GrpcClient::named(addr, which)?),
         };
         // The connection is opened before anything is measured.
         let warm = CallRequest {
@@ -467,7 +517,7 @@ async fn chain(
                 net::connect_layered(addr).await?,
             ))),
             _ => {
-                let client = GrpcClient::new(addr, which == "grpc + ours");
+                let client = GrpcClient::named(addr, which)?;
                 let warm = CallRequest {
                     payload: WARM.to_owned(),
                     ..CallRequest::default()
@@ -523,9 +573,32 @@ async fn deadline_case(which: &str) -> anyhow::Result<Row> {
     })
 }
 
+/// The root's client to the first hop of a chain, its connection opened by
+/// a call A answers at once without calling on.
+///
+/// Not `layered_client`'s warm-up, a whole call down the chain: over the
+/// grpc crate's own transport (no `TCP_NODELAY`) a call's first DATA waits
+/// for the server to acknowledge its HEADERS, which Linux delays up to
+/// 40 ms while the connection is interactive — the server answered its
+/// last request within that time, as a service under steady traffic does.
+/// A warm-up whose hops work 100 ms before answering leaves the chain's
+/// connections quiet (the delayed ACK fired, and no answer came quickly
+/// since), so the measured call would travel as on no busy connection.
+/// After `WARM`, which every hop answered at once, it travels as a user's
+/// call does.
+async fn root_client(a: SocketAddr) -> anyhow::Result<Client> {
+    let mut client = ProbeClient::new(net::connect_layered(a).await?);
+    let warm = CallRequest {
+        payload: WARM.to_owned(),
+        ..CallRequest::default()
+    };
+    without_deadline(client.call(warm)).await?;
+    Ok(Client::Tonic(Box::new(client)))
+}
+
 async fn chain_case(which: &str) -> anyhow::Result<Row> {
     let (logs, a, _) = chain(which, [HOP; 3]).await?;
-    let client = Client::Tonic(Box::new(layered_client(a).await?));
+    let client = root_client(a).await?;
     let (completed, stopped) = logs[2].marks();
     let scope = Scope::background().with_timeout(CHAIN_BUDGET);
     let started = Instant::now();
@@ -546,7 +619,7 @@ async fn chain_case(which: &str) -> anyhow::Result<Row> {
 
 async fn cancel_case(which: &str) -> anyhow::Result<(Row, u64)> {
     let (logs, a, grpc) = chain(which, [Duration::ZERO, Duration::ZERO, CANCEL_WORK]).await?;
-    let client = Client::Tonic(Box::new(layered_client(a).await?));
+    let client = root_client(a).await?;
     let (completed, stopped) = logs[2].marks();
     let entered = logs[2].entered();
     let scope = Scope::background().with_timeout(CANCEL_BUDGET);
@@ -669,8 +742,9 @@ impl Experiment for GrpcCrate {
                  chains A and B are such servers whose handlers call on through the client named."
                     .to_owned(),
                 format!(
-                    "Cancels our interceptor could not carry to the server (grpc 0.9 resets a \
-                     call's stream only after the server's response headers): {}",
+                    "Cancels our interceptor could not carry to the server (grpc 0.9's own \
+                     transport resets a call's stream only after the server's response headers; \
+                     over tonic's transport, TonicInvoke, every dropped call is reset): {}",
                     self.cancels_not_reset
                 ),
             ],
