@@ -63,10 +63,11 @@
 //! - `ledger`: a call that fails under a request's scope is noted for the
 //!   request's ledger (the core's `ledger`), so that the hop's line names
 //!   it, as for a call made through the tonic client layer.
-//! - `tonic-transport`: [`TonicInvoke`], an `Invoke` that runs the crate's
-//!   calls over tonic's transport under tonic-deadline's client layer, so
-//!   that a cancel reaches the server also before its response headers
-//!   (it gives up the crate's resolver, balancing and credentials).
+//! - `tonic-transport`: `TonicInvoke` (module `invoke`), an `Invoke` that
+//!   runs the crate's calls over tonic's transport under tonic-deadline's
+//!   client layer, so that a cancel reaches the server also before its
+//!   response headers (it gives up the crate's resolver, balancing and
+//!   credentials).
 // On docs.rs every feature-gated item is marked with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
