@@ -3,6 +3,7 @@
 
 mod hedge;
 mod retry;
+mod replicas;
 mod retry_and_hedge;
 
 use std::sync::{Arc, Mutex};
