@@ -125,12 +125,13 @@ where
 
     /// Whether the last attempt ran out of the time its per-attempt timeout
     /// gave it, with the caller's deadline still ahead: what it has left is
-    /// under a tenth of the cap. The hops below ran out of that time too,
-    /// each keeping its reply reserve, so their answer comes just before
-    /// the cap's end, never long before.
+    /// under a quarter of the cap. The hops below ran out of that time too,
+    /// each ending its handler up to a twentieth of its budget early (the
+    /// server layer's reply reserve), so their answer comes a little before
+    /// the cap's end — five hops' reserves are under a quarter of it.
     pub(super) fn ran_out_of_its_cap(&self) -> bool {
         self.capped.as_ref().is_some_and(|(scope, cap)| {
-            scope.remaining().is_some_and(|left| left < *cap / 10)
+            scope.remaining().is_some_and(|left| left < *cap / 4)
         })
     }
 
