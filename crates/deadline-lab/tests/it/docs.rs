@@ -638,9 +638,7 @@ fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
         at(replica_down, "ours", "at C per root") <= at(replica_down, "per-hop", "at C per root")
     );
     assert!(at(replica_slow, "ours", "root OK share") >= 0.98);
-    assert!(
-        at(two_down, "ours", "root OK share") >= at(two_down, "per-hop", "root OK share")
-    );
+    assert!(at(two_down, "ours", "root OK share") >= at(two_down, "per-hop", "root OK share"));
     assert!(at(two_down, "ours", "at C per root") < at(two_down, "per-hop", "at C per root"));
     assert!(at(every_down, "ours", "at C per root") <= 3.3);
     assert_eq!(at(every_down, "ours", "root OK share"), 0.0);

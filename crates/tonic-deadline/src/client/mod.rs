@@ -89,8 +89,8 @@ use body::RequestBody;
 pub use channel::{REMEMBERED_RESETS, ReadyBody, ReadyChannel, ReadyChannelBuilder, ReadyFuture};
 pub use future::ResponseFuture;
 pub use layer::ClientDeadlineLayer;
-pub use replica::{Avoid, Replica, ReplicaFailed};
 use observer::Sent;
+pub use replica::{Avoid, Replica, ReplicaFailed};
 #[cfg(feature = "channel")]
 pub use round_trip::RoundTrip;
 use unscoped::Config;

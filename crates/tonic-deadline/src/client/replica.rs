@@ -165,7 +165,10 @@ pub(crate) fn take_replica<RB>(
     result: Result<http::Response<RB>, BoxError>,
 ) -> (Option<Replica>, Result<http::Response<RB>, BoxError>) {
     match result {
-        Ok(response) => (response.extensions().get::<Replica>().copied(), Ok(response)),
+        Ok(response) => (
+            response.extensions().get::<Replica>().copied(),
+            Ok(response),
+        ),
         Err(err) => match err.downcast::<ReplicaFailed>() {
             Ok(failed) => (Some(failed.replica), Err(failed.source)),
             Err(err) => (None, Err(err)),

@@ -130,9 +130,9 @@ where
     /// server layer's reply reserve), so their answer comes a little before
     /// the cap's end — five hops' reserves are under a quarter of it.
     pub(super) fn ran_out_of_its_cap(&self) -> bool {
-        self.capped.as_ref().is_some_and(|(scope, cap)| {
-            scope.remaining().is_some_and(|left| left < *cap / 4)
-        })
+        self.capped
+            .as_ref()
+            .is_some_and(|(scope, cap)| scope.remaining().is_some_and(|left| left < *cap / 4))
     }
 
     /// The status for a caller's scope that ended.

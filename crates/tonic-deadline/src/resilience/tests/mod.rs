@@ -2,8 +2,8 @@
 //! paused clock: every figure is exact.
 
 mod hedge;
-mod retry;
 mod replicas;
+mod retry;
 mod retry_and_hedge;
 
 use std::sync::{Arc, Mutex};

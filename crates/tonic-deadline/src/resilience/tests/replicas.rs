@@ -129,7 +129,10 @@ async fn a_replica_that_failed_rests_while_another_is_at_hand() {
 
 #[tokio::test(start_paused = true)]
 async fn per_hop_retries_go_wherever_the_balancer_sends_them() {
-    let servers = [Server::new(vec![marked(Code::Unavailable, 5); 2]), Server::new(Vec::new())];
+    let servers = [
+        Server::new(vec![marked(Code::Unavailable, 5); 2]),
+        Server::new(Vec::new()),
+    ];
     let layer = unavailable().chain_budget(false);
     let mut service = balanced(layer, &servers);
     let scope = Scope::background().with_timeout(Duration::from_secs(2));
@@ -163,12 +166,25 @@ async fn a_marked_deadline_at_the_end_of_an_attempts_own_timeout_is_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn a_balanced_channel_tags_each_answer_and_honours_avoid() {
-    let servers = [Server::new(Vec::new()), Server::new(Vec::new()), Server::new(Vec::new())];
+    let servers = [
+        Server::new(Vec::new()),
+        Server::new(Vec::new()),
+        Server::new(Vec::new()),
+    ];
     let mut channel = Balanced::new(servers.iter().map(Server::service));
     let mut replicas = Vec::new();
     for _ in 0..4 {
-        let response = channel.ready().await.expect("ready").call(request(PATH)).await;
-        let replica = response.expect("answered").extensions().get::<Replica>().copied();
+        let response = channel
+            .ready()
+            .await
+            .expect("ready")
+            .call(request(PATH))
+            .await;
+        let replica = response
+            .expect("answered")
+            .extensions()
+            .get::<Replica>()
+            .copied();
         replicas.push(replica.map(|r| (r.id(), r.replicas())));
     }
     assert_eq!(
@@ -182,7 +198,11 @@ async fn a_balanced_channel_tags_each_answer_and_honours_avoid() {
     req.extensions_mut().insert(avoid.clone());
     let response = channel.ready().await.expect("ready").call(req).await;
     assert_eq!(
-        response.expect("answered").extensions().get::<Replica>().map(Replica::id),
+        response
+            .expect("answered")
+            .extensions()
+            .get::<Replica>()
+            .map(Replica::id),
         Some(2),
         "replica 1's turn passes to the next one"
     );
@@ -190,9 +210,19 @@ async fn a_balanced_channel_tags_each_answer_and_honours_avoid() {
     avoid.insert(2);
     let mut req = request(PATH);
     req.extensions_mut().insert(avoid);
-    let err = channel.ready().await.expect("ready").call(req).await.expect_err("none left");
+    let err = channel
+        .ready()
+        .await
+        .expect("ready")
+        .call(req)
+        .await
+        .expect_err("none left");
     assert_eq!(tonic::Status::from_error(err).code(), Code::Unavailable);
-    assert_eq!(attempts(&servers), vec![2, 1, 2], "nothing sent when all are avoided");
+    assert_eq!(
+        attempts(&servers),
+        vec![2, 1, 2],
+        "nothing sent when all are avoided"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -203,8 +233,16 @@ async fn a_local_failure_names_its_replica_and_keeps_its_status() {
         )))
     });
     let mut channel = Balanced::new([failing]);
-    let err = channel.ready().await.expect("ready").call(request(PATH)).await.expect_err("fails");
-    let failed = err.downcast_ref::<ReplicaFailed>().expect("tagged with its replica");
+    let err = channel
+        .ready()
+        .await
+        .expect("ready")
+        .call(request(PATH))
+        .await
+        .expect_err("fails");
+    let failed = err
+        .downcast_ref::<ReplicaFailed>()
+        .expect("tagged with its replica");
     assert_eq!(failed.replica(), Replica::new(0, 1));
     assert_eq!(tonic::Status::from_error(err).code(), Code::Unavailable);
 }
