@@ -246,3 +246,46 @@ async fn a_local_failure_names_its_replica_and_keeps_its_status() {
     assert_eq!(failed.replica(), Replica::new(0, 1));
     assert_eq!(tonic::Status::from_error(err).code(), Code::Unavailable);
 }
+
+#[tokio::test(start_paused = true)]
+async fn behind_a_balancer_that_names_no_replica_a_marked_failure_is_not_retried() {
+    // Two replicas in turn, as tonic's balancer or tower's p2c would pick
+    // them: nothing in the answer says which one it was.
+    let servers = [
+        Server::new(vec![marked(Code::Unavailable, 5)]),
+        Server::new(Vec::new()),
+    ];
+    let replicas: Vec<_> = servers.iter().map(Server::service).collect();
+    let turn = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let untagged = tower::service_fn(move |request: Request<tonic::body::Body>| {
+        let i = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % replicas.len();
+        replicas[i].clone().oneshot(request)
+    });
+    let mut service = unavailable().layer(ClientDeadlineLayer::new().layer(untagged));
+    let scope = Scope::background().with_timeout(Duration::from_secs(2));
+    let told = pushback_told(&mut service, &scope).await;
+    assert_eq!(
+        told,
+        (Code::Unavailable, Some("-1".to_owned())),
+        "the mark holds: the replica that failed is unknown"
+    );
+    assert_eq!(attempts(&servers), vec![1, 0], "no retry was sent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_marked_failure_is_retried_on_another_replica_only_if_the_deadline_fits() {
+    let servers = [
+        Server::new(vec![marked(Code::Unavailable, 50)]),
+        Server::new(Vec::new()),
+    ];
+    let mut service = balanced(unavailable(), &servers);
+    // 50 ms to answer leaves 10 ms: an attempt that took 50 ms cannot fit.
+    let scope = Scope::background().with_timeout(Duration::from_millis(60));
+    let told = pushback_told(&mut service, &scope).await;
+    assert_eq!(
+        told,
+        (Code::Unavailable, Some("-1".to_owned())),
+        "the call ends with the marked failure"
+    );
+    assert_eq!(attempts(&servers), vec![1, 0], "no retry that cannot fit");
+}
