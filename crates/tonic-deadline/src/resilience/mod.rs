@@ -135,7 +135,11 @@
 //!    the throttle or budget does, and the deadline fits the attempt; the
 //!    next attempt's request carries an [`Avoid`](crate::client::Avoid)
 //!    naming the replicas it must not go to;
-//! 2. sends every other retry to another replica too, when one is at hand;
+//! 2. sends every other retry to another replica too, when one is at hand
+//!    (a retry that fails marked at its own replica is in turn retried once
+//!    elsewhere: a call tries each replica at most once this way, within
+//!    `maxAttempts`; a server's own `grpc-retry-pushback-ms: -1` reads the
+//!    same, and is treated the same);
 //! 3. lets a replica whose attempt failed with a status the policy retries
 //!    rest for [`ResilienceLayer::replica_rest`] (1 s; each failure starts
 //!    it again, an answer ends it): the first attempts of calls go to the
