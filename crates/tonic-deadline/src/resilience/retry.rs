@@ -155,7 +155,7 @@ where
                     }
                     // The retry goes to none of the replicas that failed,
                     // when another is at hand.
-                    self.avoid = replica.and_then(|r| core.avoid(Some(r)));
+                    self.avoid = core.avoid(replica);
                     let pushback = match pushback {
                         // The hops below ran out of the time this attempt's
                         // own timeout gave them, not of the call's.
@@ -166,7 +166,9 @@ where
                         }
                         // Spent for the chain at that replica, not at
                         // another: tried once more, elsewhere.
-                        Pushback::Stop if self.avoid.is_some() => Pushback::None,
+                        Pushback::Stop if replica.is_some() && self.avoid.is_some() => {
+                            Pushback::None
+                        }
                         pushback => pushback,
                     };
                     let delay = match pushback {
