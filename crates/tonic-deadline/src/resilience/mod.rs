@@ -172,7 +172,9 @@
 //! Throttling (or the budget) and the learned attempt times belong to the
 //! layer: every service it builds — one per connection to the same server,
 //! and their clones — shares them, retried and hedged methods alike. Use
-//! one layer per channel. With `retryThrottling`, an attempt of a retried
+//! one layer per channel — over a balanced channel, one over the balancer,
+//! not one per replica: only there can a retry go to another replica, and
+//! the throttle then speaks for the whole service. With `retryThrottling`, an attempt of a retried
 //! or hedged call that ends with a status its policy lists
 //! (`retryableStatusCodes`, `nonFatalStatusCodes`) takes a token, one that
 //! commits gives `tokenRatio` back, and no retry or hedge is sent while
