@@ -28,7 +28,11 @@
 //!   takes in turn; B1's path to C is broken (its C fails every call at
 //!   once), B2's and B3's C answers;
 //! - **replicas, one path slow**: the same with B1's C never answering
-//!   (attempts capped and retried as in *outage, slow*).
+//!   (attempts capped and retried as in *outage, slow*);
+//! - **replicas, two of three paths down**: B1's and B2's C fail every
+//!   call, B3's answers;
+//! - **replicas, every path down**: the three replicas of B in front of one
+//!   C that fails every call: the whole service is down.
 //!
 //! Every run makes all of them; each figure is the median of the runs.
 
@@ -47,7 +51,7 @@ use tokio::time::Instant;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_deadline::Scope;
-use tonic_deadline::client::{ClientDeadline, ReadyChannel};
+use tonic_deadline::client::{Avoid, ClientDeadline, ReadyChannel, Replica, ReplicaFailed};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tower::{Service, ServiceExt};
 
@@ -61,7 +65,7 @@ use crate::report::Outcome;
 pub const STACKS: [&str; 3] = ["ours", "per-hop", "edge only"];
 
 /// The cases, in order.
-pub const CASES: [&str; 7] = [
+pub const CASES: [&str; 9] = [
     "outage",
     "outage, throttling",
     "5 % failures",
@@ -69,12 +73,15 @@ pub const CASES: [&str; 7] = [
     "outage, slow",
     "replicas, one path down",
     "replicas, one path slow",
+    "replicas, two of three paths down",
+    "replicas, every path down",
 ];
 
 /// Runs each figure is the median of.
 pub const RUNS: usize = 3;
 
-/// Replicas of B in the replica cases; the first one's path to C is broken.
+/// Replicas of B in the replica cases; the first ones' paths to C are
+/// broken.
 const REPLICAS: usize = 3;
 
 /// Root calls of the replica cases.
@@ -205,7 +212,10 @@ type Hop = ProbeClient<Resilience<RoundRobin>>;
 /// A channel to one or more replicas of the next hop, each through the
 /// client layer, taking them in turn call by call (the order a round-robin
 /// balancer keeps); under the resilience layer, so that a retry goes to
-/// the next replica.
+/// the next replica. It says which replica took each call ([`Replica`] in
+/// the response, [`ReplicaFailed`] around a local failure) and skips the
+/// replicas an [`Avoid`] names, as `tonic_deadline::client::Balanced`
+/// does: a balancer of one's own takes part in the same few lines.
 #[derive(Clone)]
 struct RoundRobin {
     replicas: Arc<[ClientDeadline<ReadyChannel>]>,
@@ -223,11 +233,25 @@ impl Service<http::Request<tonic::body::Body>> for RoundRobin {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.replicas.len();
-        let replica = self.replicas[turn].clone();
+        let n = self.replicas.len();
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let avoid = request.extensions().get::<Avoid>();
+        let Some(pick) = (0..n)
+            .map(|step| (turn + step) % n)
+            .find(|&i| avoid.is_none_or(|a| !a.contains(i as u64)))
+        else {
+            return Box::pin(async { Err(Status::unavailable("every replica avoided").into()) });
+        };
+        let replica = Replica::new(pick as u64, n);
+        let channel = self.replicas[pick].clone();
         Box::pin(async move {
-            let response = replica.oneshot(request).await?;
-            Ok(response.map(tonic::body::Body::new))
+            match channel.oneshot(request).await {
+                Ok(mut response) => {
+                    response.extensions_mut().insert(replica);
+                    Ok(response.map(tonic::body::Body::new))
+                }
+                Err(err) => Err(ReplicaFailed::new(replica, err).into()),
+            }
         })
     }
 }
@@ -309,12 +333,13 @@ struct Chain {
     seen: [Arc<AtomicU64>; 3],
 }
 
-/// How C answers: every replica of B alike, or the first one's path
-/// broken (`broken`: how its own C answers).
+/// How C answers: behind one B or `replicas` of them, every one alike, or
+/// the first `broken.1` paths broken (`broken.0`: how their own C answers).
 #[derive(Debug, Clone, Copy)]
 struct Leaves {
     mode: Leaf,
-    broken: Option<Leaf>,
+    replicas: usize,
+    broken: Option<(Leaf, usize)>,
 }
 
 async fn serve(service: impl probe::CallOnly) -> anyhow::Result<SocketAddr> {
@@ -340,10 +365,9 @@ async fn chain(leaves: Leaves, hops: &Policy) -> anyhow::Result<Chain> {
     // B in front of C (B1 in front of a broken C if its path is broken),
     // then A in front of B's replicas.
     let mut b = Vec::new();
-    let replicas = if leaves.broken.is_some() { REPLICAS } else { 1 };
-    for replica in 0..replicas {
+    for replica in 0..leaves.replicas {
         let next = match leaves.broken {
-            Some(mode) if replica == 0 => serve(leaf(mode)).await?,
+            Some((mode, broken)) if replica < broken => serve(leaf(mode)).await?,
             _ => c,
         };
         b.push(
@@ -475,33 +499,30 @@ async fn row(case: &str, stack: &str, fan_in_outage: Duration) -> anyhow::Result
     } else {
         retrying.clone()
     };
+    let one = |mode| Leaves {
+        mode,
+        replicas: 1,
+        broken: None,
+    };
+    let replicas = |mode, broken| Leaves {
+        mode,
+        replicas: REPLICAS,
+        broken,
+    };
     let leaves = match case {
-        "5 % failures" => Leaves {
-            mode: Leaf::Failing(0.05),
-            broken: None,
-        },
-        "outage, slow" => Leaves {
-            mode: Leaf::Hanging,
-            broken: None,
-        },
-        "replicas, one path down" => Leaves {
-            mode: Leaf::Up,
-            broken: Some(Leaf::Down),
-        },
-        "replicas, one path slow" => Leaves {
-            mode: Leaf::Up,
-            broken: Some(Leaf::Hanging),
-        },
-        _ => Leaves {
-            mode: Leaf::Down,
-            broken: None,
-        },
+        "5 % failures" => one(Leaf::Failing(0.05)),
+        "outage, slow" => one(Leaf::Hanging),
+        "replicas, one path down" => replicas(Leaf::Up, Some((Leaf::Down, 1))),
+        "replicas, one path slow" => replicas(Leaf::Up, Some((Leaf::Hanging, 1))),
+        "replicas, two of three paths down" => replicas(Leaf::Up, Some((Leaf::Down, 2))),
+        "replicas, every path down" => replicas(Leaf::Down, None),
+        _ => one(Leaf::Down),
     };
     let chain = chain(leaves, &hops).await?;
     let (root, ok, first) = match case {
         "5 % failures" => calls(&chain, &retrying, 2000, 8).await?,
         "fan-in, throttling" => fan_in(&chain, &retrying, fan_in_outage).await?,
-        _ if leaves.broken.is_some() => calls(&chain, &retrying, REPLICA_CALLS, 4).await?,
+        _ if leaves.replicas > 1 => calls(&chain, &retrying, REPLICA_CALLS, 4).await?,
         _ => calls(&chain, &retrying, 20, 4).await?,
     };
     let seen = chain.seen();
@@ -603,7 +624,7 @@ pub async fn measure(fan_in_outage: Duration, runs: usize) -> anyhow::Result<Amp
 
 impl Experiment for Amplification {
     const NAME: &'static str = "amplification";
-    const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, under fan-in, never answering, and behind three replicas of B one of whose paths is broken: attempts reaching C per root call and calls answered OK, one budget for the chain beside per-hop retries and retries at the edge only";
+    const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, under fan-in, never answering, and behind three replicas of B one, two or all of whose paths are broken: attempts reaching C per root call and calls answered OK, one budget for the chain beside per-hop retries and retries at the edge only";
     const SECTION: Option<Section> = Some(Section::RetriesAcrossHops);
     type Args = Args;
 
@@ -664,11 +685,11 @@ impl Experiment for Amplification {
                     self.fan_in_ms / 1000.0
                 ),
                 format!(
-                    "outage, slow: C never answers, each hop caps an attempt at {} ms and retries DEADLINE_EXCEEDED (the method declared idempotent); replicas: A takes {REPLICAS} replicas of B in turn, B1's path to C fails at once (down) or never answers (slow), {REPLICA_CALLS} root calls",
+                    "outage, slow: C never answers, each hop caps an attempt at {} ms and retries DEADLINE_EXCEEDED (the method declared idempotent); replicas: A takes {REPLICAS} replicas of B in turn (the balancer says which one answered), B1's path to C fails at once (down) or never answers (slow), or B1's and B2's fail, or every replica's C fails; {REPLICA_CALLS} root calls",
                     SLOW_ATTEMPT.as_millis()
                 ),
                 "ours: a hop whose retries are spent answers grpc-retry-pushback-ms -1 and the hops above stop; per-hop: ResilienceLayer::chain_budget(false), every hop retries; edge only: the root retries, A and B ship no retryPolicy".into(),
-                "goals for ours: at most 3 attempts at C per root call from the first on; at least 0.995 of root calls OK with 5 % failures; fan-in with throttling: at most 1.1 attempts at C per root call".into(),
+                "goals for ours: at most 3 attempts at C per root call from the first on; at least 0.995 of root calls OK with 5 % failures; fan-in with throttling: at most 1.1 attempts at C per root call; behind replicas with one path broken at least 0.98 OK; every path down at most 3.3 attempts at C per root call".into(),
             ],
         }
     }

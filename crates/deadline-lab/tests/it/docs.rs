@@ -610,7 +610,9 @@ fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
         fan_in,
         slow,
         replica_down,
-        _replica_slow,
+        replica_slow,
+        two_down,
+        every_down,
     ] = amplification::CASES;
     assert_eq!(at(outage, "ours", "at C per root"), 3.0, "maxAttempts at C");
     assert_eq!(at(outage, "ours", "at A per root"), 1.0);
@@ -628,11 +630,18 @@ fn docs_amplification_table_holds_the_laws_experiment_amplification_asserts() {
     for stack in amplification::STACKS {
         assert!(at(slow, stack, "at C per root") <= 3.0, "{stack}");
     }
-    // The availability the chain budget costs with replicas is shown.
+    assert_eq!(at(outage, "ours", "at C, first root call"), 3.0);
+    assert!(at(throttled, "ours", "at C per root") <= 1.2);
+    // Behind replicas the chain budget costs no call.
+    assert!(at(replica_down, "ours", "root OK share") >= 0.99);
     assert!(
-        at(replica_down, "ours", "root OK share") + 0.15
-            < at(replica_down, "per-hop", "root OK share")
+        at(replica_down, "ours", "at C per root") <= at(replica_down, "per-hop", "at C per root")
     );
+    assert!(at(replica_slow, "ours", "root OK share") >= 0.98);
+    assert!(at(two_down, "ours", "root OK share") >= at(two_down, "per-hop", "root OK share"));
+    assert!(at(two_down, "ours", "at C per root") < at(two_down, "per-hop", "at C per root"));
+    assert!(at(every_down, "ours", "at C per root") <= 3.3);
+    assert_eq!(at(every_down, "ours", "root OK share"), 0.0);
 }
 
 #[test]

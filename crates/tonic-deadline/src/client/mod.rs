@@ -52,6 +52,7 @@
 //! ```
 
 mod abandon;
+mod balance;
 mod body;
 #[cfg(feature = "channel")]
 mod channel;
@@ -59,6 +60,7 @@ mod future;
 mod layer;
 pub(crate) mod observer;
 mod race;
+pub(crate) mod replica;
 #[cfg(feature = "channel")]
 mod round_trip;
 #[cfg(feature = "channel")]
@@ -80,6 +82,7 @@ use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
+pub use balance::{Balanced, BalancedFuture};
 pub use body::ClientBody;
 use body::RequestBody;
 #[cfg(feature = "channel")]
@@ -87,6 +90,7 @@ pub use channel::{REMEMBERED_RESETS, ReadyBody, ReadyChannel, ReadyChannelBuilde
 pub use future::ResponseFuture;
 pub use layer::ClientDeadlineLayer;
 use observer::Sent;
+pub use replica::{Avoid, Replica, ReplicaFailed};
 #[cfg(feature = "channel")]
 pub use round_trip::RoundTrip;
 use unscoped::Config;

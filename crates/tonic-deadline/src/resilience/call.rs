@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::core::{self, Buffered, Core, Replay, Template};
 use super::observer::CallReport;
 use crate::BoxError;
+use crate::client::Avoid;
 use crate::scope::{Cancelled, Scope};
 use crate::status::status_for;
 
@@ -28,6 +29,9 @@ pub(super) struct Call<S> {
     replay: Option<Replay>,
     /// Attempts sent.
     pub(super) attempts: u32,
+    /// The last attempt's scope, when the per-attempt timeout ended it
+    /// before the caller's deadline would have.
+    capped: Option<(Scope, Duration)>,
 }
 
 impl<S> Call<S>
@@ -53,6 +57,7 @@ where
             read: BytesMut::new(),
             replay: None,
             attempts: 0,
+            capped: None,
         }
     }
 
@@ -90,21 +95,44 @@ where
         }
     }
 
-    /// Sends the next attempt, with the replayed body.
-    pub(super) fn send(&mut self) -> S::Future {
+    /// Sends the next attempt, with the replayed body, to none of the
+    /// replicas `avoid` names.
+    pub(super) fn send(&mut self, avoid: Option<Avoid>) -> S::Future {
         let body = self
             .replay
             .as_ref()
             .expect("read before the first attempt")
             .body();
-        self.send_with(body)
+        self.send_to(body, avoid)
     }
 
     fn send_with(&mut self, body: tonic::body::Body) -> S::Future {
+        self.send_to(body, None)
+    }
+
+    fn send_to(&mut self, body: tonic::body::Body, avoid: Option<Avoid>) -> S::Future {
         let scope = self.scope.as_ref().map(|s| self.core.attempt_scope(s));
+        self.capped = match (self.core.settings.per_attempt_timeout, &scope) {
+            (Some(cap), Some(attempt)) if cut_short(attempt, self.scope.as_ref()) => {
+                Some((attempt.clone(), cap))
+            }
+            _ => None,
+        };
         self.attempts += 1;
-        let request = self.template.attempt(self.attempts, body, scope);
+        let request = self.template.attempt(self.attempts, body, scope, avoid);
         self.service.call(request)
+    }
+
+    /// Whether the last attempt ran out of the time its per-attempt timeout
+    /// gave it, with the caller's deadline still ahead: what it has left is
+    /// under a quarter of the cap. The hops below ran out of that time too,
+    /// each ending its handler up to a twentieth of its budget early (the
+    /// server layer's reply reserve), so their answer comes a little before
+    /// the cap's end — five hops' reserves are under a quarter of it.
+    pub(super) fn ran_out_of_its_cap(&self) -> bool {
+        self.capped
+            .as_ref()
+            .is_some_and(|(scope, cap)| scope.remaining().is_some_and(|left| left < *cap / 4))
     }
 
     /// The status for a caller's scope that ended.
@@ -126,5 +154,15 @@ where
             );
         }
         Poll::Ready(result)
+    }
+}
+
+/// Whether `attempt` ends before `caller` does: its per-attempt timeout
+/// cut it short.
+fn cut_short(attempt: &Scope, caller: Option<&Scope>) -> bool {
+    match (attempt.deadline(), caller.and_then(Scope::deadline)) {
+        (Some(attempt), Some(caller)) => attempt < caller,
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }

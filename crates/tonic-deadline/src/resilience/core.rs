@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,7 +20,7 @@ use tonic::Code;
 use super::limiter::Limiter;
 use super::observer::Observer;
 use crate::BoxError;
-use crate::client::WaitForReady;
+use crate::client::{Avoid, Replica, WaitForReady};
 use crate::scope::Scope;
 use crate::service_config::{Codes, HedgingPolicy, Resolved, ServiceConfig};
 use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
@@ -39,6 +39,9 @@ const WINDOW: usize = 128;
 /// on, a doomed attempt is not sent.
 pub(crate) const HEDGING_DELAY_SAMPLES: usize = 8;
 
+/// How long a replica that failed rests unless set otherwise.
+pub(crate) const DEFAULT_REPLICA_REST: Duration = Duration::from_secs(1);
+
 /// What the layer's builder collects.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -55,6 +58,9 @@ pub(crate) struct Settings {
     /// A failure this layer stopped retrying answers its caller with
     /// `grpc-retry-pushback-ms: -1`: the chain's one retry budget.
     pub(crate) chain_budget: bool,
+    /// How long a replica that failed is left out of attempts while
+    /// another is at hand.
+    pub(crate) replica_rest: Duration,
 }
 
 impl Default for Settings {
@@ -68,6 +74,7 @@ impl Default for Settings {
             attempt_time_quantile: 0.5,
             adaptive_hedging_delay: None,
             chain_budget: true,
+            replica_rest: DEFAULT_REPLICA_REST,
         }
     }
 }
@@ -81,6 +88,17 @@ pub(crate) struct Core {
     pub(crate) limiter: Limiter,
     latencies: Mutex<HashMap<String, Latencies>>,
     rng: AtomicU64,
+    /// What the balancer below said of its replicas.
+    replicas: Replicas,
+}
+
+/// The replicas of the balanced channel below, as its answers told them:
+/// how many it holds (0 until one answer named its replica) and when each
+/// one that failed last did.
+#[derive(Debug, Default)]
+struct Replicas {
+    count: AtomicUsize,
+    failed: Mutex<HashMap<u64, Instant>>,
 }
 
 impl Core {
@@ -96,6 +114,7 @@ impl Core {
             limiter,
             latencies: Mutex::new(HashMap::new()),
             rng: AtomicU64::new(RandomState::new().hash_one(0x5eed_u64) | 1),
+            replicas: Replicas::default(),
         }
     }
 
@@ -193,13 +212,21 @@ impl Core {
         result: Result<Response<B>, BoxError>,
         failures: Codes,
     ) -> Outcome<B> {
-        let outcome = classify(result);
-        match &outcome {
+        let (replica, result) = crate::client::replica::take_replica(result);
+        let mut outcome = classify(result);
+        match &mut outcome {
             Outcome::Committed(_) => {
                 self.limiter.on_attempt(false);
                 self.record_latency(path, took);
+                self.note_replica(replica, false);
             }
-            Outcome::Failed { code, answered, .. } => {
+            Outcome::Failed {
+                code,
+                answered,
+                replica: at,
+                ..
+            } => {
+                *at = replica;
                 if *answered {
                     self.record_latency(path, took);
                 }
@@ -207,6 +234,54 @@ impl Core {
             }
         }
         outcome
+    }
+
+    /// Notes how an attempt at `replica` ended: `failed` with a status its
+    /// policy retries, or not. Only with the chain budget on: without it
+    /// every hop retries wherever the balancer sends it, as before.
+    pub(crate) fn note_replica(&self, replica: Option<Replica>, failed: bool) {
+        let Some(replica) = replica.filter(|_| self.settings.chain_budget) else {
+            return;
+        };
+        self.replicas
+            .count
+            .store(replica.replicas(), Ordering::Relaxed);
+        if let Ok(mut map) = self.replicas.failed.lock() {
+            if failed {
+                map.insert(replica.id(), Instant::now());
+            } else {
+                map.remove(&replica.id());
+            }
+        }
+    }
+
+    /// The replicas the next attempt must not go to: the one the last
+    /// attempt `failed` at, and those resting (their last attempt failed
+    /// within [`Settings::replica_rest`]) — `None` when that names none, or
+    /// every one (a retry then goes wherever the balancer sends it, or, for
+    /// a failure marked for the chain, nowhere). A channel whose balancer
+    /// names no replica pays one atomic load.
+    pub(crate) fn avoid(&self, failed: Option<Replica>) -> Option<Avoid> {
+        if !self.settings.chain_budget {
+            return None;
+        }
+        let count = self.replicas.count.load(Ordering::Relaxed);
+        if count == 0 {
+            return None;
+        }
+        let mut avoid = Avoid::default();
+        if let Some(replica) = failed {
+            avoid.insert(replica.id());
+        }
+        let now = Instant::now();
+        if let Ok(map) = self.replicas.failed.lock() {
+            for (id, at) in map.iter() {
+                if now.saturating_duration_since(*at) < self.settings.replica_rest {
+                    avoid.insert(*id);
+                }
+            }
+        }
+        (!avoid.is_empty() && avoid.len() < count).then_some(avoid)
     }
 
     /// The scope one attempt runs in: a child of the caller's, capped by the
@@ -447,6 +522,8 @@ pub(crate) enum Outcome<B> {
         /// attempt's time says how long an answer takes; not for a failure
         /// made on this side (no connection, a local timeout).
         answered: bool,
+        /// The replica that failed, when the balancer below said.
+        replica: Option<Replica>,
         result: Result<Response<B>, BoxError>,
     },
 }
@@ -471,6 +548,7 @@ pub(crate) fn classify<B>(result: Result<Response<B>, BoxError>) -> Outcome<B> {
                 code,
                 pushback: pushback(response.headers()),
                 answered: true,
+                replica: None,
                 result: Ok(response),
             }
         }
@@ -483,6 +561,7 @@ pub(crate) fn classify<B>(result: Result<Response<B>, BoxError>) -> Outcome<B> {
                 code: status.code(),
                 pushback: Pushback::None,
                 answered: false,
+                replica: None,
                 result: Err(Box::new(status)),
             }
         }
@@ -521,12 +600,14 @@ impl Template {
         self.uri.path()
     }
 
-    /// Attempt `n` (1-based) with `body`, running in `scope`.
+    /// Attempt `n` (1-based) with `body`, running in `scope`, sent to none
+    /// of the replicas `avoid` names.
     pub(crate) fn attempt(
         &self,
         n: u32,
         body: tonic::body::Body,
         scope: Option<Scope>,
+        avoid: Option<Avoid>,
     ) -> Request<tonic::body::Body> {
         let mut request = Request::new(body);
         *request.method_mut() = self.method.clone();
@@ -541,6 +622,9 @@ impl Template {
         }
         if let Some(scope) = scope {
             request.extensions_mut().insert(scope);
+        }
+        if let Some(avoid) = avoid {
+            request.extensions_mut().insert(avoid);
         }
         request
     }

@@ -159,7 +159,7 @@ where
                         Poll::Ready(Ok(())) => {
                             self.ready = false;
                             self.now = false;
-                            let attempt = self.call.send();
+                            let attempt = self.call.send(None);
                             self.push(attempt);
                             if self.may_send_more() {
                                 core::arm(&mut self.next, self.call.scope.as_ref(), self.delay);

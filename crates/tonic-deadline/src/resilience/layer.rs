@@ -142,6 +142,32 @@ impl ResilienceLayer {
         self.with(|s| s.chain_budget = on)
     }
 
+    /// How long a replica whose attempt failed (with a status the policy
+    /// retries) is left out while another is at hand (default 1 s): the
+    /// first attempts of calls go to the others, and a retry goes to none
+    /// of them. A replica rests again with each failure, and is tried again
+    /// once its rest is over, or at once when every replica rests.
+    /// `Duration::ZERO` leaves out only the replica a retry's own failure
+    /// came from.
+    ///
+    /// It needs a balancer that says which replica answered (see
+    /// [`Replica`](crate::client::Replica)); and it is part of the chain
+    /// budget: with [`chain_budget(false)`](Self::chain_budget) retries go
+    /// wherever the balancer sends them.
+    ///
+    /// ```
+    /// # fn run() -> Result<(), tonic_deadline::service_config::ConfigError> {
+    /// use std::time::Duration;
+    /// let layer = tonic_deadline::resilience::ResilienceLayer::from_service_config("{}")?
+    ///     .replica_rest(Duration::from_secs(5));
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn replica_rest(self, rest: Duration) -> Self {
+        self.with(|s| s.replica_rest = rest)
+    }
+
     /// Hedges after the `q`-quantile (e.g. 0.95) of the method's recent
     /// answer latency instead of the fixed `hedgingDelay`, which holds
     /// until eight answered attempts were seen. A value that is not a

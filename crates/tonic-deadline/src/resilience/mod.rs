@@ -29,7 +29,11 @@
 //!    does (`maxAttempts`, a pushback, the throttle, no time left) with
 //!    `grpc-retry-pushback-ms: -1`, so that the hop above, handed the
 //!    status by its handler, does not retry it again: one retry budget
-//!    for the whole chain ([`ResilienceLayer::chain_budget`]).
+//!    for the whole chain ([`ResilienceLayer::chain_budget`]);
+//! 6. over a balancer that says which replica answered, sends a retry to
+//!    another replica than the one that failed, and retries a failure the
+//!    hop below marked as spent once, on another replica (see
+//!    [below](#behind-replicas)).
 //!
 //! A method without a policy is sent once, as it comes. Whatever its
 //! policy, a method's `timeout` and `waitForReady` hold: the call runs
@@ -118,12 +122,59 @@
 //! and asks nothing of the throttle or budget; one that fits is sent only
 //! if they allow it.
 //!
+//! # Behind replicas
+//!
+//! A failure marked as spent for the chain (`grpc-retry-pushback-ms: -1`)
+//! says that the hop below spent its retries at the replica that answered.
+//! When the balancer under this layer says which replica that was (a
+//! [`Replica`](crate::client::Replica) in the response's extensions, or a
+//! [`ReplicaFailed`](crate::client::ReplicaFailed) around a local failure,
+//! as [`Balanced`](crate::client::Balanced) does), the layer
+//! 1. retries the marked failure once, on another replica — never the same
+//!    one — if one is at hand that is not resting, `maxAttempts` allows it,
+//!    the throttle or budget does, and the deadline fits the attempt; the
+//!    next attempt's request carries an [`Avoid`](crate::client::Avoid)
+//!    naming the replicas it must not go to;
+//! 2. sends every other retry to another replica too, when one is at hand
+//!    (a retry that fails marked at its own replica is in turn retried once
+//!    elsewhere: a call tries each replica at most once this way, within
+//!    `maxAttempts`; a server's own `grpc-retry-pushback-ms: -1` reads the
+//!    same, and is treated the same);
+//! 3. lets a replica whose attempt failed with a status the policy retries
+//!    rest for [`ResilienceLayer::replica_rest`] (1 s; each failure starts
+//!    it again, an answer ends it): the first attempts of calls go to the
+//!    others while any is not resting, and no retry goes to it. When every
+//!    replica rests, a marked failure is retried by nobody: a failure of
+//!    the whole service costs the failing hop `maxAttempts` per call, as
+//!    with one replica.
+//!
+//! A balancer that names no replica (tonic's `Channel::balance_list`, or
+//! `tower::balance::p2c`) leaves the layer as it is without one: a marked
+//! failure is not retried, and retries go where the balancer sends them.
+//! A balancer must name its replicas only if it honours [`Avoid`]: the
+//! layer relies on it to keep a retry off the replica that failed.
+//!
+//! A marked `DEADLINE_EXCEEDED` answered when under a quarter of the
+//! attempt's own [`per_attempt_timeout`](ResilienceLayer::per_attempt_timeout)
+//! is left, the caller's deadline still ahead, is read as that timeout: the
+//! hops below ran out of the time this attempt gave them (each ending its
+//! handler a little early, by the server layer's reply reserve), not of
+//! the call's, and the call retries it as it retries its own timeout.
+//!
+//! All of this is part of the chain budget: with
+//! [`chain_budget(false)`](ResilienceLayer::chain_budget) retries go
+//! wherever the balancer sends them. Hedged calls do not use it.
+//!
+//! [`Avoid`]: crate::client::Avoid
+//!
 //! # One throttle per channel
 //!
 //! Throttling (or the budget) and the learned attempt times belong to the
 //! layer: every service it builds — one per connection to the same server,
 //! and their clones — shares them, retried and hedged methods alike. Use
-//! one layer per channel. With `retryThrottling`, an attempt of a retried
+//! one layer per channel — over a balanced channel, one over the balancer,
+//! not one per replica: only there can a retry go to another replica, and
+//! the throttle then speaks for the whole service. With `retryThrottling`, an attempt of a retried
 //! or hedged call that ends with a status its policy lists
 //! (`retryableStatusCodes`, `nonFatalStatusCodes`) takes a token, one that
 //! commits gives `tokenRatio` back, and no retry or hedge is sent while

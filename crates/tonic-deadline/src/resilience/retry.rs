@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
+use tonic::Code;
 use tower_service::Service;
 
 use super::call::Call;
 use super::core::{self, Core, Outcome, Permit, Pushback};
 use crate::BoxError;
+use crate::client::Avoid;
 use crate::scope::{Cancelled, Cause};
 use crate::service_config::RetryPolicy;
 use crate::status::status_for;
@@ -29,6 +31,8 @@ pub(super) struct Retrying<S> {
     backoff: Option<Pin<Box<Sleep>>>,
     /// Time spent backing off.
     delay: Duration,
+    /// The replicas the next retry must not go to.
+    avoid: Option<Avoid>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +65,7 @@ where
             backoff_started: now,
             backoff: None,
             delay: Duration::ZERO,
+            avoid: None,
         }
     }
 
@@ -100,8 +105,14 @@ where
                     if let Some(status) = self.call.ended() {
                         return self.finish(Err(Box::new(status)));
                     }
+                    // A first attempt leaves out the replicas that rest; a
+                    // retry, those chosen when it was decided on.
+                    let avoid = match self.call.attempts {
+                        0 => self.call.core.avoid(None),
+                        _ => self.avoid.take(),
+                    };
                     self.attempt_started = Instant::now();
-                    attempt.set(Some(self.call.send()));
+                    attempt.set(Some(self.call.send(avoid)));
                     self.phase = Phase::Running;
                 }
                 Phase::Committed => {
@@ -116,21 +127,24 @@ where
                     attempt.set(None);
                     let took = self.attempt_started.elapsed();
                     let (path, retryable) = (self.call.path(), self.policy.retryable);
-                    let (code, pushback, result) =
+                    let (code, pushback, replica, result) =
                         match self.call.core.settle(path, took, result, retryable) {
                             Outcome::Committed(response) => return self.finish(Ok(response)),
                             Outcome::Failed {
                                 code,
                                 pushback,
+                                replica,
                                 result,
                                 ..
-                            } => (code, pushback, result),
+                            } => (code, pushback, replica, result),
                         };
+                    let repeatable = core::may_repeat(retryable, code, self.idempotent);
+                    self.call.core.note_replica(replica, repeatable);
                     if let Some(status) = self.call.ended() {
                         // The caller's scope ended: its cause is the answer.
                         return self.finish(Err(Box::new(status)));
                     }
-                    if !core::may_repeat(retryable, code, self.idempotent) {
+                    if !repeatable {
                         return self.finish(result);
                     }
                     // From here on a failure the policy would retry: one
@@ -139,6 +153,24 @@ where
                     if self.call.attempts >= self.policy.max_attempts {
                         return self.finish(core.spent(scope, result));
                     }
+                    // The retry goes to none of the replicas that failed,
+                    // when another is at hand.
+                    self.avoid = core.avoid(replica);
+                    let pushback = match pushback {
+                        // The hops below ran out of the time this attempt's
+                        // own timeout gave them, not of the call's.
+                        Pushback::Stop
+                            if code == Code::DeadlineExceeded && self.call.ran_out_of_its_cap() =>
+                        {
+                            Pushback::None
+                        }
+                        // Spent for the chain at that replica, not at
+                        // another: tried once more, elsewhere.
+                        Pushback::Stop if replica.is_some() && self.avoid.is_some() => {
+                            Pushback::None
+                        }
+                        pushback => pushback,
+                    };
                     let delay = match pushback {
                         Pushback::Stop => {
                             if let Some(o) = core.observer() {

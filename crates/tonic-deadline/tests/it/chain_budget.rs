@@ -3,7 +3,8 @@
 //! marks the failure `grpc-retry-pushback-ms: -1`; the client's layer
 //! does not retry it, whatever B's handler does with the status: returns
 //! it, or makes a new one, of the same code or another (the server layer
-//! keeps the mark); a handler that recovers answers OK.
+//! keeps the mark); a handler that recovers answers OK. Behind replicas
+//! of B, the client retries the marked failure once, on another replica.
 
 // Servers of these tests belong to no request.
 #![allow(clippy::disallowed_methods)]
@@ -18,7 +19,7 @@ use probe::{CallReply, CallRequest};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
-use tonic_deadline::client::ClientDeadline;
+use tonic_deadline::client::{Balanced, ClientDeadline, ReadyChannel};
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
@@ -76,7 +77,7 @@ impl probe::CallOnly for Hop {
     }
 }
 
-async fn serve(hop: Hop) -> std::net::SocketAddr {
+async fn serve(hop: impl probe::CallOnly) -> std::net::SocketAddr {
     let (listener, addr) = loopback().await;
     tokio::spawn(
         Server::builder()
@@ -192,4 +193,52 @@ async fn a_handler_that_recovers_answers_ok_unmarked() {
     let (status, at_b, at_c) = chain(Handler::Recovers, true).await;
     assert!(status.is_none(), "{status:?}");
     assert_eq!((at_b, at_c), (1, 3));
+}
+
+/// A replica of B whose path is fine: answers every call OK.
+#[derive(Clone)]
+struct Up(Arc<AtomicU32>);
+
+#[tonic::async_trait]
+impl probe::CallOnly for Up {
+    async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::new(CallReply::default()))
+    }
+}
+
+#[tokio::test]
+async fn a_marked_failure_at_one_replica_is_retried_once_on_another() {
+    let count = || Arc::new(AtomicU32::new(0));
+    let (at_c, at_b1, at_b2) = (count(), count(), count());
+    let c = serve(Hop {
+        calls: at_c.clone(),
+        next: None,
+    })
+    .await;
+    let b1 = serve(Hop {
+        calls: at_b1.clone(),
+        next: Some((retrying(c, true), Handler::PassesOn)),
+    })
+    .await;
+    let b2 = serve(Up(at_b2.clone())).await;
+    // The client layer and a ReadyChannel per replica, the round-robin
+    // over them, the resilience layer over that.
+    let replicas = [b1, b2].map(|addr| {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("a loopback URI");
+        ClientDeadline::new(ReadyChannel::lazy(&endpoint))
+    });
+    let layer = ResilienceLayer::from_service_config(CONFIG).expect("a valid config");
+    let mut root = ProbeClient::new(tower::Layer::layer(&layer, Balanced::new(replicas)));
+    let calls = |n: u32| [&at_b1, &at_c, &at_b2].map(|c| c.load(Ordering::Relaxed)) == [1, 3, n];
+    let scope = Scope::background().with_timeout(Duration::from_secs(10));
+    let first = scope.enter(root.call(CallRequest::default())).await;
+    assert!(first.is_ok(), "B2 answers the retry: {first:?}");
+    assert!(
+        calls(1),
+        "B1 spent its 3 attempts at C and marked the failure; the client retried once, on B2"
+    );
+    let second = scope.enter(root.call(CallRequest::default())).await;
+    assert!(second.is_ok(), "{second:?}");
+    assert!(calls(2), "B1 rests: the next call goes to B2 at once");
 }

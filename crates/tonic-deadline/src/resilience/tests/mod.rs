@@ -2,6 +2,7 @@
 //! paused clock: every figure is exact.
 
 mod hedge;
+mod replicas;
 mod retry;
 mod retry_and_hedge;
 

@@ -12,7 +12,7 @@ use super::{PATH, Server, Step, answer, cancel_after, code_of, fail, outcome, re
 use crate::Scope;
 use crate::observe::Metrics;
 
-fn config(idempotent: bool, codes: &str, extra: &str) -> String {
+pub(super) fn config(idempotent: bool, codes: &str, extra: &str) -> String {
     format!(
         r#"{{"methodConfig": [{{"name": [{{"service": "kv.Store"}}], "idempotent": {idempotent},
             "retryPolicy": {{"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s",
@@ -619,7 +619,7 @@ async fn one_layer_shares_its_throttle_across_the_services_it_builds() {
 
 /// Calls `PATH` in `scope`: the code, and the `grpc-retry-pushback-ms` the
 /// caller is told (from a trailers-only answer, or an error's metadata).
-async fn pushback_told<S, RB>(service: &mut S, scope: &Scope) -> (Code, Option<String>)
+pub(super) async fn pushback_told<S, RB>(service: &mut S, scope: &Scope) -> (Code, Option<String>)
 where
     S: Service<
             http::Request<tonic::body::Body>,
