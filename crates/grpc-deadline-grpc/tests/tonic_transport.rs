@@ -815,3 +815,147 @@ async fn the_first_message_leaves_with_its_headers_not_an_ack_later() {
         );
     }
 }
+
+// ---- the `grpc` crate's own transport under the interceptor -------------
+//
+// What the interceptor's docs promise over the crate's own channel (0.9),
+// against a real tonic server: the budget on the wire, the call ended at
+// its deadline and the server's work with it, nothing sent for an ended
+// scope, and a cancel the crate cannot carry counted. The abandoned upload
+// over this transport is the lab's test
+// (`an_upload_cancelled_through_the_grpc_crate_never_ends_normally_on_the_wire`).
+
+/// The crate's own channel to `addr`, under a fresh interceptor, warmed up
+/// with a call that carries no deadline.
+async fn crates_channel(
+    addr: SocketAddr,
+    log: &mut Log,
+) -> (
+    grpc::client::interceptor::Intercepted<Channel, DeadlineInterceptor>,
+    DeadlineInterceptor,
+) {
+    let channel = Channel::new(
+        &format!("dns:///{addr}"),
+        Arc::new(LocalChannelCredentials::new()),
+        ChannelOptions::default(),
+    );
+    let interceptor = DeadlineInterceptor::new();
+    let calls = channel.with_interceptor(interceptor.clone());
+    Scope::background()
+        .enter(unary(&calls, &work(0), CallOptions::new()))
+        .await
+        .expect("the warm-up call is answered");
+    log.entered().await;
+    (calls, interceptor)
+}
+
+/// Waits for the next handler's end: whether it ran to its end.
+async fn exited(log: &mut Log) -> bool {
+    loop {
+        if let Seen::Exited { completed } = log.next().await {
+            return completed;
+        }
+    }
+}
+
+#[tokio::test]
+async fn over_the_crates_channel_the_budget_arrives_and_the_deadline_ends_call_and_work() {
+    let (addr, mut log, _) = serve().await;
+    let (calls, _interceptor) = crates_channel(addr, &mut log).await;
+    assert!(exited(&mut log).await, "the warm-up ran to its end");
+    let scope = Scope::background().with_timeout(Duration::from_millis(300));
+    let started = Instant::now();
+    let outcome = scope
+        .enter(unary(&calls, &work(5_000), CallOptions::new()))
+        .await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        outcome
+            .expect_err("the server works past the deadline")
+            .code(),
+        StatusCodeError::DeadlineExceeded
+    );
+    assert!(
+        elapsed < Duration::from_millis(2_000),
+        "the call ends at its deadline, not with the server's work: {elapsed:?}"
+    );
+    let (header, _) = log.entered().await;
+    let sent = timeout_header::decode(header.expect("grpc-timeout is sent").as_bytes())
+        .expect("a valid grpc-timeout");
+    assert!(
+        sent <= Duration::from_millis(300) && sent > Duration::from_millis(100),
+        "the server is told what is left of 300 ms: {sent:?}"
+    );
+    assert!(
+        !exited(&mut log).await,
+        "the server's work stops at the deadline it was sent"
+    );
+}
+
+#[tokio::test]
+async fn over_the_crates_channel_an_ended_scope_sends_nothing() {
+    let (addr, mut log, wire) = serve().await;
+    let (calls, interceptor) = crates_channel(addr, &mut log).await;
+    let before = wire.frames().len();
+    let scope = Scope::background().with_timeout(PATIENCE);
+    scope.cancel();
+    let outcome = scope
+        .enter(unary(&calls, &work(0), CallOptions::new()))
+        .await;
+    assert_eq!(
+        outcome.expect_err("the scope has ended").code(),
+        StatusCodeError::Cancelled
+    );
+    assert_eq!(interceptor.stats().refused_cancelled(), 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !wire.frames()[before..]
+            .iter()
+            .any(|(kind, ..)| *kind == HEADERS),
+        "no call leaves for an ended scope"
+    );
+}
+
+#[tokio::test]
+async fn over_the_crates_channel_a_cancel_before_the_headers_is_counted_and_the_deadline_stops_the_server()
+ {
+    let (addr, mut log, _) = serve().await;
+    let (calls, interceptor) = crates_channel(addr, &mut log).await;
+    assert!(exited(&mut log).await, "the warm-up ran to its end");
+    let scope = Scope::background().with_timeout(Duration::from_secs(1));
+    let started = Instant::now();
+    let canceller = scope.clone();
+    let request = work(5_000);
+    let call = scope.enter(unary(&calls, &request, CallOptions::new()));
+    tokio::pin!(call);
+    // The handler has started: then the caller goes away.
+    tokio::select! {
+        _ = &mut call => panic!("the server works 5 s"),
+        _ = log.entered() => {}
+    }
+    canceller.cancel();
+    let cancelled_at = Instant::now();
+    let outcome = call.await;
+    assert_eq!(
+        outcome.expect_err("the scope ended").code(),
+        StatusCodeError::Cancelled
+    );
+    assert!(
+        cancelled_at.elapsed() < Duration::from_millis(500),
+        "the caller is answered at once"
+    );
+    assert_eq!(
+        interceptor.stats().cancels_not_reset(),
+        1,
+        "the crate's transport cannot carry this cancel: counted"
+    );
+    assert!(
+        !exited(&mut log).await,
+        "the server's work does not run to its end"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(4_000),
+        "it stops at the deadline it was sent (1 s), not after its 5 s of work: {:?}",
+        started.elapsed()
+    );
+}
