@@ -5,8 +5,9 @@ Serves conformance.relay.Downstream (Work) on 127.0.0.1. The request's tag
 is `NAME/FAILURES/PUSHBACK`: the first FAILURES attempts of the call NAME
 are answered UNAVAILABLE with the trailing metadata
 `grpc-retry-pushback-ms: PUSHBACK` (no header when PUSHBACK is `none`);
-later attempts are answered OK. The first stdout line is `listening on
-ADDR`; then one JSON object per attempt:
+later attempts are answered OK. With `--broken` every attempt is answered
+UNAVAILABLE (no pushback): a replica whose path is down. The first stdout
+line is `listening on ADDR`; then one JSON object per attempt:
 
   {"event": "attempt", "tag": NAME, "n": 1.., "previous": "..." | null,
    "remaining_us": N | -1, "t_ns": T}
@@ -41,6 +42,9 @@ def emit(**event):
 
 
 class Flaky(relay_grpc.DownstreamServicer):
+    def __init__(self, broken=False):
+        self.broken = broken
+
     def Work(self, request, context):
         entered = time.monotonic_ns()
         left = context.time_remaining()
@@ -58,6 +62,8 @@ class Flaky(relay_grpc.DownstreamServicer):
             remaining_us=remaining_us,
             t_ns=entered,
         )
+        if self.broken:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "this replica is broken")
         if n <= int(failures):
             if pushback != "none":
                 context.set_trailing_metadata((("grpc-retry-pushback-ms", pushback),))
@@ -68,9 +74,10 @@ class Flaky(relay_grpc.DownstreamServicer):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--broken", action="store_true")
     args = parser.parse_args()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    relay_grpc.add_DownstreamServicer_to_server(Flaky(), server)
+    relay_grpc.add_DownstreamServicer_to_server(Flaky(broken=args.broken), server)
     port = server.add_insecure_port(f"127.0.0.1:{args.port}")
     server.start()
     print(f"listening on 127.0.0.1:{port}", flush=True)

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
+use tonic_deadline::client::Balanced;
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tower_layer::Layer;
@@ -34,7 +35,8 @@ use crate::relay_pb::downstream_client::DownstreamClient;
 use crate::relay_pb::relay_server::{Relay as RelayService, RelayServer};
 use crate::relay_pb::{ForwardReply, ForwardRequest, WorkRequest};
 
-/// The relay: a `Relay` service that forwards to one downstream address.
+/// The relay: a `Relay` service that forwards to one downstream address, or
+/// to replicas of it in turn.
 #[derive(Debug, Clone)]
 pub struct Relay {
     downstream: Downstream,
@@ -45,6 +47,9 @@ pub struct Relay {
 enum Downstream {
     Once(DownstreamClient<DeadlineChannel>),
     Retried(DownstreamClient<Resilience<DeadlineChannel>>),
+    /// Through a resilience layer over replicas, each with the client layer:
+    /// a retry goes to another replica than the one that failed.
+    Balanced(DownstreamClient<Resilience<Balanced<DeadlineChannel>>>),
 }
 
 impl Relay {
@@ -69,6 +74,27 @@ impl Relay {
         let channel = resilience.layer(deadline_channel(addr)?);
         Ok(Self {
             downstream: Downstream::Retried(DownstreamClient::new(channel)),
+        })
+    }
+
+    /// A relay forwarding to the replicas at `addrs` in turn
+    /// ([`Balanced`]), through `resilience`, connecting on first use.
+    ///
+    /// # Errors
+    ///
+    /// When an address does not form a URI, or there is none.
+    pub fn connect_lazy_balanced(
+        addrs: &[String],
+        resilience: &ResilienceLayer,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(!addrs.is_empty(), "no downstream replica given");
+        let replicas = addrs
+            .iter()
+            .map(|addr| deadline_channel(addr))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let channel = resilience.layer(Balanced::new(replicas));
+        Ok(Self {
+            downstream: Downstream::Balanced(DownstreamClient::new(channel)),
         })
     }
 }
@@ -111,6 +137,7 @@ impl RelayService for Relay {
         let downstream = match &self.downstream {
             Downstream::Once(stub) => stub.clone().work(work).await?,
             Downstream::Retried(stub) => stub.clone().work(work).await?,
+            Downstream::Balanced(stub) => stub.clone().work(work).await?,
         }
         .into_inner();
         Ok(Response::new(ForwardReply {

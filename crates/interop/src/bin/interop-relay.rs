@@ -13,6 +13,10 @@
 //! reaches the caller before the caller's own timer. With
 //! `--default_reply_reserve` it keeps the layer's default
 //! (`server::default_reply_reserve`), as a user who sets nothing does.
+//! `--downstream` given more than once (with `--service_config`) names
+//! replicas of the downstream, called in turn through
+//! `tonic_deadline::client::Balanced`: a retry goes to another replica than
+//! the one that failed.
 
 use clap::Parser;
 
@@ -23,9 +27,10 @@ struct Args {
     /// Port to listen on, on 127.0.0.1 (0: any free port).
     #[arg(long, default_value_t = 0)]
     port: u16,
-    /// The downstream service, `host:port`.
-    #[arg(long)]
-    downstream: String,
+    /// The downstream service, `host:port`; more than once: its replicas
+    /// (with `--service_config`).
+    #[arg(long, required = true)]
+    downstream: Vec<String>,
     /// A gRPC service config for the calls downstream (retries).
     #[arg(long = "service_config")]
     service_config: Option<String>,
@@ -46,13 +51,17 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let relay = match &args.service_config {
-        None => interop::relay::Relay::connect_lazy(&args.downstream)?,
-        Some(json) => {
+    let relay = match (&args.service_config, args.downstream.as_slice()) {
+        (None, [one]) => interop::relay::Relay::connect_lazy(one)?,
+        (None, _) => anyhow::bail!("replicas (--downstream more than once) need --service_config"),
+        (Some(json), replicas) => {
             let resilience =
                 tonic_deadline::resilience::ResilienceLayer::from_service_config(json)?
                     .chain_budget(!args.per_hop_retries);
-            interop::relay::Relay::connect_lazy_with(&args.downstream, &resilience)?
+            match replicas {
+                [one] => interop::relay::Relay::connect_lazy_with(one, &resilience)?,
+                _ => interop::relay::Relay::connect_lazy_balanced(replicas, &resilience)?,
+            }
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
