@@ -489,7 +489,7 @@ impl<R: Send + 'static> DeadlineRecvStream<R> {
 /// A call dropped open — because its scope ended (a handler dropped when
 /// its caller went away), or by the caller itself (a `select!`, a
 /// `timeout` around it) — is abandoned too: held or let go as
-/// [`abandon`](DeadlineRecvStream::abandon) says, and reported when the
+/// `DeadlineRecvStream::abandon` says, and reported when the
 /// server cannot be told.
 impl<R: Send + 'static> Drop for DeadlineRecvStream<R> {
     fn drop(&mut self) {

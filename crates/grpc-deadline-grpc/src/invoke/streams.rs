@@ -171,7 +171,7 @@ impl TonicSendStream {
     }
 }
 
-/// See [`Request`]: dropped unfinished, the request ends when the caller
+/// See `Request` above: dropped unfinished, the request ends when the caller
 /// reads the answer, or the call is reset when it drops the receiving side.
 impl Drop for TonicSendStream {
     fn drop(&mut self) {
