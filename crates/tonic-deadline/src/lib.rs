@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod client;
+mod forwarded;
 pub mod observe;
 #[cfg(feature = "service-config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]

@@ -78,6 +78,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::BoxError;
+use crate::forwarded::Attached;
 use crate::scope::{Cause, Scope};
 use crate::status::status_for;
 use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
@@ -306,10 +307,7 @@ where
                 self.count_refused(cause);
                 return failed(span, status_for(cause));
             }
-            if let Some(forwarded) = scope
-                .attached::<crate::server::Attached>()
-                .and_then(crate::server::Attached::forwarded)
-            {
+            if let Some(forwarded) = Attached::of(scope) {
                 let headers = request.headers_mut();
                 // Decide per key, not per value: a key may carry several values.
                 for name in forwarded.keys() {

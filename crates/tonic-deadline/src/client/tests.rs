@@ -612,7 +612,10 @@ async fn forwarded_metadata_is_copied_to_outbound_calls() {
     incoming.insert("x-flags", HeaderValue::from_static("canary"));
     let request_scope = Scope::root_attached(
         Some(Instant::now() + Duration::from_secs(1)),
-        Some(Arc::new(crate::server::Attached::new(Some(incoming), None))),
+        Some(Arc::new(crate::forwarded::Attached::new(
+            Some(incoming),
+            None,
+        ))),
     );
     let downstream = request_scope.with_timeout(200 * MS);
 

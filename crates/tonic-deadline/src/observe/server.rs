@@ -11,7 +11,7 @@ use tracing::Span;
 
 use super::Reporting;
 use super::spans::{self, Ending};
-use crate::scope::{Cause, Scope};
+use crate::scope::{Attachment, Cause, Scope};
 use crate::server::observer::{Arrival, Observation, Observer};
 use crate::server::{Protocol, ServerDeadlineLayer};
 #[cfg(feature = "metrics")]
@@ -108,8 +108,10 @@ impl Observer for Reporting {
             span: Ending::new(span),
         })
     }
+}
 
-    fn outlived(&self, by: Option<Duration>) {
+impl Attachment for Reporting {
+    fn outlived(&self, _what: &'static str, by: Option<Duration>) {
         #[cfg(feature = "metrics")]
         if let Some(metrics) = &self.metrics {
             metrics.outlived_scope(by);

@@ -189,7 +189,7 @@ fn root_reporting_to(metrics: &Metrics) -> Scope {
         metrics: Some(metrics.clone()),
         spans: false,
     };
-    let attached = crate::server::Attached::new(None, Some(Arc::new(reporting)));
+    let attached = crate::forwarded::Attached::new(None, Some(Arc::new(reporting)));
     Scope::root_attached(None, Some(Arc::new(attached)))
 }
 

@@ -117,6 +117,7 @@ use http::{HeaderMap, HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::forwarded::Attached;
 use crate::scope::{Attachment, Cause, Scope};
 use observer::{Arrival, Observer};
 
@@ -190,48 +191,6 @@ pub(crate) struct Config<P = Grpc> {
     shared: OnceLock<Option<Arc<dyn Attachment>>>,
 }
 
-/// What the server layer attaches to each request's scope: the metadata
-/// its outbound calls forward, and where work that outlives the request is
-/// reported.
-#[derive(Debug)]
-pub(crate) struct Attached {
-    forwarded: Option<HeaderMap>,
-    observer: Option<Arc<dyn Observer>>,
-}
-
-impl Attached {
-    #[cfg(test)]
-    pub(crate) fn new(forwarded: Option<HeaderMap>, observer: Option<Arc<dyn Observer>>) -> Self {
-        Self {
-            forwarded,
-            observer,
-        }
-    }
-
-    /// Incoming metadata the layer was told to forward.
-    pub(crate) fn forwarded(&self) -> Option<&HeaderMap> {
-        self.forwarded.as_ref()
-    }
-}
-
-impl Attachment for Attached {
-    fn outlived(&self, _what: &'static str, by: Option<Duration>) {
-        if let Some(observer) = &self.observer {
-            observer.outlived(by);
-        }
-    }
-
-    fn blocking_span(&self) -> Option<tracing::Span> {
-        self.observer.as_ref()?.blocking_span()
-    }
-
-    fn blocking_returned(&self, span: &tracing::Span, scope: &Scope) {
-        if let Some(observer) = &self.observer {
-            observer.blocking_returned(span, scope);
-        }
-    }
-}
-
 impl<P: Protocol> Config<P> {
     /// What is kept of `budget` for the answer's way back: at most a
     /// twentieth of it.
@@ -286,9 +245,9 @@ impl<P> Config<P> {
     /// counts and traces nothing; one value shared by every request that
     /// forwards nothing; a value of its own for a request that does.
     pub(crate) fn attachment(&self, headers: &HeaderMap) -> Option<Arc<dyn Attachment>> {
-        let attached = |forwarded| Attached {
-            forwarded,
-            observer: self.observer.clone(),
+        let attached = |forwarded| {
+            let reports = self.observer.clone().map(|o| o as Arc<dyn Attachment>);
+            Attached::new(forwarded, reports)
         };
         match self.forwarded(headers) {
             Some(forwarded) => Some(Arc::new(attached(Some(forwarded)))),

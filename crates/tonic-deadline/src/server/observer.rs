@@ -6,14 +6,13 @@
 //! A layer given no observer makes none of these calls: it pays one `None`
 //! check per request.
 
-use std::any::Any;
 use std::fmt;
 use std::time::Duration;
 
 use http::{HeaderMap, Method, StatusCode};
 use tokio::time::Instant;
 
-use crate::scope::{Cause, Scope};
+use crate::scope::{Attachment, Cause, Scope};
 
 /// A request as it arrived, read once by the layer.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +31,9 @@ pub(crate) struct Arrival<'a> {
 
 /// Observes the requests of a server layer, and the work done under their
 /// scopes.
-pub(crate) trait Observer: Any + Send + Sync + fmt::Debug {
+/// (As an [`Attachment`], it is told of the work under a request's scope
+/// that outlives it.)
+pub(crate) trait Observer: Attachment {
     /// A request whose deadline could not be read, answered with `code`
     /// before any handler ran.
     fn malformed(&self, arrival: &Arrival<'_>, code: tonic::Code);
@@ -46,16 +47,6 @@ pub(crate) trait Observer: Any + Send + Sync + fmt::Debug {
     /// from the same instant. What it returns follows the request to its
     /// end.
     fn arrived(&self, arrival: &Arrival<'_>, now: Option<Instant>) -> Box<dyn Observation>;
-
-    /// Work tied to a request's scope returned after that scope ended,
-    /// `by` past its deadline when the deadline ended it.
-    fn outlived(&self, by: Option<Duration>);
-
-    /// The span of blocking work started under a request's scope, if any.
-    fn blocking_span(&self) -> Option<tracing::Span>;
-
-    /// Blocking work under `scope`, traced in `span`, returned.
-    fn blocking_returned(&self, span: &tracing::Span, scope: &Scope);
 }
 
 /// What an [`Observer`] keeps of one request while it runs.

@@ -672,8 +672,8 @@ async fn forward_metadata_copies_only_the_allow_list() {
 
     let scope = rx.try_recv().expect("the handler ran");
     let forwarded = scope
-        .attached::<super::Attached>()
-        .and_then(super::Attached::forwarded)
+        .attached::<crate::forwarded::Attached>()
+        .and_then(crate::forwarded::Attached::forwarded)
         .expect("listed keys were present");
     assert!(
         !forwarded.contains_key("grpc-timeout"),

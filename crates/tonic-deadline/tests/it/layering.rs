@@ -16,6 +16,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("scope", 1),
     ("status", 2),
     ("service_config", 2),
+    ("forwarded", 2),
     ("ledger", 1),
     ("server", 3),
     ("client", 3),
@@ -171,5 +172,48 @@ fn no_two_files_of_a_module_import_each_other() {
         circles.is_empty(),
         "files of one module that import each other (move what both need to a file of its own):\n{}",
         circles.join("\n")
+    );
+}
+
+/// The client side (the client layer, the channel, the resilience layer)
+/// and the server side stand beside each other: what both need (the
+/// metadata a request forwards) lives below them, so neither names the
+/// other.
+#[test]
+fn the_client_and_server_sides_do_not_import_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut wrong = Vec::new();
+    let mut read = 0;
+    for path in &files {
+        let is_test = path
+            .components()
+            .any(|c| c.as_os_str() == "tests" || c.as_os_str() == "tests.rs");
+        let Some(module) = module_of(&src, path) else {
+            continue;
+        };
+        let other = match module.as_str() {
+            "client" | "resilience" => "server",
+            "server" => "client",
+            _ => continue,
+        };
+        if is_test {
+            continue;
+        }
+        read += 1;
+        let text = std::fs::read_to_string(path).expect("a source file is readable");
+        if named(&text).contains(other) {
+            wrong.push(format!(
+                "{} names crate::{other}",
+                path.strip_prefix(&src).unwrap_or(path).display()
+            ));
+        }
+    }
+    assert!(read > 10, "the sources were read");
+    assert!(
+        wrong.is_empty(),
+        "a side of the call that imports the other:\n{}",
+        wrong.join("\n")
     );
 }
