@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::abandon::Abandoned;
-use super::race::{Race, error_code};
+use super::race::{BoxedWaits, Race, error_code};
 use super::transport::MessageCursor;
 use super::unscoped::Config;
 use crate::BoxError;
@@ -46,7 +46,7 @@ pin_project! {
         #[pin]
         inner: Option<B>,
         #[pin]
-        race: Race,
+        race: Race<BoxedWaits>,
         done: bool,
         // Where the body is in gRPC's message framing, to tell a connection
         // lost between messages from one that cut a message.
@@ -55,7 +55,7 @@ pin_project! {
 }
 
 impl<B> ClientBody<B> {
-    pub(super) fn new(inner: B, race: Race) -> Self {
+    pub(super) fn new(inner: B, race: Race<BoxedWaits>) -> Self {
         Self {
             inner: Some(inner),
             race,
@@ -76,7 +76,8 @@ impl<B> ClientBody<B> {
 /// ```
 impl<B: Default> Default for ClientBody<B> {
     fn default() -> Self {
-        Self::new(B::default(), Race::new(None, None, None, None, None, None))
+        let mut race = std::pin::pin!(Race::new(None, None, None, None, None, None));
+        Self::new(B::default(), race.as_mut().for_body())
     }
 }
 

@@ -25,16 +25,19 @@ pin_project! {
     /// poll pays for neither. Before that the deadline is read off the clock
     /// (not at all on the call's first poll: `call` just did).
     ///
+    /// Where the armed waits live is `W`: in place in the response future
+    /// ([`Waits`]), boxed on first need in the response body
+    /// ([`BoxedWaits`]), so that a body answered without waiting (a unary
+    /// answer, read in one go) carries no timer to every place it is moved.
+    ///
     /// It also owns the call's *abandon* signal: dropping the race (or
     /// [`abandon`](Race::abandon)) ends the request body with a stream reset.
-    pub(crate) struct Race {
+    pub(crate) struct Race<W = Waits> {
         deadline: Option<Instant>,
-        #[pin]
-        timer: Option<Sleep>,
         // Read the clock before the timer is armed.
         check_clock: bool,
         #[pin]
-        cancelled: Option<Cancelled>,
+        waits: W,
         scope: Option<Scope>,
         abandon: Option<Abandon>,
         // Told once, with the first status seen (a layer with an observer
@@ -46,11 +49,11 @@ pin_project! {
         told: Option<Instant>,
     }
 
-    impl PinnedDrop for Race {
+    impl<W> PinnedDrop for Race<W> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            // Dropped before it ended: its hop gave up on it.
             if this.note.is_some() {
+                // Dropped before it ended: its hop gave up on it.
                 let code = match this.scope.as_ref().and_then(Scope::cause) {
                     Some(Cause::DeadlineExceeded) => tonic::Code::DeadlineExceeded,
                     _ => tonic::Code::Cancelled,
@@ -58,6 +61,53 @@ pin_project! {
                 end_note(this.note, this.scope.as_ref(), *this.told, code, None);
             }
         }
+    }
+}
+
+pin_project! {
+    /// A call's armed waits: the timer at its deadline and the wait on its
+    /// scope, each made when the call is first pending.
+    #[derive(Default)]
+    pub(crate) struct Waits {
+        #[pin]
+        timer: Option<Sleep>,
+        #[pin]
+        cancelled: Option<Cancelled>,
+    }
+}
+
+/// The response body's waits, boxed when the body is first pending.
+pub(crate) type BoxedWaits = Option<Pin<Box<Waits>>>;
+
+/// Where a [`Race`] keeps its waits.
+pub(crate) trait WaitSlot {
+    /// The waits, if any were made.
+    fn waits(self: Pin<&mut Self>) -> Option<Pin<&mut Waits>>;
+
+    /// The waits, made now if they were not.
+    fn made(self: Pin<&mut Self>) -> Pin<&mut Waits>;
+}
+
+impl WaitSlot for Waits {
+    fn waits(self: Pin<&mut Self>) -> Option<Pin<&mut Waits>> {
+        Some(self)
+    }
+
+    fn made(self: Pin<&mut Self>) -> Pin<&mut Waits> {
+        self
+    }
+}
+
+impl WaitSlot for BoxedWaits {
+    fn waits(self: Pin<&mut Self>) -> Option<Pin<&mut Waits>> {
+        // The box is the pinned place; the option around it moves freely.
+        self.get_mut().as_mut().map(Pin::as_mut)
+    }
+
+    fn made(self: Pin<&mut Self>) -> Pin<&mut Waits> {
+        self.get_mut()
+            .get_or_insert_with(|| Box::pin(Waits::default()))
+            .as_mut()
     }
 }
 
@@ -93,6 +143,7 @@ fn end_note(
 }
 
 impl Race {
+    /// The race of a call made now: nothing armed yet.
     pub(crate) fn new(
         deadline: Option<Instant>,
         scope: Option<Scope>,
@@ -103,9 +154,8 @@ impl Race {
     ) -> Self {
         Self {
             deadline,
-            timer: None,
             check_clock: false,
-            cancelled: None,
+            waits: Waits::default(),
             scope,
             abandon,
             observed,
@@ -114,6 +164,24 @@ impl Race {
         }
     }
 
+    /// The same race for the response body, armed anew (and its waits
+    /// boxed) only if the body is pending.
+    pub(crate) fn for_body(self: Pin<&mut Self>) -> Race<BoxedWaits> {
+        let this = self.project();
+        Race {
+            deadline: *this.deadline,
+            check_clock: true,
+            waits: None,
+            scope: this.scope.take(),
+            abandon: this.abandon.take(),
+            observed: this.observed.take(),
+            note: this.note.take(),
+            told: *this.told,
+        }
+    }
+}
+
+impl<W: WaitSlot> Race<W> {
     /// The call's span, to enter while it is polled.
     pub(crate) fn span(&self) -> Option<&tracing::Span> {
         self.observed.as_deref().map(Observation::span)
@@ -164,23 +232,6 @@ impl Race {
         );
     }
 
-    /// The same race for the response body, armed anew when the body is
-    /// first pending.
-    pub(crate) fn for_body(self: Pin<&mut Self>) -> Race {
-        let this = self.project();
-        Race {
-            deadline: *this.deadline,
-            timer: None,
-            check_clock: true,
-            cancelled: None,
-            scope: this.scope.take(),
-            abandon: this.abandon.take(),
-            observed: this.observed.take(),
-            note: this.note.take(),
-            told: *this.told,
-        }
-    }
-
     /// Gives the call up now: the request body ends with a stream reset, so
     /// the server learns even if the caller still holds its request stream.
     pub(crate) fn abandon(self: Pin<&mut Self>) {
@@ -190,8 +241,15 @@ impl Race {
     /// Ready with the status to report once the deadline has passed or the
     /// scope has ended; what is armed registers for a wake-up.
     pub(crate) fn poll_lost(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<tonic::Status> {
-        let mut this = self.project();
-        match this.timer.as_mut().as_pin_mut() {
+        let this = self.project();
+        let (timer, cancelled) = match this.waits.waits() {
+            Some(waits) => {
+                let waits = waits.project();
+                (waits.timer.as_pin_mut(), waits.cancelled.as_pin_mut())
+            }
+            None => (None, None),
+        };
+        match timer {
             Some(timer) => {
                 if timer.poll(cx).is_ready() {
                     return Poll::Ready(status_for(Cause::DeadlineExceeded));
@@ -205,7 +263,7 @@ impl Race {
                 }
             }
         }
-        match this.cancelled.as_mut().as_pin_mut() {
+        match cancelled {
             Some(cancelled) => {
                 if cancelled.poll(cx).is_ready() {
                     return Poll::Ready(status_for(cancel_cause(this.scope.as_ref())));
@@ -226,22 +284,26 @@ impl Race {
     /// The call is pending: arm what is not armed yet, and poll it once so
     /// it registers. Ready if it already fired.
     pub(crate) fn arm(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<tonic::Status> {
-        let mut this = self.project();
-        if this.timer.is_none()
+        let this = self.project();
+        if this.deadline.is_none() && this.scope.is_none() {
+            return Poll::Pending;
+        }
+        let mut waits = this.waits.made().project();
+        if waits.timer.is_none()
             && let Some(deadline) = *this.deadline
         {
-            this.timer.set(Some(tokio::time::sleep_until(deadline)));
-            if let Some(timer) = this.timer.as_mut().as_pin_mut()
+            waits.timer.set(Some(tokio::time::sleep_until(deadline)));
+            if let Some(timer) = waits.timer.as_mut().as_pin_mut()
                 && timer.poll(cx).is_ready()
             {
                 return Poll::Ready(status_for(Cause::DeadlineExceeded));
             }
         }
-        if this.cancelled.is_none()
+        if waits.cancelled.is_none()
             && let Some(scope) = this.scope.as_ref()
         {
-            this.cancelled.set(Some(scope.cancelled()));
-            if let Some(cancelled) = this.cancelled.as_mut().as_pin_mut()
+            waits.cancelled.set(Some(scope.cancelled()));
+            if let Some(cancelled) = waits.cancelled.as_mut().as_pin_mut()
                 && cancelled.poll(cx).is_ready()
             {
                 return Poll::Ready(status_for(cancel_cause(this.scope.as_ref())));
