@@ -25,16 +25,16 @@ use std::fmt;
 use std::time::Duration;
 
 /// The largest value the header may carry: eight decimal digits.
-const MAX_VALUE: u128 = 99_999_999;
+const MAX_VALUE: u64 = 99_999_999;
 
 /// The units from finest to coarsest, with their length in nanoseconds.
-const UNITS: [(char, u128); 6] = [
-    ('n', 1),
-    ('u', 1_000),
-    ('m', 1_000_000),
-    ('S', 1_000_000_000),
-    ('M', 60 * 1_000_000_000),
-    ('H', 3_600 * 1_000_000_000),
+const UNITS: [(u8, u64); 6] = [
+    (b'n', 1),
+    (b'u', 1_000),
+    (b'm', 1_000_000),
+    (b'S', 1_000_000_000),
+    (b'M', 60 * 1_000_000_000),
+    (b'H', 3_600 * 1_000_000_000),
 ];
 
 /// The longest duration a decoded header can mean: grpc-go clamps hours that
@@ -78,15 +78,22 @@ pub const ENCODED_MAX: usize = 9;
 /// assert_eq!(&buf[..len], b"50000000n");
 /// ```
 pub fn encode_into(budget: Duration, buf: &mut [u8; ENCODED_MAX]) -> usize {
-    let nanos = budget.as_nanos();
-    let (value, unit) = if nanos == 0 {
-        (0, b'n')
-    } else {
-        UNITS
+    // In 64 bits: a division by a constant is a multiplication then, where
+    // 128 bits call a division routine for each digit.
+    let (value, unit) = match u64::try_from(budget.as_nanos()) {
+        Ok(0) => (0, b'n'),
+        Ok(nanos) => UNITS
             .iter()
-            .map(|&(unit, len)| (nanos.div_ceil(len), unit as u8))
+            .map(|&(unit, len)| (nanos.div_ceil(len), unit))
             .find(|&(value, _)| value <= MAX_VALUE)
-            .unwrap_or((MAX_VALUE, b'H'))
+            .unwrap_or((MAX_VALUE, b'H')),
+        // Past 64 bits of nanoseconds (584 years): hours, from the seconds.
+        Err(_) => {
+            let secs = budget
+                .as_secs()
+                .saturating_add(u64::from(budget.subsec_nanos() > 0));
+            (secs.div_ceil(3_600).min(MAX_VALUE), b'H')
+        }
     };
     // At most eight digits: `value <= MAX_VALUE`.
     let mut digits = [0u8; 8];
@@ -144,20 +151,22 @@ pub fn decode(value: &[u8]) -> Result<Duration, MalformedTimeout> {
     }
     let unit_nanos = UNITS
         .iter()
-        .find(|(u, _)| *u as u8 == unit)
+        .find(|(u, _)| *u == unit)
         .map(|(_, len)| *len)
         .ok_or_else(|| malformed(Reason::UnknownUnit))?;
-    let mut count: u128 = 0;
+    // Eight digits at most (checked above) fit 64 bits.
+    let mut count: u64 = 0;
     for &d in digits {
         if !d.is_ascii_digit() {
             return Err(malformed(Reason::NotADigit));
         }
-        count = count * 10 + u128::from(d - b'0');
+        count = count * 10 + u64::from(d - b'0');
     }
-    let nanos = count * unit_nanos;
-    let max = MAX_DECODED.as_nanos();
     // Only hours can pass the maximum with eight digits; grpc-go clamps them.
-    Ok(Duration::from_nanos(nanos.min(max) as u64))
+    let nanos = count
+        .checked_mul(unit_nanos)
+        .map_or(MAX_DECODED, Duration::from_nanos);
+    Ok(nanos.min(MAX_DECODED))
 }
 
 /// A `grpc-timeout` value that breaks the wire rules.
@@ -443,8 +452,8 @@ mod tests {
             let back = decode(wire.as_bytes()).expect("our own encoding must decode");
             let unit = UNITS
                 .iter()
-                .find(|(u, _)| wire.ends_with(*u))
-                .map(|(_, len)| Duration::from_nanos(*len as u64))
+                .find(|(u, _)| wire.as_bytes().ends_with(&[*u]))
+                .map(|(_, len)| Duration::from_nanos(*len))
                 .expect("a known unit");
             prop_assert!(back >= budget, "rounding must be up: {:?} < {:?}", back, budget);
             prop_assert!(back - budget < unit, "{:?} is off by a unit or more", wire);
