@@ -31,13 +31,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use probe::frames::{CONTINUATION, DATA, END_HEADERS, FrameParser, HEADERS, PADDED, PRIORITY};
-pub use probe::frames::{Frame, error_code_name};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+use tonic_deadline_guard::frames::{
+    CONTINUATION, DATA, END_HEADERS, Frame, HEADERS, PADDED, PRIORITY, WholeFrames,
+};
+pub use tonic_deadline_guard::frames::{Header, error_code_name};
 
 /// Which way a frame went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +74,7 @@ pub struct Record {
     /// with the same number were forwarded in one chunk.
     pub chunk: u32,
     /// The frame header.
-    pub frame: Frame,
+    pub frame: Header,
     /// The payload length.
     pub len: u32,
     /// The decoded header list, on the frame that ends a header block.
@@ -320,7 +322,7 @@ impl Capture {
     }
 
     /// Every client → server frame seen so far.
-    pub fn frames(&self) -> Vec<Frame> {
+    pub fn frames(&self) -> Vec<Header> {
         self.records()
             .into_iter()
             .filter(|r| r.direction == Direction::ClientToServer)
@@ -381,7 +383,7 @@ async fn relay(
 /// that carries payload byte number `after`.
 #[derive(Debug)]
 pub struct Cutter {
-    parser: FrameParser,
+    parser: WholeFrames,
     after: u64,
     /// Bytes of the stream before the current chunk.
     seen: u64,
@@ -395,7 +397,7 @@ impl Cutter {
     /// the cut in `cut_at`.
     pub fn new(after: u64, cut_at: Arc<Mutex<Option<Instant>>>) -> Self {
         Self {
-            parser: FrameParser::server_to_client(),
+            parser: WholeFrames::from_server(),
             after,
             seen: 0,
             payload: 0,
@@ -410,7 +412,7 @@ impl Cutter {
         let start = self.seen;
         self.seen += chunk.len() as u64;
         for parsed in self.parser.feed(chunk) {
-            if parsed.frame.kind != DATA {
+            if parsed.header.kind != DATA {
                 continue;
             }
             let len = parsed.payload.len() as u64;
@@ -539,7 +541,7 @@ struct Decoder {
     direction: Direction,
     connection: u32,
     sink: Sink,
-    parser: FrameParser,
+    parser: WholeFrames,
     hpack: loona_hpack::Decoder<'static>,
     /// The header block being assembled (HEADERS then CONTINUATIONs).
     block: Vec<u8>,
@@ -552,8 +554,8 @@ struct Decoder {
 impl Decoder {
     fn new(direction: Direction, connection: u32, sink: Sink) -> Self {
         let parser = match direction {
-            Direction::ClientToServer => FrameParser::client_to_server(),
-            Direction::ServerToClient => FrameParser::server_to_client(),
+            Direction::ClientToServer => WholeFrames::from_client(),
+            Direction::ServerToClient => WholeFrames::from_server(),
         };
         Self {
             direction,
@@ -578,8 +580,8 @@ impl Decoder {
         self.chunks += 1;
     }
 
-    fn decode(&mut self, parsed: &probe::frames::Parsed) -> Record {
-        let (frame, payload) = (parsed.frame, parsed.payload.as_slice());
+    fn decode(&mut self, parsed: &Frame) -> Record {
+        let (frame, payload) = (parsed.header, parsed.payload.as_slice());
         let mut record = Record {
             at: self.sink.started.elapsed(),
             connection: self.connection,

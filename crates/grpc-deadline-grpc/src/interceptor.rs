@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use grpc::client::interceptor::Intercept;
@@ -11,14 +10,12 @@ use grpc::core::RequestHeaders;
 use grpc::metadata::MetadataValue;
 use grpc::{StatusCodeError, StatusError};
 use grpc_deadline::timeout_header;
-use grpc_deadline::warn_limit::WarnLimit;
 use grpc_deadline::{Cause, Scope};
 use tokio::time::Instant;
 
+use crate::stats::Stats;
 use crate::status;
-use crate::streams::{
-    Call, DeadlineRecvStream, DeadlineSendStream, HOLD_WITHOUT_DEADLINE, Watch, late,
-};
+use crate::streams::{Call, DeadlineRecvStream, DeadlineSendStream, Watch, late};
 
 /// The header a call's budget travels in.
 const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -44,72 +41,6 @@ const UNSCOPED_REFUSED: &str = "outbound call made outside any scope: run it und
 /// How much later than its header a call may leave before it is reported:
 /// scheduling on a busy machine stays under it.
 const LEFT_LATE: Duration = Duration::from_millis(10);
-
-/// What the interceptor counted since it was made: what it could not do,
-/// and what it refused. Shared by every clone.
-///
-/// ```
-/// let interceptor = grpc_deadline_grpc::DeadlineInterceptor::new();
-/// assert_eq!(interceptor.stats().cancels_not_reset(), 0);
-/// ```
-#[derive(Debug, Default)]
-pub struct Stats {
-    unscoped: AtomicU64,
-    refused_expired: AtomicU64,
-    refused_cancelled: AtomicU64,
-    cancels_not_reset: AtomicU64,
-    left_late: AtomicU64,
-    held_then_ended: AtomicU64,
-}
-
-impl Stats {
-    /// Calls made outside any scope (under [`Unscoped::Warn`] or
-    /// [`Unscoped::Deny`]).
-    pub fn unscoped(&self) -> u64 {
-        self.unscoped.load(Ordering::Relaxed)
-    }
-
-    /// Calls failed locally with `DEADLINE_EXCEEDED`, sending nothing: the
-    /// deadline had passed.
-    pub fn refused_expired(&self) -> u64 {
-        self.refused_expired.load(Ordering::Relaxed)
-    }
-
-    /// Calls failed locally with `CANCELLED`, sending nothing: the scope
-    /// had ended.
-    pub fn refused_cancelled(&self) -> u64 {
-        self.refused_cancelled.load(Ordering::Relaxed)
-    }
-
-    /// Calls abandoned for a reason other than their deadline — their
-    /// scope ended, or the caller dropped them (a `select!`, a `timeout`
-    /// around the call) — whose stream the `grpc` crate's transport could
-    /// not reset: before the server's response headers (0.9 keeps the
-    /// stream on a task of its own until then), or with the request
-    /// stream still open (held, so that it is not ended normally). The
-    /// caller got its answer at once; the server was not told, and stops
-    /// at the deadline it was sent, if any. Never counted under
-    /// [`Abandoned::Drop`].
-    pub fn cancels_not_reset(&self) -> u64 {
-        self.cancels_not_reset.load(Ordering::Relaxed)
-    }
-
-    /// Calls whose request left more than 10 ms (and a twentieth of their
-    /// budget) after their `grpc-timeout` was written: the channel was
-    /// still connecting, and the server was told that much too much.
-    pub fn left_late(&self) -> u64 {
-        self.left_late.load(Ordering::Relaxed)
-    }
-
-    /// Abandoned calls without a deadline whose open request stream was
-    /// held 10 s and then let go: the `grpc` crate's transport then ended
-    /// it normally, and the server may have read the part it received as
-    /// a complete input. Give such calls a deadline (the server then ends
-    /// them), or run them on a transport that resets what it drops.
-    pub fn held_then_ended(&self) -> u64 {
-        self.held_then_ended.load(Ordering::Relaxed)
-    }
-}
 
 /// What the interceptor does with the streams of a call its caller
 /// abandoned before the answer's end (its scope ended, its deadline
@@ -140,15 +71,12 @@ pub enum Abandoned {
     Drop,
 }
 
-/// What an interceptor and every clone of it share.
+/// What an interceptor and every clone of it share: its settings, and what
+/// it counts (with its calls' streams).
 pub(crate) struct Config {
     unscoped: Unscoped,
     abandoned: Abandoned,
-    stats: Stats,
-    unscoped_warnings: WarnLimit,
-    reset_warnings: WarnLimit,
-    late_warnings: WarnLimit,
-    held_warnings: WarnLimit,
+    stats: Arc<Stats>,
 }
 
 impl fmt::Debug for Config {
@@ -157,88 +85,24 @@ impl fmt::Debug for Config {
             .field("unscoped", &self.unscoped)
             .field("abandoned", &self.abandoned)
             .field("stats", &self.stats)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
 impl Config {
-    /// An abandoned call the transport could not reset: counted and
-    /// warned about (rate-limited).
-    #[cold]
-    pub(crate) fn cancel_not_reset(&self, method: &str) {
-        self.stats.cancels_not_reset.fetch_add(1, Ordering::Relaxed);
-        if let Some(similar) = self.reset_warnings.admit() {
-            tracing::warn!(
-                method,
-                similar_since_last_warning = similar,
-                "a call made through the grpc crate was abandoned (its scope ended, or it was \
-                 dropped) before the server's response headers or with its request stream open: \
-                 grpc 0.9 keeps such a call's HTTP/2 stream on a task of its own until the \
-                 server's response headers arrive, and ends a dropped request stream normally, so \
-                 it is held, not reset. The server was not told; it stops at the deadline it was \
-                 sent (grpc-timeout), if the call had one. TonicInvoke (feature tonic-transport) \
-                 resets such calls",
-            );
-        }
-    }
-
-    /// An abandoned call without a deadline was held and then let go:
-    /// counted and warned about (rate-limited).
-    #[cold]
-    pub(crate) fn held_then_ended(&self) {
-        self.stats.held_then_ended.fetch_add(1, Ordering::Relaxed);
-        if let Some(similar) = self.held_warnings.admit() {
-            tracing::warn!(
-                held_s = HOLD_WITHOUT_DEADLINE.as_secs(),
-                similar_since_last_warning = similar,
-                "a call made through the grpc crate was abandoned before its upload ended and had \
-                 no deadline: its request stream was held open {HOLD_WITHOUT_DEADLINE:?} and then \
-                 let go, and the crate's transport ended it normally, so the server may read the \
-                 part it received as a complete input. Give such calls a deadline (the server \
-                 then ends them), or use a transport that resets what it drops (Abandoned::Drop)",
-            );
-        }
-    }
-
-    #[cold]
-    fn departed(&self, method: &str, granted: Duration, late: Duration) {
-        self.stats.left_late.fetch_add(1, Ordering::Relaxed);
-        if let Some(similar) = self.late_warnings.admit() {
-            tracing::warn!(
-                method,
-                late_ms = late.as_secs_f64() * 1e3,
-                granted_ms = granted.as_secs_f64() * 1e3,
-                similar_since_last_warning = similar,
-                "a call made through the grpc crate left {late:?} after its grpc-timeout was \
-                 written: the channel was connecting (or the process waited for a CPU), and the \
-                 server was told that much more time than the caller has. Connect the channel \
-                 before the first call that carries a deadline",
-            );
-        }
-    }
-
+    /// A call that found no scope: counted and reported, and refused under
+    /// [`Unscoped::Deny`].
     fn unscoped_call(&self, method: &str) -> Result<(), StatusError> {
         if self.unscoped == Unscoped::Allow {
             return Ok(());
         }
-        self.stats.unscoped.fetch_add(1, Ordering::Relaxed);
-        if self.unscoped == Unscoped::Deny {
-            tracing::warn!(method, "refused an outbound call made outside any scope");
+        let refused = self.unscoped == Unscoped::Deny;
+        self.stats.note_unscoped(method, refused);
+        if refused {
             return Err(StatusError::new(
                 StatusCodeError::FailedPrecondition,
                 UNSCOPED_REFUSED,
             ));
-        }
-        if let Some(similar) = self.unscoped_warnings.admit() {
-            tracing::warn!(
-                method,
-                similar_since_last_warning = similar,
-                "outbound call through the grpc crate without a scope: nothing cancels it when the \
-                 request that made it is over, and it carries no budget but the deadline of its own \
-                 call options. It was probably started with tokio::spawn or on a thread of its own. \
-                 Use grpc_deadline::spawn / grpc_deadline::JoinSet, or opt out explicitly with \
-                 grpc_deadline::detach",
-            );
         }
         Ok(())
     }
@@ -296,11 +160,7 @@ impl DeadlineInterceptor {
             config: Arc::new(Config {
                 unscoped,
                 abandoned,
-                stats: Stats::default(),
-                unscoped_warnings: WarnLimit::new(),
-                reset_warnings: WarnLimit::new(),
-                late_warnings: WarnLimit::new(),
-                held_warnings: WarnLimit::new(),
+                stats: Arc::default(),
             }),
         }
     }
@@ -371,7 +231,7 @@ where
             };
             (
                 DeadlineSendStream::new(None, watch, None),
-                DeadlineRecvStream::failed(status, config.clone(), method.clone()),
+                DeadlineRecvStream::failed(status, config.stats.clone(), method.clone()),
             )
         };
         if scope.is_none()
@@ -396,10 +256,7 @@ where
             && scope.is_cancelled()
             && let Some(cause) = scope.cause()
         {
-            config
-                .stats
-                .refused_cancelled
-                .fetch_add(1, Ordering::Relaxed);
+            config.stats.note_refused(false);
             return failed(status::ended(cause, false));
         }
         // One clock read, as late as the interceptor can: the next step
@@ -418,7 +275,7 @@ where
             Some(deadline) => {
                 let budget = deadline.saturating_duration_since(now);
                 if budget.is_zero() {
-                    config.stats.refused_expired.fetch_add(1, Ordering::Relaxed);
+                    config.stats.note_refused(true);
                     return failed(status::ended(Cause::DeadlineExceeded, false));
                 }
                 granted = Some(budget);
@@ -456,28 +313,21 @@ where
                 if let (Some(note), Some(scope)) = (note, &watch.scope) {
                     note.ended(scope, cause.code(), None);
                 }
-                if cause == Cause::DeadlineExceeded {
-                    config.stats.refused_expired.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    config
-                        .stats
-                        .refused_cancelled
-                        .fetch_add(1, Ordering::Relaxed);
-                }
+                config.stats.note_refused(cause == Cause::DeadlineExceeded);
                 return failed(status::ended(cause, false));
             }
         };
         if let Some(granted) = granted {
             let late = late(now);
             if late > LEFT_LATE && late > granted / 20 {
-                config.departed(&method, granted, late);
+                config.stats.note_left_late(&method, granted, late);
             }
         }
-        let call =
-            (config.abandoned == Abandoned::Hold).then(|| Call::new(deadline, config.clone()));
+        let call = (config.abandoned == Abandoned::Hold)
+            .then(|| Call::new(deadline, config.stats.clone()));
         (
             DeadlineSendStream::new(Some(send), watch.clone(), call.clone()),
-            DeadlineRecvStream::open(recv, watch, config.clone(), method, note, call),
+            DeadlineRecvStream::open(recv, watch, config.stats.clone(), method, note, call),
         )
     }
 }

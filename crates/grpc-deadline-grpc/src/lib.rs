@@ -76,6 +76,7 @@ mod interceptor;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic-transport")))]
 pub mod invoke;
 mod ledger;
+mod stats;
 mod status;
 mod streams;
 
@@ -83,9 +84,10 @@ mod streams;
 /// crate makes the call: re-exported so that a service needs one
 /// dependency for it.
 pub use grpc_deadline::Scope;
-pub use interceptor::{Abandoned, DeadlineInterceptor, Stats, Unscoped};
+pub use interceptor::{Abandoned, DeadlineInterceptor, Unscoped};
 #[cfg(feature = "tonic-transport")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic-transport")))]
 pub use invoke::{TonicInvoke, TonicRecvStream, TonicSendStream};
+pub use stats::Stats;
 pub use status::{code_name, code_of};
 pub use streams::{DeadlineRecvStream, DeadlineSendStream};

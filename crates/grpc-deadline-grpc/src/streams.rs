@@ -15,8 +15,8 @@ use grpc_deadline::{Cause, Code, Scope};
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
-use crate::interceptor::Config;
 use crate::ledger::Note;
+use crate::stats::Stats;
 use crate::status;
 
 /// gRPC's retry pushback: `-1` (any negative value) tells the caller not to
@@ -77,7 +77,7 @@ const HOLD_PAST_DEADLINE: Duration = Duration::from_secs(1);
 
 /// How long an abandoned call without a deadline is held before its
 /// streams are let go (and its request stream ends normally).
-pub(crate) const HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(10);
+const HOLD_WITHOUT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// What the two halves of one call share: the request side's stream while
 /// the caller has let go of it but not of the call, and how the call
@@ -102,7 +102,7 @@ pub(crate) struct Call {
     /// caller's end of input was let go.
     request_closed: AtomicBool,
     deadline: Option<Instant>,
-    config: Arc<Config>,
+    stats: Arc<Stats>,
 }
 
 enum Parked {
@@ -116,13 +116,13 @@ enum Parked {
 }
 
 impl Call {
-    pub(crate) fn new(deadline: Option<Instant>, config: Arc<Config>) -> Arc<Self> {
+    pub(crate) fn new(deadline: Option<Instant>, stats: Arc<Stats>) -> Arc<Self> {
         Arc::new(Self {
             parked: Mutex::new(Parked::Live(None)),
             parked_now: Notify::new(),
             request_closed: AtomicBool::new(false),
             deadline,
-            config,
+            stats,
         })
     }
 
@@ -194,10 +194,10 @@ impl Call {
     /// (reported: its request stream then ends normally).
     fn hold(&self, streams: Vec<Box<dyn Any + Send>>) {
         let deadline = self.deadline;
-        let config = self.config.clone();
+        let stats = self.stats.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to hold them on: they end now, and say so.
-            config.held_then_ended();
+            stats.note_held_then_ended(Duration::ZERO);
             return;
         };
         // The held streams belong to no request: their scope is over.
@@ -210,7 +210,7 @@ impl Call {
                 Some(deadline) => tokio::time::sleep_until(deadline + HOLD_PAST_DEADLINE).await,
                 None => {
                     tokio::time::sleep(HOLD_WITHOUT_DEADLINE).await;
-                    config.held_then_ended();
+                    stats.note_held_then_ended(HOLD_WITHOUT_DEADLINE);
                 }
             }
             drop(streams);
@@ -358,7 +358,7 @@ pub struct DeadlineRecvStream<R: Send + 'static> {
     /// The server's response headers arrived: from then on dropping the
     /// call's stream resets it.
     headers_seen: bool,
-    config: Arc<Config>,
+    stats: Arc<Stats>,
     /// The method, for what the interceptor reports.
     method: Arc<str>,
     /// The ledger's note of the call, until it ends.
@@ -372,7 +372,7 @@ impl<R: Send + 'static> DeadlineRecvStream<R> {
     pub(crate) fn open(
         inner: R,
         watch: Watch,
-        config: Arc<Config>,
+        stats: Arc<Stats>,
         method: Arc<str>,
         note: Option<Note>,
         call: Option<Arc<Call>>,
@@ -382,7 +382,7 @@ impl<R: Send + 'static> DeadlineRecvStream<R> {
             watch,
             timer: None,
             headers_seen: false,
-            config,
+            stats,
             method,
             note,
             call,
@@ -396,7 +396,7 @@ impl<R: Send + 'static> DeadlineRecvStream<R> {
         }
     }
 
-    pub(crate) fn failed(status: StatusError, config: Arc<Config>, method: Arc<str>) -> Self {
+    pub(crate) fn failed(status: StatusError, stats: Arc<Stats>, method: Arc<str>) -> Self {
         Self {
             state: State::Failed(status),
             watch: Watch {
@@ -405,7 +405,7 @@ impl<R: Send + 'static> DeadlineRecvStream<R> {
             },
             timer: None,
             headers_seen: false,
-            config,
+            stats,
             method,
             note: None,
             call: None,
@@ -438,7 +438,7 @@ impl<R: Send + 'static> DeadlineRecvStream<R> {
         };
         let (parked, open) = call.abandon();
         if cause != Some(Cause::DeadlineExceeded) && (open || !self.headers_seen) {
-            self.config.cancel_not_reset(&self.method);
+            self.stats.note_cancel_not_reset(&self.method);
         }
         if open {
             let mut held: Vec<Box<dyn Any + Send>> = vec![Box::new(inner)];

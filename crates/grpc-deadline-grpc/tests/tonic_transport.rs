@@ -26,7 +26,6 @@ use grpc::credentials::LocalChannelCredentials;
 use grpc::{StatusCodeError, StatusError};
 use grpc_deadline::{Scope, timeout_header};
 use grpc_deadline_grpc::{DeadlineInterceptor, TonicInvoke};
-use probe::frames::{DATA, END_STREAM, FrameParser, HEADERS, Parsed, RST_STREAM};
 use probe::probe_server::{Probe, ProbeServer};
 use probe::{CallReply, CallRequest, ReplyStream};
 use prost::Message;
@@ -36,6 +35,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
+use tonic_deadline_guard::frames::{DATA, END_STREAM, Frame, HEADERS, RST_STREAM, WholeFrames};
 
 /// How long a test waits for what must happen. Generous: the machines are
 /// shared; a pass takes milliseconds.
@@ -265,7 +265,7 @@ impl Log {
 
 /// The client's HTTP/2 frames, as a proxy in front of the server read them.
 #[derive(Clone, Default)]
-struct Wire(Arc<Mutex<Vec<Parsed>>>);
+struct Wire(Arc<Mutex<Vec<Frame>>>);
 
 impl Wire {
     fn frames(&self) -> Vec<(u8, u8, u32, Option<u32>)> {
@@ -273,7 +273,14 @@ impl Wire {
             .lock()
             .expect("not poisoned")
             .iter()
-            .map(|p| (p.frame.kind, p.frame.flags, p.frame.stream, p.error_code()))
+            .map(|f| {
+                (
+                    f.header.kind,
+                    f.header.flags,
+                    f.header.stream,
+                    f.error_code(),
+                )
+            })
             .collect()
     }
 
@@ -357,7 +364,7 @@ async fn serve() -> (SocketAddr, Log, Wire) {
             let (mut upstream_read, mut upstream_write) = upstream.into_split();
             let frames = frames.clone();
             tokio::spawn(async move {
-                let mut parser = FrameParser::client_to_server();
+                let mut parser = WholeFrames::from_client();
                 let mut buf = vec![0; 64 * 1024];
                 while let Ok(n) = client_read.read(&mut buf).await {
                     if n == 0 {

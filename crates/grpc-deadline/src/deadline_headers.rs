@@ -227,9 +227,34 @@ impl fmt::Display for MalformedDeadline {
 impl std::error::Error for MalformedDeadline {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         #[cfg(feature = "tonic")]
-        return Some(crate::tonic_status::malformed_deadline());
+        return Some(malformed_status());
         #[cfg(not(feature = "tonic"))]
         None
+    }
+}
+
+/// The status a boxed [`MalformedDeadline`] names as its source.
+#[cfg(feature = "tonic")]
+fn malformed_status() -> &'static tonic::Status {
+    static MALFORMED: std::sync::LazyLock<tonic::Status> =
+        std::sync::LazyLock::new(|| tonic::Status::internal("malformed deadline header"));
+    &MALFORMED
+}
+
+/// `INTERNAL`, naming the header and the offending value (feature `tonic`).
+///
+/// ```
+/// use grpc_deadline::deadline_headers::DeadlineHeader;
+/// let malformed = DeadlineHeader::ConnectTimeoutMs
+///     .decode(&http::HeaderValue::from_static("soon"))
+///     .unwrap_err();
+/// assert_eq!(tonic::Status::from(malformed).code(), tonic::Code::Internal);
+/// ```
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl From<MalformedDeadline> for tonic::Status {
+    fn from(malformed: MalformedDeadline) -> tonic::Status {
+        tonic::Status::new(malformed.code().into(), malformed.to_string())
     }
 }
 
@@ -266,6 +291,25 @@ mod tests {
 
     fn value(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).expect("test values are valid header values")
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn a_malformed_deadline_header_answers_internal_boxed_or_not() {
+        let malformed = DeadlineHeader::RequestTimeout
+            .decode(&value("soon"))
+            .expect_err("no digits");
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(malformed.clone());
+        assert_eq!(
+            tonic::Status::from(malformed).code(),
+            tonic::Code::Internal,
+            "converted, a malformed header must answer INTERNAL"
+        );
+        assert_eq!(
+            tonic::Status::from_error(boxed).code(),
+            tonic::Code::Internal,
+            "boxed, its source must still answer INTERNAL, not UNKNOWN"
+        );
     }
 
     #[test]

@@ -20,13 +20,19 @@ pub mod deadline_headers;
 #[cfg(feature = "ledger")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ledger")))]
 pub mod ledger;
+pub mod rate_limited_warnings;
 pub mod scope;
 pub mod timeout_header;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod tonic_status;
 mod unscoped;
-pub mod warn_limit;
+
+/// The former path of [`rate_limited_warnings`], kept for one release.
+#[doc(hidden)]
+pub mod warn_limit {
+    pub use crate::rate_limited_warnings::WarnLimit;
+}
 
 pub use code::Code;
 pub use scope::{Cause, Ended, JoinSet, Scope, detach, spawn};

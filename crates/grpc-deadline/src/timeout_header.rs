@@ -253,9 +253,31 @@ impl fmt::Display for MalformedTimeout {
 impl std::error::Error for MalformedTimeout {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         #[cfg(feature = "tonic")]
-        return Some(crate::tonic_status::malformed_timeout());
+        return Some(malformed_status());
         #[cfg(not(feature = "tonic"))]
         None
+    }
+}
+
+/// The status a boxed [`MalformedTimeout`] names as its source.
+#[cfg(feature = "tonic")]
+fn malformed_status() -> &'static tonic::Status {
+    static MALFORMED: std::sync::LazyLock<tonic::Status> =
+        std::sync::LazyLock::new(|| tonic::Status::internal("malformed grpc-timeout"));
+    &MALFORMED
+}
+
+/// `INTERNAL`, naming the header and the offending value (feature `tonic`).
+///
+/// ```
+/// let malformed = grpc_deadline::timeout_header::decode(b"1x").unwrap_err();
+/// assert_eq!(tonic::Status::from(malformed).code(), tonic::Code::Internal);
+/// ```
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl From<MalformedTimeout> for tonic::Status {
+    fn from(malformed: MalformedTimeout) -> tonic::Status {
+        tonic::Status::new(malformed.code().into(), malformed.to_string())
     }
 }
 
@@ -300,6 +322,23 @@ pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-t
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn a_malformed_timeout_answers_internal_boxed_or_not() {
+        let malformed = decode(b"1x").expect_err("x is no unit");
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(malformed.clone());
+        assert_eq!(
+            tonic::Status::from(malformed).code(),
+            tonic::Code::Internal,
+            "converted, a malformed header must answer INTERNAL"
+        );
+        assert_eq!(
+            tonic::Status::from_error(boxed).code(),
+            tonic::Code::Internal,
+            "boxed, its source must still answer INTERNAL, not UNKNOWN"
+        );
+    }
 
     const NS: u64 = 1;
     const US: u64 = 1_000;

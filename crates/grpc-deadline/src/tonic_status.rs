@@ -1,13 +1,17 @@
-//! The conversions into tonic's types, with the `tonic` feature.
+//! tonic's types for the core's, with the `tonic` feature: the status of
+//! each [`Cause`](crate::Cause) ([`of`]), and [`Code`] both ways.
 //!
 //! Only the crate that defines a type, or the one that defines the trait,
 //! may write `From<Ended> for tonic::Status`; this crate defines
-//! [`Ended`], so the conversion that makes `scope.check()?` answer the right
-//! status in a tonic handler lives here. Everything else about tonic is
-//! tonic-deadline's.
+//! [`Ended`](crate::Ended), so the conversion that makes `scope.check()?`
+//! answer the right status in a tonic handler is here, beside `Ended`
+//! itself, as a malformed header's is beside its error (in
+//! [`timeout_header`](crate::timeout_header) and
+//! [`deadline_headers`](crate::deadline_headers)). Everything else about
+//! tonic is tonic-deadline's.
 //!
 //! ```
-//! use grpc_deadline::Scope;
+//! use grpc_deadline::{Code, Scope};
 //!
 //! fn handler_step(scope: &Scope) -> Result<(), tonic::Status> {
 //!     scope.check()?; // DEADLINE_EXCEEDED or CANCELLED, never UNKNOWN
@@ -16,65 +20,14 @@
 //! let scope = Scope::background();
 //! scope.cancel();
 //! assert_eq!(handler_step(&scope).unwrap_err().code(), tonic::Code::Cancelled);
+//! assert_eq!(tonic::Code::from(Code::Unavailable), tonic::Code::Unavailable);
 //! ```
 
-use std::sync::LazyLock;
+use crate::code::Code;
 
-use tonic::Status;
-
-use crate::deadline_headers::MalformedDeadline;
-use crate::{Cause, Code, Ended, timeout_header::MalformedTimeout};
-
-/// The status of each cause, made once: what [`Ended`] converts into, and
-/// what it names as its [`source`](std::error::Error::source), so tonic's
-/// `Status::from_error` finds the same code and a fixed message.
-///
-/// ```
-/// use grpc_deadline::{Cause, tonic_status};
-/// let status = tonic_status::of(Cause::DeadlineExceeded);
-/// assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
-/// assert_eq!(status.message(), "deadline exceeded");
-/// ```
-pub fn of(cause: Cause) -> &'static Status {
-    static STATUSES: LazyLock<[Status; 4]> = LazyLock::new(|| {
-        Cause::ALL.map(|cause| Status::new(cause.code().into(), cause.to_string()))
-    });
-    &STATUSES[cause.index()]
-}
-
-/// The status a boxed [`MalformedTimeout`] names as its source.
-pub(crate) fn malformed_timeout() -> &'static Status {
-    static MALFORMED: LazyLock<Status> =
-        LazyLock::new(|| Status::internal("malformed grpc-timeout"));
-    &MALFORMED
-}
-
-/// The status a boxed [`MalformedDeadline`] names as its source.
-pub(crate) fn malformed_deadline() -> &'static Status {
-    static MALFORMED: LazyLock<Status> =
-        LazyLock::new(|| Status::internal("malformed deadline header"));
-    &MALFORMED
-}
-
-/// `INTERNAL`, naming the header and the offending value.
-impl From<MalformedDeadline> for Status {
-    fn from(malformed: MalformedDeadline) -> Status {
-        Status::new(malformed.code().into(), malformed.to_string())
-    }
-}
-
-impl From<Ended> for Status {
-    fn from(ended: Ended) -> Status {
-        of(ended.cause()).clone()
-    }
-}
-
-/// `INTERNAL`, naming the header and the offending value.
-impl From<MalformedTimeout> for Status {
-    fn from(malformed: MalformedTimeout) -> Status {
-        Status::new(malformed.code().into(), malformed.to_string())
-    }
-}
+/// The cause → status table is the scope's, where [`Ended`](crate::Ended)
+/// names its status as its source.
+pub use crate::scope::cause::tonic_status as of;
 
 impl From<Code> for tonic::Code {
     fn from(code: Code) -> tonic::Code {
@@ -100,23 +53,5 @@ mod tests {
             assert_eq!(theirs as i32, n, "{ours:?}");
             assert_eq!(Code::from(theirs), ours);
         }
-    }
-
-    #[test]
-    fn an_ended_scope_answers_its_causes_code_boxed_or_not() {
-        for cause in Cause::ALL {
-            let code = tonic::Code::from(cause.code());
-            assert_eq!(Status::from(Ended::new(cause)).code(), code, "{cause}");
-            let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(Ended::new(cause));
-            assert_eq!(Status::from_error(boxed).code(), code, "{cause}, boxed");
-        }
-    }
-
-    #[test]
-    fn a_malformed_timeout_answers_internal_boxed_or_not() {
-        let malformed = crate::timeout_header::decode(b"1x").expect_err("x is no unit");
-        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(malformed.clone());
-        assert_eq!(Status::from(malformed).code(), tonic::Code::Internal);
-        assert_eq!(Status::from_error(boxed).code(), tonic::Code::Internal);
     }
 }

@@ -16,7 +16,9 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::frames::{END_HEADERS, FrameParser, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS};
+use tonic_deadline_guard::frames::{
+    END_HEADERS, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS, WholeFrames, append_frame,
+};
 
 /// HTTP/2's `CANCEL`, the code of every reset.
 const CANCEL: u32 = 0x8;
@@ -122,14 +124,6 @@ pub fn request_block(authority: &str, path: &str, grpc_timeout: Option<&str>) ->
     block
 }
 
-/// Appends one frame to `out`.
-pub fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    let len = payload.len();
-    out.extend([(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
-    out.extend(stream.to_be_bytes());
-    out.extend_from_slice(payload);
-}
-
 /// Floods `addr` on one new connection until the server cuts it off,
 /// `stop` is set, or `give_up` has passed.
 ///
@@ -146,7 +140,7 @@ pub fn flood(
     let mut tcp = TcpStream::connect(addr).expect("the server accepts TCP");
     tcp.set_nodelay(true).expect("nodelay");
     let mut start = PREFACE.to_vec();
-    frame(&mut start, SETTINGS, 0, 0, &[]);
+    append_frame(&mut start, SETTINGS, 0, 0, &[]);
     tcp.write_all(&start).expect("the preface is taken");
     let mut reader = tcp.try_clone().expect("a second handle");
     // Bounds the wait for the server's last bytes once the flood stops.
@@ -158,15 +152,15 @@ pub fn flood(
     let read_side = std::thread::spawn({
         let cut = cut.clone();
         move || {
-            let mut parser = FrameParser::server_to_client();
+            let mut frames = WholeFrames::from_server();
             let mut buf = vec![0; 64 * 1024];
             let mut go_away = None;
             while let Ok(n @ 1..) = reader.read(&mut buf) {
-                for parsed in parser.feed(&buf[..n]) {
-                    if parsed.frame.kind == GOAWAY && parsed.payload.len() >= 8 {
-                        let p = &parsed.payload;
+                for frame in frames.feed(&buf[..n]) {
+                    if frame.header.kind == GOAWAY && frame.payload.len() >= 8 {
+                        let p = &frame.payload;
                         let last = u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
-                        go_away = Some((parsed.error_code().unwrap_or_default(), last));
+                        go_away = Some((frame.error_code().unwrap_or_default(), last));
                         cut.store(true, Ordering::Relaxed);
                     }
                 }
@@ -200,8 +194,8 @@ pub fn flood(
         }
         batch.clear();
         for _ in 0..per_write {
-            frame(&mut batch, HEADERS, END_HEADERS, id, &block);
-            frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
+            append_frame(&mut batch, HEADERS, END_HEADERS, id, &block);
+            append_frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
             id += 2;
         }
         if tcp.write_all(&batch).is_err() {
@@ -278,7 +272,7 @@ pub fn flood_tls(
         let (conn, cut) = (conn.clone(), cut.clone());
         let mut reader = tcp.try_clone().expect("a second handle");
         move || {
-            let mut parser = FrameParser::server_to_client();
+            let mut frames = WholeFrames::from_server();
             let mut buf = vec![0; 64 * 1024];
             let mut plain = vec![0; 64 * 1024];
             let mut go_away = None;
@@ -292,12 +286,12 @@ pub fn flood_tls(
                         break 'read;
                     }
                     while let Ok(n @ 1..) = conn.reader().read(&mut plain) {
-                        for parsed in parser.feed(&plain[..n]) {
-                            if parsed.frame.kind == GOAWAY && parsed.payload.len() >= 8 {
-                                let p = &parsed.payload;
+                        for frame in frames.feed(&plain[..n]) {
+                            if frame.header.kind == GOAWAY && frame.payload.len() >= 8 {
+                                let p = &frame.payload;
                                 let last =
                                     u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
-                                go_away = Some((parsed.error_code().unwrap_or_default(), last));
+                                go_away = Some((frame.error_code().unwrap_or_default(), last));
                                 cut.store(true, Ordering::Relaxed);
                             }
                         }
@@ -309,7 +303,7 @@ pub fn flood_tls(
         }
     });
     let mut start = PREFACE.to_vec();
-    frame(&mut start, SETTINGS, 0, 0, &[]);
+    append_frame(&mut start, SETTINGS, 0, 0, &[]);
     let block = request_block(&addr.to_string(), path, shape.grpc_timeout);
     let (per_write, every) = match shape.rate {
         None => (512, Duration::ZERO),
@@ -334,8 +328,8 @@ pub fn flood_tls(
             break;
         }
         for _ in 0..per_write {
-            frame(&mut batch, HEADERS, END_HEADERS, id, &block);
-            frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
+            append_frame(&mut batch, HEADERS, END_HEADERS, id, &block);
+            append_frame(&mut batch, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
             id += 2;
         }
         {

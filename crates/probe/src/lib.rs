@@ -1,15 +1,15 @@
 //! The `probe.v1.Probe` service definition, generated from `proto/` into
 //! `src/generated/` (checked by [`codegen`] in the `generated` test), and
-//! the HTTP/2 frame decoder ([`frames`]), a Rapid Reset flood from a
-//! raw client ([`flood`]), in the clear or over TLS with certificates made
-//! for the run ([`tls`]).
+//! a Rapid Reset flood from a raw client ([`flood`]), in the clear or over
+//! TLS with certificates made for the run ([`tls`]). HTTP/2 frames are read
+//! with the reset guard's frame module, `tonic_deadline_guard::frames`,
+//! the one of the workspace.
 //!
 //! Shared by the library's integration tests and by `deadline-lab`.
 
 #[cfg(feature = "codegen")]
 pub mod codegen;
 pub mod flood;
-pub mod frames;
 pub mod tls;
 
 #[allow(missing_docs, unreachable_pub, clippy::all)]

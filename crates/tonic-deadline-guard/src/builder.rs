@@ -20,7 +20,10 @@ use tonic::transport::{Error, Server};
 use tower_layer::{Identity, Layer, Stack};
 use tower_service::Service;
 
-use crate::guard::{Incoming, Shared};
+use crate::connection::Incoming;
+use crate::shared::Shared;
+#[cfg(feature = "tls")]
+use crate::tls::{ServerTls, TlsError, TlsIncoming};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -61,8 +64,8 @@ impl From<Error> for ServeError {
 }
 
 #[cfg(feature = "tls")]
-impl From<crate::TlsError> for ServeError {
-    fn from(error: crate::TlsError) -> Self {
+impl From<TlsError> for ServeError {
+    fn from(error: TlsError) -> Self {
         Self {
             source: error.into(),
         }
@@ -70,11 +73,11 @@ impl From<crate::TlsError> for ServeError {
 }
 
 /// tonic's `Server` builder with hyper's guards set for a
-/// [`ResetGuard`](super::ResetGuard) (see
-/// [`ResetGuard::builder`](super::ResetGuard::builder)): it builds as
+/// [`ResetGuard`](crate::ResetGuard) (see
+/// [`ResetGuard::builder`](crate::ResetGuard::builder)): it builds as
 /// tonic's does (`layer`, `add_service`, and tonic's other settings through
 /// [`configure`](Self::configure)), and its router serves only connections
-/// the guard wraps — [`ResetGuard::incoming`](super::ResetGuard::incoming),
+/// the guard wraps — [`ResetGuard::incoming`](crate::ResetGuard::incoming),
 /// `incoming_tls`, or an address it binds itself. A server that would serve
 /// connections nothing guards, with hyper's own bound raised, cannot be
 /// built.
@@ -107,7 +110,7 @@ impl<L> fmt::Debug for GuardedServer<L> {
 }
 
 impl GuardedServer {
-    pub(super) fn new(server: Server, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(server: Server, shared: Arc<Shared>) -> Self {
         Self { server, shared }
     }
 }
@@ -226,7 +229,7 @@ impl<L> fmt::Debug for GuardedRouter<L> {
 }
 
 /// What a [`GuardedRouter`] serves: connections its guard wrapped
-/// ([`ResetGuard::incoming`](super::ResetGuard::incoming), or
+/// ([`ResetGuard::incoming`](crate::ResetGuard::incoming), or
 /// `ResetGuard::incoming_tls`). Sealed: nothing else is.
 pub trait GuardedIncoming: Stream + sealed::Sealed {}
 
@@ -238,9 +241,9 @@ impl<I> sealed::Sealed for Incoming<I> {}
 impl<I> GuardedIncoming for Incoming<I> where Self: Stream {}
 
 #[cfg(feature = "tls")]
-impl<I, IO> sealed::Sealed for crate::TlsIncoming<I, IO> {}
+impl<I, IO> sealed::Sealed for TlsIncoming<I, IO> {}
 #[cfg(feature = "tls")]
-impl<I, IO> GuardedIncoming for crate::TlsIncoming<I, IO> where Self: Stream {}
+impl<I, IO> GuardedIncoming for TlsIncoming<I, IO> where Self: Stream {}
 
 impl<L> GuardedRouter<L> {
     /// tonic's `Router::add_service`.
@@ -382,7 +385,7 @@ impl<L> GuardedRouter<L> {
     pub async fn serve_tls<ResBody>(
         self,
         addr: SocketAddr,
-        tls: crate::ServerTls,
+        tls: ServerTls,
     ) -> Result<(), ServeError>
     where
         L: Layer<Routes>,
@@ -393,18 +396,12 @@ impl<L> GuardedRouter<L> {
         ResBody::Error: Into<BoxError>,
     {
         let tcp = TcpIncoming::bind(addr)?.with_nodelay(Some(true));
-        let guard = crate::ResetGuard {
-            shared: self.shared.clone(),
-        };
-        let incoming = guard.incoming_tls(tcp, tls)?;
+        let incoming = TlsIncoming::new(tcp, &tls, self.shared.clone())?;
         Ok(self.router.serve_with_incoming(incoming).await?)
     }
 
     fn bind(&self, addr: SocketAddr) -> std::io::Result<Incoming<TcpIncoming>> {
         let tcp = TcpIncoming::bind(addr)?.with_nodelay(Some(true));
-        Ok(Incoming {
-            inner: tcp,
-            shared: self.shared.clone(),
-        })
+        Ok(Incoming::new(tcp, self.shared.clone()))
     }
 }

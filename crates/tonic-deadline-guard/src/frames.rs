@@ -1,9 +1,14 @@
 //! HTTP/2's framing (RFC 9113, 4.1), followed through a byte stream that
 //! arrives in pieces of any size: each frame's 9-byte header once it is
-//! whole, then its payload in the pieces it came in. The reset guard
-//! follows each connection with it, and tonic-deadline's channel the
-//! server's side of its own (the one HTTP/2 frame parser of both): public
-//! for that, and for whoever reads HTTP/2 from a byte stream.
+//! whole, then its payload in the pieces it came in.
+//!
+//! Two ways to read: [`Frames`] walks the bytes in place and tells a
+//! [`Sink`] what it sees, keeping nothing (the reset guard follows every
+//! connection with it, and tonic-deadline's channel the server's side of
+//! its own); [`WholeFrames`] keeps each frame whole, payload and all, for
+//! whoever looks at frames after the fact (a capture, a test, a tool).
+//! Both are the same walk. Neither checks the protocol (the peers do that)
+//! nor decodes header blocks (HPACK needs a table per direction).
 //!
 //! ```
 //! use tonic_deadline_guard::frames::{Frames, Header, PREFACE, RST_STREAM, Sink, frame};
@@ -36,20 +41,32 @@ pub const FRAME_HEADER: usize = 9;
 pub const DATA: u8 = 0x0;
 /// The frame type `HEADERS`.
 pub const HEADERS: u8 = 0x1;
+/// The frame type `PRIORITY` (the flag of the same name is [`PRIORITY`]).
+pub const PRIORITY_FRAME: u8 = 0x2;
 /// The frame type `RST_STREAM`.
 pub const RST_STREAM: u8 = 0x3;
+/// The frame type `SETTINGS`.
+pub const SETTINGS: u8 = 0x4;
+/// The frame type `PUSH_PROMISE`.
+pub const PUSH_PROMISE: u8 = 0x5;
+/// The frame type `PING`.
+pub const PING: u8 = 0x6;
 /// The frame type `GOAWAY`.
 pub const GOAWAY: u8 = 0x7;
+/// The frame type `WINDOW_UPDATE`.
+pub const WINDOW_UPDATE: u8 = 0x8;
 /// The frame type `CONTINUATION`.
 pub const CONTINUATION: u8 = 0x9;
 
-/// The flag `END_STREAM`.
+/// The flag `END_STREAM` (`DATA`, `HEADERS`).
 pub const END_STREAM: u8 = 0x1;
-/// The flag `END_HEADERS`.
+/// The flag `ACK` (`SETTINGS`, `PING`).
+pub const ACK: u8 = 0x1;
+/// The flag `END_HEADERS` (`HEADERS`, `PUSH_PROMISE`, `CONTINUATION`).
 pub const END_HEADERS: u8 = 0x4;
-/// The flag `PADDED`.
+/// The flag `PADDED` (`DATA`, `HEADERS`).
 pub const PADDED: u8 = 0x8;
-/// The flag `PRIORITY`.
+/// The flag `PRIORITY` (`HEADERS`).
 pub const PRIORITY: u8 = 0x20;
 
 /// The client connection preface, which precedes a client's frames.
@@ -83,6 +100,84 @@ impl Header {
     /// Whether `flag` is set.
     pub fn has(&self, flag: u8) -> bool {
         self.flags & flag != 0
+    }
+
+    /// The frame type's name (`DATA`, `HEADERS`, …; `UNKNOWN` for an
+    /// extension's).
+    ///
+    /// ```
+    /// use tonic_deadline_guard::frames::{Header, PING};
+    /// let ping = Header { len: 8, kind: PING, flags: 0, stream: 0 };
+    /// assert_eq!(ping.kind_name(), "PING");
+    /// ```
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            DATA => "DATA",
+            HEADERS => "HEADERS",
+            PRIORITY_FRAME => "PRIORITY",
+            RST_STREAM => "RST_STREAM",
+            SETTINGS => "SETTINGS",
+            PUSH_PROMISE => "PUSH_PROMISE",
+            PING => "PING",
+            GOAWAY => "GOAWAY",
+            WINDOW_UPDATE => "WINDOW_UPDATE",
+            CONTINUATION => "CONTINUATION",
+            _ => "UNKNOWN",
+        }
+    }
+
+    /// The names of the flags set, as the frame's type defines them (`0x1`
+    /// is `END_STREAM` on `DATA`, `ACK` on `PING`).
+    ///
+    /// ```
+    /// use tonic_deadline_guard::frames::{END_HEADERS, END_STREAM, HEADERS, Header};
+    /// let headers = Header { len: 3, kind: HEADERS, flags: END_STREAM | END_HEADERS, stream: 1 };
+    /// assert_eq!(headers.flag_names(), ["END_STREAM", "END_HEADERS"]);
+    /// ```
+    pub fn flag_names(&self) -> Vec<&'static str> {
+        let known: &[(u8, &str)] = match self.kind {
+            DATA => &[(END_STREAM, "END_STREAM"), (PADDED, "PADDED")],
+            HEADERS => &[
+                (END_STREAM, "END_STREAM"),
+                (END_HEADERS, "END_HEADERS"),
+                (PADDED, "PADDED"),
+                (PRIORITY, "PRIORITY"),
+            ],
+            SETTINGS | PING => &[(ACK, "ACK")],
+            PUSH_PROMISE | CONTINUATION => &[(END_HEADERS, "END_HEADERS")],
+            _ => &[],
+        };
+        known
+            .iter()
+            .filter(|(bit, _)| self.flags & bit != 0)
+            .map(|(_, name)| *name)
+            .collect()
+    }
+}
+
+/// The name of an HTTP/2 error code, as `RST_STREAM` and `GOAWAY` carry it
+/// (`UNKNOWN_ERROR` for one RFC 9113 does not define).
+///
+/// ```
+/// assert_eq!(tonic_deadline_guard::frames::error_code_name(8), "CANCEL");
+/// ```
+pub fn error_code_name(code: u32) -> &'static str {
+    match code {
+        0 => "NO_ERROR",
+        1 => "PROTOCOL_ERROR",
+        2 => "INTERNAL_ERROR",
+        3 => "FLOW_CONTROL_ERROR",
+        4 => "SETTINGS_TIMEOUT",
+        5 => "STREAM_CLOSED",
+        6 => "FRAME_SIZE_ERROR",
+        7 => "REFUSED_STREAM",
+        8 => "CANCEL",
+        9 => "COMPRESSION_ERROR",
+        10 => "CONNECT_ERROR",
+        11 => "ENHANCE_YOUR_CALM",
+        12 => "INADEQUATE_SECURITY",
+        13 => "HTTP_1_1_REQUIRED",
+        _ => "UNKNOWN_ERROR",
     }
 }
 
@@ -138,6 +233,20 @@ impl Frames {
             preface: PREFACE.len(),
             ..Self::default()
         }
+    }
+
+    /// Follows a server's writes: frames from the first byte (as
+    /// `Frames::default()`).
+    ///
+    /// ```
+    /// use tonic_deadline_guard::frames::{ACK, Frames, Header, SETTINGS, frame};
+    /// let mut acks = 0;
+    /// let mut count = |header: Header| acks += usize::from(header.has(ACK));
+    /// Frames::from_server().walk(&frame(SETTINGS, ACK, 0, &[]), &mut count);
+    /// assert_eq!(acks, 1);
+    /// ```
+    pub fn from_server() -> Self {
+        Self::default()
     }
 
     /// Whether the stream is between two frames.
@@ -227,14 +336,151 @@ pub fn is_preface(start: &[u8]) -> Option<bool> {
     (n == PREFACE.len()).then_some(true)
 }
 
+/// A frame read whole by [`WholeFrames`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Its header.
+    pub header: Header,
+    /// Its payload, padding and all.
+    pub payload: Vec<u8>,
+    /// Where its header starts, in bytes of the stream after the preface.
+    pub start: u64,
+}
+
+impl Frame {
+    /// The error code of a `RST_STREAM` or `GOAWAY` (`None` for other
+    /// frames, or a payload too short to hold one).
+    ///
+    /// ```
+    /// use tonic_deadline_guard::frames::{RST_STREAM, WholeFrames, frame};
+    /// let mut frames = WholeFrames::from_server();
+    /// let reset = frames.feed(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()));
+    /// assert_eq!(reset[0].error_code(), Some(8));
+    /// ```
+    pub fn error_code(&self) -> Option<u32> {
+        let at = match self.header.kind {
+            RST_STREAM => 0,
+            GOAWAY => 4,
+            _ => return None,
+        };
+        self.payload
+            .get(at..at + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// Whole frames from a byte stream in pieces of any size: a [`Frames`]
+/// walk that keeps each payload, and hands each frame over once its last
+/// byte has come. For reading frames after the fact; what follows a
+/// connection as it runs walks it in place with a [`Sink`], and keeps
+/// nothing.
+///
+/// ```
+/// use tonic_deadline_guard::frames::{END_HEADERS, HEADERS, PREFACE, WholeFrames, frame};
+///
+/// let mut wire = PREFACE.to_vec();
+/// wire.extend(frame(HEADERS, END_HEADERS, 1, &[0xaa, 0xbb, 0xcc]));
+/// let mut frames = WholeFrames::from_client();
+/// let (first, rest) = wire.split_at(30);
+/// assert!(frames.feed(first).is_empty(), "half a frame is not a frame");
+/// let whole = frames.feed(rest);
+/// assert_eq!(whole[0].header.kind_name(), "HEADERS");
+/// assert_eq!(whole[0].header.stream, 1);
+/// assert_eq!(whole[0].payload, [0xaa, 0xbb, 0xcc]);
+/// ```
+#[derive(Debug)]
+pub struct WholeFrames {
+    walk: Frames,
+    kept: Keep,
+}
+
+/// What a [`WholeFrames`] keeps between pieces.
+#[derive(Debug, Default)]
+struct Keep {
+    /// The frame whose payload is still coming.
+    current: Option<Frame>,
+    /// Where the next frame starts, after the preface.
+    next_start: u64,
+    /// Frames whole since they were last handed over.
+    whole: Vec<Frame>,
+}
+
+/// The most payload a [`Keep`] reserves ahead of its bytes: a frame header
+/// may announce 16 MiB that never come.
+const RESERVE: usize = 16 * 1024;
+
+impl Sink for Keep {
+    fn header(&mut self, header: Header) {
+        let start = self.next_start;
+        self.next_start += (FRAME_HEADER + header.len) as u64;
+        self.current = Some(Frame {
+            header,
+            payload: Vec::with_capacity(header.len.min(RESERVE)),
+            start,
+        });
+    }
+
+    fn payload(&mut self, _header: Header, bytes: &[u8], last: bool) {
+        if let Some(current) = &mut self.current {
+            current.payload.extend_from_slice(bytes);
+        }
+        if last {
+            self.whole.extend(self.current.take());
+        }
+    }
+}
+
+impl WholeFrames {
+    /// Reads what a client sends: the connection preface first.
+    pub fn from_client() -> Self {
+        Self {
+            walk: Frames::from_client(),
+            kept: Keep::default(),
+        }
+    }
+
+    /// Reads what a server sends: frames from the first byte.
+    pub fn from_server() -> Self {
+        Self {
+            walk: Frames::from_server(),
+            kept: Keep::default(),
+        }
+    }
+
+    /// Takes the next bytes of the stream; the frames they complete.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Frame> {
+        self.walk.walk(bytes, &mut self.kept);
+        std::mem::take(&mut self.kept.whole)
+    }
+}
+
 /// A frame, whole, for tests and for what a layer writes itself.
+///
+/// ```
+/// use tonic_deadline_guard::frames::{PING, frame};
+/// assert_eq!(frame(PING, 0, 0, &[0; 8]).len(), 9 + 8);
+/// ```
 pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER + payload.len());
+    append_frame(&mut out, kind, flags, stream, payload);
+    out
+}
+
+/// Appends a frame to `out`: what writes many frames into one buffer (a
+/// batch of requests, a flood) without a buffer for each.
+///
+/// ```
+/// use tonic_deadline_guard::frames::{END_HEADERS, HEADERS, RST_STREAM, append_frame};
+/// let mut batch = Vec::new();
+/// append_frame(&mut batch, HEADERS, END_HEADERS, 1, &[0x83]);
+/// append_frame(&mut batch, RST_STREAM, 0, 1, &8u32.to_be_bytes());
+/// assert_eq!(batch.len(), 9 + 1 + 9 + 4);
+/// ```
+pub fn append_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
     let len = payload.len();
-    let mut out = Vec::with_capacity(FRAME_HEADER + len);
     out.extend([(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
     out.extend((stream & 0x7fff_ffff).to_be_bytes());
     out.extend_from_slice(payload);
-    out
 }
 
 #[cfg(test)]
@@ -282,6 +528,67 @@ mod tests {
             assert_eq!(seen.payloads[0].1, b"abc");
             assert_eq!(seen.payloads[1].1, 8u32.to_be_bytes());
         }
+    }
+
+    #[test]
+    fn whole_frames_are_found_once_in_order_across_any_chunking() {
+        let mut wire = PREFACE.to_vec();
+        wire.extend(frame(SETTINGS, 0, 0, b""));
+        wire.extend(frame(HEADERS, END_HEADERS, 1, &[0xaa, 0xbb, 0xcc]));
+        wire.extend(frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()));
+        for chunk in 1..wire.len() {
+            let mut frames = WholeFrames::from_client();
+            let whole: Vec<Frame> = wire.chunks(chunk).flat_map(|c| frames.feed(c)).collect();
+            let seen: Vec<_> = whole
+                .iter()
+                .map(|f| (f.header.kind_name(), f.header.stream, f.error_code()))
+                .collect();
+            assert_eq!(
+                seen,
+                [
+                    ("SETTINGS", 0, None),
+                    ("HEADERS", 1, None),
+                    ("RST_STREAM", 1, Some(8))
+                ],
+                "chunk size {chunk}: every frame must be found once, in order"
+            );
+            assert_eq!(
+                whole[1].payload,
+                [0xaa, 0xbb, 0xcc],
+                "the payload must be kept"
+            );
+            assert_eq!(
+                whole[2].start,
+                9 + 12,
+                "offsets must count from after the preface"
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_reset_has_no_error_code_rather_than_a_panic() {
+        let mut frames = WholeFrames::from_server();
+        let whole = frames.feed(&frame(RST_STREAM, 0, 1, &[0, 8]));
+        assert_eq!(whole.len(), 1, "the frame itself is complete");
+        assert_eq!(whole[0].error_code(), None, "two bytes cannot hold a code");
+    }
+
+    #[test]
+    fn flags_are_named_per_frame_type() {
+        let ping = Header {
+            len: 8,
+            kind: PING,
+            flags: ACK,
+            stream: 0,
+        };
+        assert_eq!(ping.flag_names(), ["ACK"], "0x1 on PING is ACK");
+        let data = Header { kind: DATA, ..ping };
+        assert_eq!(
+            data.flag_names(),
+            ["END_STREAM"],
+            "0x1 on DATA is END_STREAM"
+        );
+        assert_eq!(error_code_name(11), "ENHANCE_YOUR_CALM");
     }
 
     #[test]

@@ -96,32 +96,41 @@
 //! ```
 
 pub mod frames;
+mod go_away;
 mod hyper_limits;
 
 #[cfg(feature = "server")]
-mod book;
-#[cfg(feature = "server")]
 mod builder;
+#[cfg(feature = "server")]
+mod connection;
 #[cfg(feature = "server")]
 mod guard;
 #[cfg(feature = "server")]
 mod hpack;
 #[cfg(feature = "server")]
-mod io;
+mod observer;
 #[cfg(feature = "server")]
-mod peers;
+mod probation;
+#[cfg(feature = "server")]
+mod reset_account;
+#[cfg(feature = "server")]
+mod rules;
+#[cfg(feature = "server")]
+mod shared;
 #[cfg(feature = "tls")]
 mod tls;
+
 #[cfg(feature = "server")]
-pub use guard::*;
-
+pub use builder::{GuardedIncoming, GuardedRouter, GuardedServer, ServeError};
+#[cfg(feature = "server")]
+pub use connection::{Guarded, Incoming};
+pub use go_away::FLOOD_GO_AWAY;
+#[cfg(feature = "server")]
+pub use guard::ResetGuard;
 pub use hyper_limits::{LOCAL_ERROR_RESETS, PENDING_ACCEPT_RESETS};
-
-/// The debug data of the GOAWAY a guard sends when it closes a connection
-/// for a reset flood: a client (tonic-deadline's client layer) names the
-/// cause from it.
-///
-/// ```
-/// assert!(tonic_deadline_guard::FLOOD_GO_AWAY.contains("reset"));
-/// ```
-pub const FLOOD_GO_AWAY: &str = "too many streams reset long before their deadlines";
+#[cfg(feature = "server")]
+pub use observer::Observer;
+#[cfg(feature = "server")]
+pub use probation::PeerAddress;
+#[cfg(feature = "tls")]
+pub use tls::{ServerTls, TlsError, TlsIncoming};

@@ -28,8 +28,9 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::{Connected, TlsConnectInfo};
 
-use crate::guard::Shared;
-use crate::{Guarded, PeerAddress, ResetGuard};
+use crate::connection::Guarded;
+use crate::probation::PeerAddress;
+use crate::shared::Shared;
 
 /// How long a client may take over its handshake by default (tonic sets
 /// none: a client that never finishes holds its connection forever).
@@ -42,7 +43,7 @@ const ALPN_H2: &[u8] = b"h2";
 /// `ServerTlsConfig` sets (the server's certificate and key, the
 /// certificate authority that signs its clients' certificates), made into
 /// the same rustls configuration. See
-/// [`ResetGuard::incoming_tls`].
+/// [`ResetGuard::incoming_tls`](crate::ResetGuard::incoming_tls).
 ///
 /// ```
 /// use tonic_deadline_guard::ServerTls;
@@ -215,61 +216,10 @@ fn certificates(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, 
     Ok(certs)
 }
 
-impl ResetGuard {
-    /// Guards every connection of `incoming` (what tonic's
-    /// `serve_with_incoming` takes) as [`incoming`](Self::incoming) does,
-    /// after a TLS handshake made with `tls`: the guard reads the
-    /// decrypted HTTP/2. Use it instead of tonic's `Server::tls_config`,
-    /// whose TLS the guard could not read (it refuses such connections).
-    ///
-    /// Handlers see the client's certificates and address as under
-    /// tonic's TLS (`Request::peer_certs`, `Request::remote_addr`). A
-    /// handshake that fails or takes longer than its timeout drops the
-    /// connection, as tonic does.
-    ///
-    /// # Errors
-    ///
-    /// When the certificate, the key or the client CA cannot be read, or
-    /// rustls refuses them.
-    ///
-    /// ```no_run
-    /// use tonic::transport::server::TcpIncoming;
-    /// use tonic_deadline_guard::{ResetGuard, ServerTls};
-    ///
-    /// # async fn run(cert: Vec<u8>, key: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
-    /// let (_, health) = tonic_health::server::health_reporter();
-    /// let guard = ResetGuard::new();
-    /// let incoming = TcpIncoming::bind("127.0.0.1:50051".parse()?)?;
-    /// guard
-    ///     .builder()
-    ///     .add_service(health)
-    ///     .serve_with_incoming(guard.incoming_tls(incoming, ServerTls::new(cert, key))?)
-    ///     .await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn incoming_tls<I, IO, E>(
-        &self,
-        incoming: I,
-        tls: ServerTls,
-    ) -> Result<TlsIncoming<I, IO>, TlsError>
-    where
-        I: Stream<Item = Result<IO, E>>,
-    {
-        Ok(TlsIncoming {
-            inner: incoming,
-            acceptor: TlsAcceptor::from(tls.config()?),
-            timeout: tls.handshake_timeout,
-            handshakes: JoinSet::new(),
-            shared: self.shared.clone(),
-            inner_done: false,
-        })
-    }
-}
-
 pin_project! {
     /// The connections of an incoming stream, each through its TLS
-    /// handshake and then [`Guarded`]. See [`ResetGuard::incoming_tls`].
+    /// handshake and then [`Guarded`]. See
+    /// [`ResetGuard::incoming_tls`](crate::ResetGuard::incoming_tls).
     pub struct TlsIncoming<I, IO> {
         #[pin]
         inner: I,
@@ -278,6 +228,21 @@ pin_project! {
         handshakes: JoinSet<Option<(TlsStream<IO>, Option<IpAddr>)>>,
         shared: Arc<Shared>,
         inner_done: bool,
+    }
+}
+
+impl<I, IO> TlsIncoming<I, IO> {
+    /// The connections of `incoming`, each through a handshake with `tls`
+    /// and then guarded with `shared`.
+    pub(crate) fn new(incoming: I, tls: &ServerTls, shared: Arc<Shared>) -> Result<Self, TlsError> {
+        Ok(Self {
+            inner: incoming,
+            acceptor: TlsAcceptor::from(tls.config()?),
+            timeout: tls.handshake_timeout,
+            handshakes: JoinSet::new(),
+            shared,
+            inner_done: false,
+        })
     }
 }
 

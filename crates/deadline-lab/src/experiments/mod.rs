@@ -102,7 +102,7 @@ pub fn wire_lines(records: &[crate::capture::Record]) -> Vec<String> {
     records
         .iter()
         .filter(|r| {
-            use probe::frames::{CONTINUATION, DATA, GOAWAY, HEADERS, RST_STREAM};
+            use tonic_deadline_guard::frames::{CONTINUATION, DATA, GOAWAY, HEADERS, RST_STREAM};
             matches!(
                 r.frame.kind,
                 DATA | HEADERS | RST_STREAM | GOAWAY | CONTINUATION

@@ -591,7 +591,10 @@ fn start_floods(
 /// `GOAWAY ENHANCE_YOUR_CALM`, `closed`: how a connection was cut off.
 fn how_cut(flood: &Flood) -> String {
     match flood.go_away {
-        Some((code, _)) => format!("GOAWAY {}", probe::frames::error_code_name(code)),
+        Some((code, _)) => format!(
+            "GOAWAY {}",
+            tonic_deadline_guard::frames::error_code_name(code)
+        ),
         None => "closed".to_owned(),
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use deadline_lab::capture::{Cutter, Direction, decode, error_code_name, header_fragment};
-use probe::frames::{
+use tonic_deadline_guard::frames::{
     CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PADDED, PREFACE, PRIORITY, RST_STREAM,
 };
 

@@ -210,7 +210,8 @@ fn client_resets(capture: &deadline_lab::capture::Capture) -> usize {
         .records()
         .iter()
         .filter(|r| {
-            r.direction == Direction::ClientToServer && r.frame.kind == probe::frames::RST_STREAM
+            r.direction == Direction::ClientToServer
+                && r.frame.kind == tonic_deadline_guard::frames::RST_STREAM
         })
         .count()
 }
@@ -395,7 +396,6 @@ mod abandoned_upload {
     use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
     use grpc::credentials::LocalChannelCredentials;
     use grpc_deadline_grpc::DeadlineInterceptor;
-    use probe::frames::{DATA, END_STREAM, HEADERS};
     use probe::probe_server::{Probe, ProbeServer};
     use probe::{CallReply, CallRequest};
     use prost::Message;
@@ -403,6 +403,7 @@ mod abandoned_upload {
     use tokio_stream::Stream;
     use tonic::{Request, Response, Status, Streaming};
     use tonic_deadline::Scope;
+    use tonic_deadline_guard::frames::{DATA, END_STREAM, HEADERS};
 
     /// What the upload handler did.
     #[derive(Debug, PartialEq, Eq)]

@@ -4,8 +4,8 @@ use std::fmt;
 
 use tokio::task::{AbortHandle, JoinError};
 
-use super::Ended;
 use super::Scope;
+use super::cause::Ended;
 
 /// A set of tasks tied to one scope: tokio's `JoinSet`, with every task run
 /// as the current scope inside a child of the scope the set was made in.

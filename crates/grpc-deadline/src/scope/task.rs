@@ -3,8 +3,8 @@
 
 use tokio::task::JoinHandle;
 
-use super::Ended;
 use super::Scope;
+use super::cause::Ended;
 
 /// Spawns `future` under the current scope (see [`Scope::spawn`]): the task is
 /// cancelled with the request that started it.

@@ -14,13 +14,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use probe::flood::{self, Shape, frame};
-use probe::frames::{END_HEADERS, FrameParser, GOAWAY, HEADERS, RST_STREAM, SETTINGS};
+use probe::flood::{self, Shape};
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use tonic_deadline_guard::frames::{
+    END_HEADERS, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS, WholeFrames, append_frame,
+};
 use tonic_deadline_guard::{ResetGuard, ServerTls};
 
 use crate::common::{
@@ -271,24 +273,24 @@ async fn a_cut_connection_ends_with_its_goaway_and_a_clean_close_not_a_reset() {
         tcp.set_read_timeout(Some(PATIENCE))
             .expect("a read timeout");
         let block = flood::request_block(&addr.to_string(), CALL, None);
-        let mut wire = probe::frames::PREFACE.to_vec();
-        frame(&mut wire, SETTINGS, 0, 0, &[]);
+        let mut wire = PREFACE.to_vec();
+        append_frame(&mut wire, SETTINGS, 0, 0, &[]);
         for id in (1..4000u32).step_by(2) {
-            frame(&mut wire, HEADERS, END_HEADERS, id, &block);
-            frame(&mut wire, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
+            append_frame(&mut wire, HEADERS, END_HEADERS, id, &block);
+            append_frame(&mut wire, RST_STREAM, 0, id, &CANCEL.to_be_bytes());
         }
         tcp.write_all(&wire)
             .expect("the flood fits the socket's buffers");
-        let mut parser = FrameParser::server_to_client();
+        let mut frames = WholeFrames::from_server();
         let mut go_away = None;
         let mut buf = vec![0; 64 * 1024];
         let end = loop {
             match tcp.read(&mut buf) {
                 Ok(0) => break Ok(()),
                 Ok(n) => {
-                    for parsed in parser.feed(&buf[..n]) {
-                        if parsed.frame.kind == GOAWAY {
-                            go_away = parsed.error_code();
+                    for frame in frames.feed(&buf[..n]) {
+                        if frame.header.kind == GOAWAY {
+                            go_away = frame.error_code();
                         }
                     }
                 }

@@ -12,12 +12,14 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use probe::CallRequest;
-use probe::flood::{self, Shape, frame};
-use probe::frames::{END_HEADERS, HEADERS, RST_STREAM, SETTINGS};
+use probe::flood::{self, Shape};
 use probe::probe_client::ProbeClient;
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tonic_deadline_guard::ResetGuard;
+use tonic_deadline_guard::frames::{
+    END_HEADERS, HEADERS, PREFACE, RST_STREAM, SETTINGS, append_frame,
+};
 
 use crate::common::{
     CALL, CANCEL, Counts, MACHINE, PATIENCE, capture_logs, loopback, serve_guarded, serve_with,
@@ -168,11 +170,11 @@ fn one_early_reset(addr: SocketAddr) -> std::net::TcpStream {
 fn early_reset_after(addr: SocketAddr, wait: Duration) -> std::net::TcpStream {
     let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
     std::thread::sleep(wait);
-    let mut wire = probe::frames::PREFACE.to_vec();
-    frame(&mut wire, SETTINGS, 0, 0, &[]);
+    let mut wire = PREFACE.to_vec();
+    append_frame(&mut wire, SETTINGS, 0, 0, &[]);
     let block = flood::request_block(&addr.to_string(), CALL, None);
-    frame(&mut wire, HEADERS, END_HEADERS, 1, &block);
-    frame(&mut wire, RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
+    append_frame(&mut wire, HEADERS, END_HEADERS, 1, &block);
+    append_frame(&mut wire, RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
     tcp.write_all(&wire).expect("the flood is taken");
     tcp
 }

@@ -47,7 +47,7 @@ mod client;
 mod histogram;
 #[cfg(feature = "metrics")]
 mod metrics;
-#[cfg(all(feature = "metrics", feature = "server"))]
+#[cfg(all(feature = "metrics", feature = "reset-guard"))]
 mod reset_guard;
 #[cfg(feature = "metrics")]
 mod resilience;

@@ -104,8 +104,8 @@ mod protocol;
 mod request_body;
 /// The reset guard: the crate `tonic-deadline-guard`, re-exported (see
 /// [`ResetGuard`]).
-#[cfg(feature = "server")]
-#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
+#[cfg(feature = "reset-guard")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reset-guard")))]
 pub use tonic_deadline_guard as reset_guard;
 mod timer;
 
@@ -128,7 +128,7 @@ pub use layer::ServerDeadlineLayer;
 pub use protocol::Http;
 pub use protocol::{Grpc, Protocol};
 pub use request_body::{RequestBody, Truncated};
-#[cfg(feature = "server")]
+#[cfg(feature = "reset-guard")]
 pub use tonic_deadline_guard::{
     Guarded, GuardedIncoming, GuardedRouter, GuardedServer, LOCAL_ERROR_RESETS,
     PENDING_ACCEPT_RESETS, PeerAddress, ResetGuard, ServeError,

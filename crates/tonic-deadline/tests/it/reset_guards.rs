@@ -18,11 +18,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use probe::CallRequest;
-use probe::flood::{self, Shape, frame};
-use probe::frames::{
-    ACK, DATA, END_HEADERS, END_STREAM, FrameParser, GOAWAY, HEADERS, PING, Parsed, RST_STREAM,
-    SETTINGS,
-};
+use probe::flood::{self, Shape};
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use tokio::time::Instant;
@@ -32,6 +28,10 @@ use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::observe::Metrics;
 use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
+use tonic_deadline_guard::frames::{
+    ACK, DATA, END_HEADERS, END_STREAM, Frame, GOAWAY, HEADERS, PING, PREFACE, RST_STREAM,
+    SETTINGS, WholeFrames, append_frame,
+};
 use tower::Layer;
 
 use crate::common::{Events, Node, PATIENCE, loopback};
@@ -59,11 +59,11 @@ fn serve_guarded(
 /// first stream of a flood.
 fn one_early_reset(addr: SocketAddr) -> std::net::TcpStream {
     let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
-    let mut wire = probe::frames::PREFACE.to_vec();
-    frame(&mut wire, SETTINGS, 0, 0, &[]);
+    let mut wire = PREFACE.to_vec();
+    append_frame(&mut wire, SETTINGS, 0, 0, &[]);
     let block = flood::request_block(&addr.to_string(), "/probe.v1.Probe/Call", None);
-    frame(&mut wire, HEADERS, END_HEADERS, 1, &block);
-    frame(&mut wire, RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
+    append_frame(&mut wire, HEADERS, END_HEADERS, 1, &block);
+    append_frame(&mut wire, RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
     tcp.write_all(&wire).expect("the flood is taken");
     tcp
 }
@@ -325,7 +325,7 @@ struct Seen {
 }
 
 enum Event {
-    Frame(Parsed),
+    Frame(Frame),
     /// The client closed the connection.
     Closed,
     /// Finish the oldest call answered in part with this many more small
@@ -358,11 +358,11 @@ impl Scripted {
             tcp.set_nodelay(true).expect("nodelay");
             let mut reader = tcp.try_clone().expect("a second handle");
             std::thread::spawn(move || {
-                let mut parser = FrameParser::client_to_server();
+                let mut parser = WholeFrames::from_client();
                 let mut buf = vec![0; 64 * 1024];
                 while let Ok(n @ 1..) = reader.read(&mut buf) {
-                    for parsed in parser.feed(&buf[..n]) {
-                        if frames.send(Event::Frame(parsed)).is_err() {
+                    for frame in parser.feed(&buf[..n]) {
+                        if frames.send(Event::Frame(frame)).is_err() {
                             return;
                         }
                     }
@@ -406,27 +406,27 @@ fn serve_scripted(
     // An empty message: not compressed, 0 bytes.
     let reply = [0u8; 5];
     let mut out = Vec::new();
-    frame(&mut out, SETTINGS, 0, 0, &[]);
+    append_frame(&mut out, SETTINGS, 0, 0, &[]);
     let mut answered = std::collections::VecDeque::new();
     let mut rests = std::collections::VecDeque::new();
     while let Ok(event) = inbox.recv() {
         match event {
-            Event::Frame(parsed) => {
-                let f = &parsed.frame;
+            Event::Frame(frame) => {
+                let f = &frame.header;
                 match f.kind {
-                    SETTINGS if f.flags & ACK == 0 => frame(&mut out, SETTINGS, ACK, 0, &[]),
+                    SETTINGS if f.flags & ACK == 0 => append_frame(&mut out, SETTINGS, ACK, 0, &[]),
                     PING if f.flags & ACK == 0 => {
-                        frame(&mut out, PING, ACK, 0, &parsed.payload);
+                        append_frame(&mut out, PING, ACK, 0, &frame.payload);
                     }
                     HEADERS => {
-                        frame(&mut out, HEADERS, END_HEADERS, f.stream, &response);
-                        frame(&mut out, DATA, 0, f.stream, &reply);
+                        append_frame(&mut out, HEADERS, END_HEADERS, f.stream, &response);
+                        append_frame(&mut out, DATA, 0, f.stream, &reply);
                         answered.push_back(f.stream);
                     }
-                    RST_STREAM if parsed.error_code() == Some(CANCEL) => {
+                    RST_STREAM if frame.error_code() == Some(CANCEL) => {
                         seen.send_modify(|seen| seen.cancelled += 1);
                     }
-                    GOAWAY => seen.send_modify(|seen| seen.go_away = parsed.error_code()),
+                    GOAWAY => seen.send_modify(|seen| seen.go_away = frame.error_code()),
                     _ => {}
                 }
             }
@@ -436,9 +436,9 @@ fn serve_scripted(
         let finished = answered.len().min(rests.len());
         for (stream, replies) in answered.drain(..finished).zip(rests.drain(..finished)) {
             for _ in 0..replies {
-                frame(&mut out, DATA, 0, stream, &reply);
+                append_frame(&mut out, DATA, 0, stream, &reply);
             }
-            frame(
+            append_frame(
                 &mut out,
                 HEADERS,
                 END_HEADERS | END_STREAM,

@@ -14,10 +14,10 @@ use common::{
     raw_call, raw_client, serve, silent_server, with_deadlines,
 };
 use probe::CallRequest;
-use probe::frames::RST_STREAM;
 use tokio::time::Instant;
 use tonic_deadline::timeout_header::decode;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
+use tonic_deadline_guard::frames::RST_STREAM;
 
 /// RST_STREAM's CANCEL error code (RFC 9113, section 7).
 const CANCEL: u32 = 0x8;
@@ -132,11 +132,11 @@ async fn expired_scope_sends_no_frames() {
     let headers = log
         .frames()
         .iter()
-        .filter(|f| f.frame.kind == HEADERS)
+        .filter(|f| f.header.kind == HEADERS)
         .count();
     assert_eq!(headers, 2, "one HEADERS frame per live call");
     assert!(
-        log.frames().iter().any(|f| f.frame.kind == DATA),
+        log.frames().iter().any(|f| f.header.kind == DATA),
         "the live calls sent their messages"
     );
 }
@@ -224,7 +224,7 @@ async fn explicit_cancel_mid_call_is_cancelled_and_resets_the_stream() {
     let resets: Vec<_> = log
         .frames()
         .into_iter()
-        .filter(|f| f.frame.kind == RST_STREAM)
+        .filter(|f| f.header.kind == RST_STREAM)
         .collect();
     assert_eq!(resets.len(), 1, "exactly one reset on the wire: {resets:?}");
     assert_eq!(resets[0].error_code(), Some(CANCEL));

@@ -707,17 +707,17 @@ pub(crate) async fn silent_server(
 // A proxy that counts the client's HTTP/2 frames
 // ---------------------------------------------------------------------------
 
-pub(crate) use probe::frames::{DATA, FrameParser, HEADERS, Parsed};
+pub(crate) use tonic_deadline_guard::frames::{DATA, Frame, HEADERS, WholeFrames};
 
 /// Everything the proxy saw from clients to the server.
 #[derive(Debug, Default)]
 pub(crate) struct FrameLog {
-    frames: Mutex<Vec<Parsed>>,
+    frames: Mutex<Vec<Frame>>,
     connections: AtomicUsize,
 }
 
 impl FrameLog {
-    pub(crate) fn frames(&self) -> Vec<Parsed> {
+    pub(crate) fn frames(&self) -> Vec<Frame> {
         self.frames.lock().expect("not poisoned").clone()
     }
 
@@ -726,8 +726,8 @@ impl FrameLog {
         let streams: std::collections::BTreeSet<u32> = self
             .frames()
             .into_iter()
-            .filter(|f| f.frame.kind == HEADERS || f.frame.kind == DATA)
-            .map(|f| f.frame.stream)
+            .filter(|f| f.header.kind == HEADERS || f.header.kind == DATA)
+            .map(|f| f.header.stream)
             .collect();
         streams.into_iter().collect()
     }
@@ -760,7 +760,7 @@ pub(crate) async fn frame_counting_proxy(upstream: SocketAddr) -> (SocketAddr, A
                     let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
                     let _ = to_client.shutdown().await;
                 });
-                let mut parser = FrameParser::client_to_server();
+                let mut parser = WholeFrames::from_client();
                 let mut buf = vec![0; 16 * 1024];
                 loop {
                     let n = match from_client.read(&mut buf).await {

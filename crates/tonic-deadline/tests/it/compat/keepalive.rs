@@ -8,12 +8,12 @@
 use std::time::Duration;
 
 use probe::CallRequest;
-use probe::frames::PING;
 use probe::probe_server::ProbeServer;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_deadline::ServerDeadlineLayer;
+use tonic_deadline_guard::frames::PING;
 
 use crate::common::frame_counting_proxy;
 
@@ -79,8 +79,8 @@ async fn calls_keep_working_across_keep_alive_pings_both_ways() {
     let pings: Vec<u8> = log
         .frames()
         .into_iter()
-        .filter(|f| f.frame.kind == PING)
-        .map(|f| f.frame.flags)
+        .filter(|f| f.header.kind == PING)
+        .map(|f| f.header.flags)
         .collect();
     assert!(
         pings.iter().any(|flags| flags & ACK == 0),

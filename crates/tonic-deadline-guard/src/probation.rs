@@ -1,18 +1,18 @@
-//! What a guard remembers of the addresses it cut off. A flood that
-//! connects again as soon as it is cut off costs the server a connection
-//! (its accept, its handshake, its allowance of streams) each time, and a
-//! guard on each connection bounds only what one connection costs. So for
-//! [`FORGET`] after its last cut, an address's new connections are on
-//! *probation*: they start with no early resets allowed, and one that
-//! resets a stream early is held unread for [`Rules::hold`] before it is
-//! cut off, at most [`HELD`] of an address at once. What is held is only
-//! what floods again: an honest client sharing the address (behind a NAT
-//! or a proxy that hides its clients' addresses) is read as any other.
-//! An IPv6 address is remembered by its /64 prefix, what one host is
-//! usually given: a flooder choosing a new address within it for each
-//! connection is the same flooder.
+//! Probation: what a guard remembers of the addresses it cut off, and the
+//! address a connection comes from. A flood that connects again as soon as
+//! it is cut off costs the server a connection (its accept, its handshake,
+//! its allowance of streams) each time, and a guard on each connection
+//! bounds only what one connection costs. So for [`FORGET`] after its last
+//! cut, an address's new connections are on *probation*: they start with
+//! no early resets allowed, and one that resets a stream early is held
+//! unread for [`Rules::hold`] before it is cut off, at most [`HELD`] of an
+//! address at once. What is held is only what floods again: an honest
+//! client sharing the address (behind a NAT or a proxy that hides its
+//! clients' addresses) is read as any other. An IPv6 address is remembered
+//! by its /64 prefix, what one host is usually given: a flooder choosing a
+//! new address within it for each connection is the same flooder.
 //!
-//! [`Rules::hold`]: super::Rules::hold
+//! [`Rules::hold`]: crate::rules::Rules::hold
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -39,9 +39,9 @@ pub(super) const HELD: u32 = 20;
 const MAX_PEERS: usize = 4096;
 
 /// The address a connection came from, which a guard keys its memory of
-/// floods by ([`ResetGuard::incoming`](super::ResetGuard::incoming)).
-/// Implemented for what tonic's TCP and Unix-socket streams tell;
-/// X
+/// floods by ([`ResetGuard::incoming`](crate::ResetGuard::incoming)).
+/// Implemented for what tonic's TCP and Unix-socket streams tell, and
+/// (feature `tls`) their TLS; for a stream of your own, implement it:
 ///
 /// ```
 /// use std::net::IpAddr;

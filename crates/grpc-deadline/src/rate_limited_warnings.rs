@@ -4,7 +4,7 @@
 //! request.
 //!
 //! ```
-//! use grpc_deadline::warn_limit::WarnLimit;
+//! use grpc_deadline::rate_limited_warnings::WarnLimit;
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
 //! let limit = WarnLimit::new();

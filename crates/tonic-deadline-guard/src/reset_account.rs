@@ -1,5 +1,6 @@
-//! One connection's account: the streams its client opened, with the
-//! deadline each asked for, and the resets it is allowed.
+//! One connection's account of its client's resets: the streams it
+//! opened, with the deadline each asked for; which of its resets are early;
+//! and the allowance early resets spend, until they breach it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -11,8 +12,7 @@ use crate::frames::{
     Sink,
 };
 use crate::hpack::Shadow;
-
-use crate::guard::Rules;
+use crate::rules::Rules;
 
 /// The most bytes of one header block the account assembles to read its
 /// `grpc-timeout`. Beyond it the block is not read (h2 refuses header
@@ -32,7 +32,7 @@ const EARNED_PER_END: f64 = 4.0;
 
 /// How many of the streams the server answered lately the account
 /// remembers: more than a server answers on one connection in
-/// [`EARLY`](super::EARLY).
+/// [`EARLY`](crate::rules::EARLY).
 const ANSWERED: usize = 64;
 
 /// The most open streams the account follows; beyond it the oldest is let
@@ -75,7 +75,7 @@ pub(crate) struct Breach {
 
 /// What the client sent, and what the server sent, as far as the guard
 /// needs it.
-pub(crate) struct Book {
+pub(crate) struct ResetAccount {
     rules: Rules,
     /// Streams opened and not ended, by increasing id.
     open: VecDeque<Open>,
@@ -114,9 +114,9 @@ pub(crate) struct Book {
     breach: Option<Breach>,
 }
 
-impl std::fmt::Debug for Book {
+impl std::fmt::Debug for ResetAccount {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Book")
+        f.debug_struct("ResetAccount")
             .field("open", &self.open.len())
             .field("tokens", &self.tokens)
             .field("early_resets", &self.early_resets)
@@ -124,7 +124,7 @@ impl std::fmt::Debug for Book {
     }
 }
 
-impl Book {
+impl ResetAccount {
     /// An account opened at `now`: with the whole allowance, or (on
     /// probation: its address was cut off lately) with nothing to spend
     /// until its streams earn it.
@@ -367,7 +367,7 @@ impl Book {
 }
 
 /// The client's frames.
-impl Sink for Book {
+impl Sink for ResetAccount {
     /// Streams opened (their header blocks) and reset.
     #[inline(always)]
     fn wants(&self, kind: u8, _flags: u8) -> bool {
@@ -412,8 +412,8 @@ mod tests {
 
     const RULES: Rules = Rules {
         allowance: 10,
-        early: crate::guard::EARLY,
-        deadline_slack: crate::guard::DEADLINE_SLACK,
+        early: crate::rules::EARLY,
+        deadline_slack: crate::rules::DEADLINE_SLACK,
         refill_per_second: 0.0,
         hold: None,
     };
@@ -442,7 +442,7 @@ mod tests {
     struct Client {
         encoder: loona_hpack::Encoder<'static>,
         frames: Frames,
-        book: Book,
+        account: ResetAccount,
         next: u32,
     }
 
@@ -451,7 +451,7 @@ mod tests {
             let mut client = Self {
                 encoder: loona_hpack::Encoder::new(),
                 frames: Frames::from_client(),
-                book: Book::new(RULES, Instant::now(), false),
+                account: ResetAccount::new(RULES, Instant::now(), false),
                 next: 1,
             };
             client.send(PREFACE.to_vec());
@@ -459,8 +459,8 @@ mod tests {
         }
 
         fn send(&mut self, bytes: Vec<u8>) {
-            self.book.reading_at(Instant::now());
-            self.frames.walk(&bytes, &mut self.book);
+            self.account.reading_at(Instant::now());
+            self.frames.walk(&bytes, &mut self.account);
         }
 
         fn open(&mut self, timeout: Option<&str>) -> u32 {
@@ -477,7 +477,7 @@ mod tests {
 
         /// The server answers stream `id` whole.
         fn answer(&mut self, id: u32) {
-            self.book.server_frame(Header {
+            self.account.server_frame(Header {
                 len: 0,
                 kind: HEADERS,
                 flags: END_STREAM | END_HEADERS,
@@ -493,12 +493,12 @@ mod tests {
             let id = client.open(None);
             client.reset(id);
             assert_eq!(
-                client.book.breach().is_some(),
+                client.account.breach().is_some(),
                 n > 10,
                 "the 11th early reset is one too many"
             );
         }
-        let breach = client.book.breach().expect("a breach");
+        let breach = client.account.breach().expect("a breach");
         assert_eq!((breach.early_resets, breach.opened), (11, 11));
         assert_eq!(breach.last_stream, 21);
     }
@@ -506,21 +506,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_connection_on_probation_may_spend_nothing_until_its_streams_earn_it() {
         let mut client = Client::new();
-        client.book = Book::new(RULES, Instant::now(), true);
+        client.account = ResetAccount::new(RULES, Instant::now(), true);
         let id = client.open(None);
         client.reset(id);
-        assert!(client.book.breach().is_some(), "its first early reset");
+        assert!(client.account.breach().is_some(), "its first early reset");
 
         // A client that is answered earns what it spends.
         let mut client = Client::new();
-        client.book = Book::new(RULES, Instant::now(), true);
+        client.account = ResetAccount::new(RULES, Instant::now(), true);
         for _ in 0..20 {
             let answered = client.open(None);
             client.answer(answered);
             let early = client.open(None);
             client.reset(early);
         }
-        assert_eq!(client.book.breach(), None);
+        assert_eq!(client.account.breach(), None);
     }
 
     /// Time refills an account, but not one on probation before its
@@ -529,18 +529,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn on_probation_time_refills_nothing_until_a_stream_ends_honestly() {
         let mut client = Client::new();
-        client.book = Book::new(REFILLING, Instant::now(), true);
+        client.account = ResetAccount::new(REFILLING, Instant::now(), true);
         tokio::time::advance(Duration::from_secs(1)).await;
         let id = client.open(None);
         client.reset(id);
         assert!(
-            client.book.breach().is_some(),
+            client.account.breach().is_some(),
             "a second's wait earns nothing"
         );
 
         // Once a stream ended honestly, time refills as on any connection.
         let mut client = Client::new();
-        client.book = Book::new(REFILLING, Instant::now(), true);
+        client.account = ResetAccount::new(REFILLING, Instant::now(), true);
         let answered = client.open(None);
         client.answer(answered);
         for _ in 0..200 {
@@ -548,7 +548,7 @@ mod tests {
             client.reset(id);
             tokio::time::advance(Duration::from_millis(10)).await;
         }
-        assert_eq!(client.book.breach(), None);
+        assert_eq!(client.account.breach(), None);
     }
 
     /// A hedged call with `hedgingDelay: "0s"` opens its attempts at once
@@ -564,8 +564,8 @@ mod tests {
                 client.reset(loser);
             }
         }
-        assert_eq!(client.book.breach(), None);
-        assert_eq!(client.book.early_resets, 400);
+        assert_eq!(client.account.breach(), None);
+        assert_eq!(client.account.early_resets, 400);
     }
 
     /// A client that gives up after 1 ms without telling the server (a
@@ -580,8 +580,8 @@ mod tests {
             tokio::time::advance(Duration::from_millis(1)).await;
             client.reset(id);
         }
-        assert_eq!(client.book.breach(), None);
-        assert_eq!(client.book.early_resets, 0);
+        assert_eq!(client.account.breach(), None);
+        assert_eq!(client.account.early_resets, 0);
     }
 
     /// A flood whose streams carry a deadline it does not wait for is a
@@ -592,7 +592,7 @@ mod tests {
         for n in 1..=11 {
             let id = client.open(Some("30m"));
             client.reset(id);
-            assert_eq!(client.book.breach().is_some(), n > 10);
+            assert_eq!(client.account.breach().is_some(), n > 10);
         }
     }
 
@@ -606,8 +606,8 @@ mod tests {
             let id = client.open(Some("5m"));
             client.reset(id);
         }
-        assert_eq!(client.book.breach(), None);
-        assert_eq!(client.book.early_resets, 0);
+        assert_eq!(client.account.breach(), None);
+        assert_eq!(client.account.early_resets, 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -620,8 +620,8 @@ mod tests {
             tokio::time::advance(Duration::from_millis(20)).await;
             client.reset(late);
         }
-        assert_eq!(client.book.breach(), None, "as many honest as early");
-        assert_eq!(client.book.early_resets, 50);
+        assert_eq!(client.account.breach(), None, "as many honest as early");
+        assert_eq!(client.account.early_resets, 50);
     }
 
     #[tokio::test(start_paused = true)]
@@ -629,7 +629,7 @@ mod tests {
         let mut client = Client::new();
         for _ in 0..100 {
             let id = client.open(None);
-            client.book.server_frame(Header {
+            client.account.server_frame(Header {
                 len: 0,
                 kind: HEADERS,
                 flags: END_STREAM | END_HEADERS,
@@ -637,8 +637,8 @@ mod tests {
             });
             client.reset(id);
         }
-        assert_eq!(client.book.breach(), None);
-        assert_eq!(client.book.honest_ends, 100);
+        assert_eq!(client.account.breach(), None);
+        assert_eq!(client.account.honest_ends, 100);
     }
 
     #[tokio::test(start_paused = true)]
@@ -665,11 +665,11 @@ mod tests {
             client.send(wave);
         }
         assert_eq!(
-            client.book.breach(),
+            client.account.breach(),
             None,
             "1 000 resets a deadline explains"
         );
-        assert_eq!(client.book.early_resets, 0);
+        assert_eq!(client.account.early_resets, 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -677,7 +677,7 @@ mod tests {
         let mut client = Client::new();
         for _ in 0..100 {
             let id = client.open(None);
-            client.book.server_frame(Header {
+            client.account.server_frame(Header {
                 len: 0,
                 kind: HEADERS,
                 flags: END_HEADERS,
@@ -685,8 +685,8 @@ mod tests {
             });
             client.reset(id);
         }
-        assert_eq!(client.book.breach(), None);
-        assert_eq!(client.book.early_resets, 0);
+        assert_eq!(client.account.breach(), None);
+        assert_eq!(client.account.early_resets, 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -701,22 +701,22 @@ mod tests {
         let mut bytes = PREFACE.to_vec();
         bytes.extend(frame(HEADERS, PADDED | PRIORITY, 1, &payload));
         bytes.extend(frame(CONTINUATION, END_HEADERS, 1, rest));
-        let mut book = Book::new(RULES, Instant::now(), false);
-        Frames::from_client().walk(&bytes, &mut book);
-        let open: Vec<_> = book.open.iter().map(|o| (o.id, o.timeout)).collect();
+        let mut account = ResetAccount::new(RULES, Instant::now(), false);
+        Frames::from_client().walk(&bytes, &mut account);
+        let open: Vec<_> = account.open.iter().map(|o| (o.id, o.timeout)).collect();
         assert_eq!(open, [(1, nanos(Duration::from_secs(7)))]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn time_refills_the_allowance() {
         let mut client = Client::new();
-        client.book = Book::new(REFILLING, Instant::now(), false);
+        client.account = ResetAccount::new(REFILLING, Instant::now(), false);
         for _ in 0..200 {
             let id = client.open(None);
             client.reset(id);
             // 100 a second refill one per 10 ms: a slow trickle never runs out.
             tokio::time::advance(Duration::from_millis(10)).await;
         }
-        assert_eq!(client.book.breach(), None);
+        assert_eq!(client.account.breach(), None);
     }
 }

@@ -1,5 +1,5 @@
 //! A guarded connection: the accepted stream, read and written through the
-//! account of its client's streams.
+//! account of its client's resets; and an incoming stream of them.
 
 use std::fmt;
 use std::future::Future;
@@ -10,17 +10,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::Stream;
+use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
-use super::book::{Book, Breach};
-use crate::frames::{self, Frames, GOAWAY, Header, Sink};
-use crate::guard::Shared;
-use crate::peers::Held;
-
-/// HTTP/2's `ENHANCE_YOUR_CALM`, the code of the GOAWAY a breach sends.
-const ENHANCE_YOUR_CALM: u32 = 0xb;
+use crate::frames::{self, Frames, Header, Sink};
+use crate::go_away;
+use crate::probation::{Held, PeerAddress};
+use crate::reset_account::ResetAccount;
+use crate::shared::Shared;
 
 /// How long a closing connection reads and drops what its client still
 /// sends, at most: a socket closed with unread bytes is reset, and a reset
@@ -29,7 +29,7 @@ const LINGER: Duration = Duration::from_secs(1);
 /// How many bytes a closing connection drops, at most.
 const LINGER_BYTES: usize = 256 * 1024;
 
-/// An accepted connection under a [`ResetGuard`](super::ResetGuard): what
+/// An accepted connection under a [`ResetGuard`](crate::ResetGuard): what
 /// its client writes is followed frame by frame (the streams it opens, the
 /// `grpc-timeout` each carries, the streams it resets), and the connection
 /// is closed — `GOAWAY ENHANCE_YOUR_CALM`, then the socket — once the
@@ -38,13 +38,13 @@ const LINGER_BYTES: usize = 256 * 1024;
 ///
 /// A connection from an address the guard cut off lately is on probation:
 /// one that floods again is held unread for a while before it is cut off
-/// ([`ResetGuard::hold_after_cut`](super::ResetGuard::hold_after_cut)).
+/// ([`ResetGuard::hold_after_cut`](crate::ResetGuard::hold_after_cut)).
 /// A connection that starts with a TLS handshake, which the guard cannot
 /// read, is refused (TLS belongs inside the guard:
-/// [`ResetGuard::incoming_tls`](super::ResetGuard::incoming_tls)).
+/// [`ResetGuard::incoming_tls`](crate::ResetGuard::incoming_tls)).
 ///
-/// Made by [`ResetGuard::incoming`](super::ResetGuard::incoming) or
-/// [`ResetGuard::wrap`](super::ResetGuard::wrap); tonic reads its
+/// Made by [`ResetGuard::incoming`](crate::ResetGuard::incoming) or
+/// [`ResetGuard::wrap`](crate::ResetGuard::wrap); tonic reads its
 /// connection info as the wrapped stream's.
 ///
 /// ```
@@ -78,7 +78,7 @@ struct State {
     probation: bool,
     read: Scan,
     written: Frames,
-    book: Book,
+    account: ResetAccount,
     /// Held unread until the sleep ends, then cut off: a connection that
     /// flooded again on probation.
     hold: Option<(Pin<Box<Sleep>>, Held)>,
@@ -97,12 +97,12 @@ struct Linger {
 }
 
 /// The server's frames, told to the account.
-struct ServerFrames<'a>(&'a mut Book);
+struct ServerFrames<'a>(&'a mut ResetAccount);
 
 impl Sink for ServerFrames<'_> {
     #[inline(always)]
     fn wants(&self, kind: u8, flags: u8) -> bool {
-        Book::wants_server_frame(kind, flags)
+        ResetAccount::wants_server_frame(kind, flags)
     }
 
     #[inline(always)]
@@ -112,10 +112,10 @@ impl Sink for ServerFrames<'_> {
 }
 
 impl<IO> Guarded<IO> {
-    pub(super) fn new(io: IO, shared: Arc<Shared>, peer: Option<IpAddr>) -> Self {
+    pub(crate) fn new(io: IO, shared: Arc<Shared>, peer: Option<IpAddr>) -> Self {
         let now = Instant::now();
         let probation = shared.probation(peer, now);
-        let book = Book::new(shared.rules, now, probation);
+        let account = ResetAccount::new(shared.rules, now, probation);
         Self {
             io,
             shared,
@@ -124,7 +124,7 @@ impl<IO> Guarded<IO> {
                 probation,
                 read: Scan::Start(Vec::new()),
                 written: Frames::default(),
-                book,
+                account,
                 hold: None,
                 go_away: None,
                 closed: false,
@@ -170,12 +170,12 @@ impl State {
         let Scan::Http2(frames) = &mut self.read else {
             return;
         };
-        self.book.reading_at(now);
-        frames.walk(bytes, &mut self.book);
+        self.account.reading_at(now);
+        frames.walk(bytes, &mut self.account);
         if !self.cut()
-            && let Some(breach) = self.book.breach()
+            && let Some(breach) = self.account.breach()
         {
-            self.go_away = Some(go_away(&breach));
+            self.go_away = Some(go_away::cut(breach.last_stream));
             match shared.breached(&breach, self.peer, self.probation, now) {
                 Some((held, hold)) => {
                     self.hold = Some((Box::pin(tokio::time::sleep(hold)), held));
@@ -189,13 +189,6 @@ impl State {
     fn cut(&self) -> bool {
         self.closed || self.hold.is_some()
     }
-}
-
-fn go_away(breach: &Breach) -> Vec<u8> {
-    let mut payload = breach.last_stream.to_be_bytes().to_vec();
-    payload.extend(ENHANCE_YOUR_CALM.to_be_bytes());
-    payload.extend_from_slice(crate::FLOOD_GO_AWAY.as_bytes());
-    frames::frame(GOAWAY, 0, 0, &payload)
 }
 
 fn refused_error() -> io::Error {
@@ -393,7 +386,7 @@ impl<IO> Guarded<IO> {
         }
         state
             .written
-            .walk(bytes, &mut ServerFrames(&mut state.book));
+            .walk(bytes, &mut ServerFrames(&mut state.account));
     }
 }
 
@@ -410,5 +403,51 @@ impl<IO> fmt::Debug for Guarded<IO> {
         f.debug_struct("Guarded")
             .field("closed", &self.state.closed)
             .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The connections of an incoming stream, each [`Guarded`]. See
+    /// [`ResetGuard::incoming`](crate::ResetGuard::incoming).
+    pub struct Incoming<I> {
+        #[pin]
+        inner: I,
+        shared: Arc<Shared>,
+    }
+}
+
+impl<I> Incoming<I> {
+    /// The connections of `incoming`, each guarded with `shared`.
+    pub(crate) fn new(incoming: I, shared: Arc<Shared>) -> Self {
+        Self {
+            inner: incoming,
+            shared,
+        }
+    }
+}
+
+impl<I, IO, E> Stream for Incoming<I>
+where
+    I: Stream<Item = Result<IO, E>>,
+    IO: Connected,
+    IO::ConnectInfo: PeerAddress,
+{
+    type Item = Result<Guarded<IO>, E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.project();
+        let next = std::task::ready!(this.inner.poll_next(cx));
+        Poll::Ready(next.map(|accepted| {
+            accepted.map(|io| {
+                let peer = io.connect_info().peer_address();
+                Guarded::new(io, this.shared.clone(), peer)
+            })
+        }))
+    }
+}
+
+impl<I> fmt::Debug for Incoming<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming").finish_non_exhaustive()
     }
 }
