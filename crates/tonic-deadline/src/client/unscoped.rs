@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::observer::Observer;
-use grpc_deadline::warn_limit::WarnLimit;
+use grpc_deadline::rate_limited_warnings::WarnLimit;
 
 /// What the client layer does with an outbound call that finds no scope —
 /// neither a current scope on its task nor one carried in the request: the
