@@ -65,6 +65,8 @@ pub fn encode(budget: Duration) -> String {
 /// The longest encoded value: eight digits and a unit.
 pub const ENCODED_MAX: usize = 9;
 
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
 /// Writes the encoded `budget` into `buf`; returns its length. The one
 /// encoder: [`encode`] and the client layer's header both use it, without
 /// `format!` on the request path.
@@ -82,11 +84,17 @@ pub fn encode_into(budget: Duration, buf: &mut [u8; ENCODED_MAX]) -> usize {
     // 128 bits call a division routine for each digit.
     let (value, unit) = match u64::try_from(budget.as_nanos()) {
         Ok(0) => (0, b'n'),
-        Ok(nanos) => UNITS
-            .iter()
-            .map(|&(unit, len)| (nanos.div_ceil(len), unit))
-            .find(|&(value, _)| value <= MAX_VALUE)
-            .unwrap_or((MAX_VALUE, b'H')),
+        // Each unit written out, so that each division is by a constant.
+        Ok(nanos) if nanos <= MAX_VALUE => (nanos, b'n'),
+        Ok(nanos) if nanos.div_ceil(1_000) <= MAX_VALUE => (nanos.div_ceil(1_000), b'u'),
+        Ok(nanos) if nanos.div_ceil(1_000_000) <= MAX_VALUE => (nanos.div_ceil(1_000_000), b'm'),
+        Ok(nanos) if nanos.div_ceil(NANOS_PER_SEC) <= MAX_VALUE => {
+            (nanos.div_ceil(NANOS_PER_SEC), b'S')
+        }
+        Ok(nanos) if nanos.div_ceil(60 * NANOS_PER_SEC) <= MAX_VALUE => {
+            (nanos.div_ceil(60 * NANOS_PER_SEC), b'M')
+        }
+        Ok(nanos) => (nanos.div_ceil(3_600 * NANOS_PER_SEC).min(MAX_VALUE), b'H'),
         // Past 64 bits of nanoseconds (584 years): hours, from the seconds.
         Err(_) => {
             let secs = budget
