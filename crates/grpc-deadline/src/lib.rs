@@ -7,14 +7,16 @@
 //!
 //! # Features
 //!
-//! - `tonic`: `?` from [`Ended`] into `tonic::Status` (and the right code in
-//!   tonic's `Status::from_error` for a boxed one), conversions between
-//!   [`Code`] and `tonic::Code`. Rust lets only the crate that defines a type
+//! - `tonic`: `?` from [`Ended`] (and from an admission's
+//!   [`Refused`](admission::Refused)) into `tonic::Status` (and the right
+//!   code in tonic's `Status::from_error` for a boxed one), conversions
+//!   between [`Code`] and `tonic::Code`. Rust lets only the crate that defines a type
 //!   or the one that defines the trait write such a conversion, so it is
 //!   here, behind a feature; nothing else of tonic is used.
 // On docs.rs every feature-gated item is marked with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admission;
 mod code;
 pub mod deadline_headers;
 #[cfg(feature = "ledger")]

@@ -2,6 +2,11 @@
 //! scarce resource (workers, database connections, rate tokens), and a server
 //! concurrency limit built on it.
 //!
+//! The semaphore is the core's ([`grpc_deadline::admission`]), re-exported
+//! here: it needs no gRPC stack, so the database pools and the job queue
+//! stand on the core alone. The server layer, [`AdmissionLayer`], is
+//! tonic-deadline's.
+//!
 //! Time spent waiting for a permit is spent from the caller's budget,
 //! so the queue itself obeys the caller's [`Scope`]:
 //!
@@ -63,124 +68,11 @@
 
 mod limit;
 pub(crate) mod observer;
-mod queue;
 
-use std::fmt;
-use std::sync::LazyLock;
-
+pub use grpc_deadline::admission::{Admission, Discipline, Permit, Reason, Refused, Stats};
 pub use limit::{AdmissionLayer, Admitted, AdmittedBody};
-pub use queue::{Admission, Discipline, Permit, Stats};
 
-use crate::scope::{Cause, Scope};
-use crate::status::cause_status;
-
-/// Why a caller was not given a permit.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-/// # async fn main() {
-/// use tonic_deadline::{Cause, Scope};
-/// use tonic_deadline::admission::{Admission, Reason};
-/// let scope = Scope::background();
-/// scope.cancel();
-/// let refused = Admission::new(4).try_acquire(&scope).unwrap_err();
-/// assert_eq!(refused.reason(), Reason::Ended(Cause::Cancelled));
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Reason {
-    /// The caller's scope ended (before or while it waited).
-    Ended(Cause),
-    /// The caller has less time left than the observed service time: the work
-    /// could not finish before its deadline, so it is not started.
-    WouldNotFinish,
-    /// The queue is at its configured bound.
-    QueueFull,
-}
-
-/// The error of [`Admission::acquire`]: the caller gets no permit.
-///
-/// Converts into the right [`tonic::Status`]: an ended scope as its cause
-/// (`DEADLINE_EXCEEDED` or `CANCELLED`), work that could not finish in time
-/// as `DEADLINE_EXCEEDED` (the deadline cannot be met, and saying so early
-/// lets the caller use what is left), a full queue as `RESOURCE_EXHAUSTED`.
-///
-/// ```
-/// use tonic_deadline::admission::{Admission, Reason};
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let scope = tonic_deadline::Scope::background();
-/// scope.cancel();
-/// let refused = Admission::new(4).acquire(&scope).await.unwrap_err();
-/// assert_eq!(refused.reason(), Reason::Ended(tonic_deadline::Cause::Cancelled));
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refused {
-    reason: Reason,
-}
-
-impl Refused {
-    pub(crate) const fn new(reason: Reason) -> Self {
-        Self { reason }
-    }
-
-    /// Why the caller was refused.
-    pub fn reason(&self) -> Reason {
-        self.reason
-    }
-}
-
-impl fmt::Display for Refused {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.reason {
-            Reason::Ended(cause) => write!(f, "not admitted: {cause}"),
-            Reason::WouldNotFinish => {
-                f.write_str("not admitted: the work could not finish in time")
-            }
-            Reason::QueueFull => f.write_str("not admitted: queue full"),
-        }
-    }
-}
-
-impl Refused {
-    /// The status of this refusal, made once per kind.
-    fn status(&self) -> &'static tonic::Status {
-        static OVERLOADED: LazyLock<tonic::Status> =
-            LazyLock::new(|| tonic::Status::resource_exhausted("overloaded"));
-        match self.reason {
-            Reason::Ended(cause) => cause_status(cause),
-            Reason::WouldNotFinish => cause_status(Cause::DeadlineExceeded),
-            Reason::QueueFull => &OVERLOADED,
-        }
-    }
-}
-
-/// A refusal names what it stands for as its source: the [`Ended`](crate::Ended)
-/// of a scope that ended (whose own source is its status), else its status.
-/// So a `Refused` boxed by `?` still answers the right code through tonic's
-/// `Status::from_error`, not `UNKNOWN`.
-impl std::error::Error for Refused {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self.reason {
-            Reason::Ended(cause) => Some(crate::Ended::of(cause)),
-            _ => Some(self.status()),
-        }
-    }
-}
-
-impl From<Refused> for tonic::Status {
-    fn from(refused: Refused) -> tonic::Status {
-        refused.status().clone()
-    }
-}
-
-impl From<crate::Ended> for Refused {
-    fn from(ended: crate::Ended) -> Self {
-        Refused::new(Reason::Ended(ended.cause()))
-    }
-}
+use crate::scope::Scope;
 
 /// The scope a request runs under: the one the server layer put in the
 /// request's extensions, else the task's current scope.
@@ -191,6 +83,3 @@ fn scope_of<B>(request: &http::Request<B>) -> Scope {
         .cloned()
         .unwrap_or_else(Scope::current)
 }
-
-#[cfg(test)]
-mod tests;

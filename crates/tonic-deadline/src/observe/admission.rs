@@ -40,6 +40,9 @@ impl Observer for Metrics {
                     Reason::Ended(_) => "cancelled",
                     Reason::WouldNotFinish => "would_not_finish",
                     Reason::QueueFull => "queue_full",
+                    // The core's `Reason` may gain a reason in a later
+                    // release (it is `non_exhaustive`).
+                    _ => "other",
                 };
                 self.not_admitted(reason);
             }

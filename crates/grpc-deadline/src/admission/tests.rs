@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::{Instant, advance};
 
 use super::*;
-use crate::Cause;
+use crate::{Cause, Scope};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -97,7 +97,7 @@ async fn cancelled_waiter_leaves_the_queue_at_once() {
         .expect("no panic")
         .expect_err("it was cancelled");
     assert_eq!(refused.reason(), Reason::Ended(Cause::Cancelled));
-    assert_eq!(tonic::Status::from(refused).code(), tonic::Code::Cancelled);
+    assert_eq!(refused.code(), crate::Code::Cancelled);
     assert_eq!(admission.stats().queued, 0);
 }
 
@@ -109,10 +109,7 @@ async fn work_that_cannot_finish_is_refused_before_it_takes_the_resource() {
         .await
         .expect_err("20 ms cannot fit a 30 ms service");
     assert_eq!(refused.reason(), Reason::WouldNotFinish);
-    assert_eq!(
-        tonic::Status::from(refused).code(),
-        tonic::Code::DeadlineExceeded
-    );
+    assert_eq!(refused.code(), crate::Code::DeadlineExceeded);
     assert_eq!(admission.stats().in_use, 0, "the resource was not taken");
 
     // A waiter gives up as soon as its remaining budget drops below the
@@ -330,10 +327,7 @@ async fn bounded_queue_refuses_or_evicts_the_oldest() {
         .await
         .expect_err("the queue is full");
     assert_eq!(refused.reason(), Reason::QueueFull);
-    assert_eq!(
-        tonic::Status::from(refused).code(),
-        tonic::Code::ResourceExhausted
-    );
+    assert_eq!(refused.code(), crate::Code::ResourceExhausted);
     waiting.abort();
 
     let lifo = Admission::new(1).discipline(Discipline::Lifo).max_queue(1);
@@ -434,4 +428,24 @@ async fn hundred_thousand_cancelled_acquires_leak_nothing() {
         tasks_before,
         "no task leaked"
     );
+}
+
+#[cfg(feature = "tonic")]
+#[test]
+fn a_refusal_answers_its_code_in_tonic_boxed_or_not() {
+    let reasons = Cause::ALL
+        .map(Reason::Ended)
+        .into_iter()
+        .chain([Reason::WouldNotFinish, Reason::QueueFull]);
+    for reason in reasons {
+        let refused = Refused::new(reason);
+        let code = tonic::Code::from(refused.code());
+        assert_eq!(tonic::Status::from(refused).code(), code, "{reason:?}");
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(refused);
+        assert_eq!(
+            tonic::Status::from_error(boxed).code(),
+            code,
+            "{reason:?}, boxed"
+        );
+    }
 }

@@ -22,7 +22,7 @@ use crate::scope::Scope;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline::admission::{Admission, Discipline};
+/// use grpc_deadline::admission::{Admission, Discipline};
 /// let fair = Admission::new(8).discipline(Discipline::Fifo);
 /// let newest_first = Admission::new(8).discipline(Discipline::AdaptiveLifo {
 ///     after: Duration::from_millis(5),
@@ -73,7 +73,7 @@ struct Config {
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// use tonic_deadline::{Scope, admission::Admission};
+/// use grpc_deadline::{Scope, admission::Admission};
 /// let admission = Admission::new(2);
 /// let _permit = admission.try_acquire(&Scope::background()).expect("a free permit");
 /// let stats = admission.stats();
@@ -241,8 +241,8 @@ impl Shared {
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::time::Duration;
-/// use tonic_deadline::Scope;
-/// use tonic_deadline::admission::Admission;
+/// use grpc_deadline::Scope;
+/// use grpc_deadline::admission::Admission;
 /// let database = Admission::new(8).max_queue(64);
 /// let request = Scope::background().with_timeout(Duration::from_millis(300));
 /// let permit = database.acquire(&request).await.expect("a free permit");
@@ -315,7 +315,7 @@ impl Admission {
     /// Sets the queue discipline (a builder step, before first use).
     ///
     /// ```
-    /// use tonic_deadline::admission::{Admission, Discipline};
+    /// use grpc_deadline::admission::{Admission, Discipline};
     /// let fifo = Admission::new(8).discipline(Discipline::Fifo);
     /// # let _ = fifo;
     /// ```
@@ -520,7 +520,7 @@ struct Waiting<'a> {
 #[cfg(feature = "ledger")]
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        grpc_deadline::ledger::note_queued(self.scope, self.since.elapsed());
+        crate::ledger::note_queued(self.scope, self.since.elapsed());
     }
 }
 
@@ -573,7 +573,7 @@ impl Drop for Slot<'_> {
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::time::Duration;
-/// use tonic_deadline::{Scope, admission::Admission};
+/// use grpc_deadline::{Scope, admission::Admission};
 /// let admission = Admission::new(1);
 /// let scope = Scope::background();
 /// let first = admission.try_acquire(&scope).expect("a free permit");
