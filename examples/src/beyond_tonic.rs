@@ -16,6 +16,8 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
+use grpc_deadline_db::sqlx_postgres::SqlxPgPool;
+use grpc_deadline_db::sqlx_postgres::sqlx::{self, Row};
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest, Hop};
@@ -23,8 +25,6 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
-use tonic_deadline_db::sqlx_postgres::SqlxPgPool;
-use tonic_deadline_db::sqlx_postgres::sqlx::{self, Row};
 
 /// The tonic service: a query that takes `work_ms`, under the request's scope.
 struct Orders {

@@ -9,13 +9,13 @@
 
 use std::time::Duration;
 
+use grpc_deadline_db::sqlite::SqlitePool;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
 use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
-use tonic_deadline_db::sqlite::SqlitePool;
 use tonic_deadline_examples::store::store_client::StoreClient;
 use tonic_deadline_examples::store::store_server::{Store, StoreServer};
 use tonic_deadline_examples::store::{CountReply, CountRequest};

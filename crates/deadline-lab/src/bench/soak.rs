@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use grpc_deadline_db::sqlite::SqlitePool;
 use probe::probe_client::ProbeClient;
 use probe::probe_server::ProbeServer;
 use probe::{CallReply, CallRequest};
@@ -48,7 +49,6 @@ use tonic_deadline::admission::Admission;
 use tonic_deadline::client::{ReadyChannel, ReadyChannelBuilder};
 use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
-use tonic_deadline_db::sqlite::SqlitePool;
 
 use crate::html::chart::{self, Bar};
 use crate::html::{Part, Section};

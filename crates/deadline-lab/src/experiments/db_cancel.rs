@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use grpc_deadline_db::postgres::{PgPool, tokio_postgres};
+use grpc_deadline_db::sqlite::SqlitePool;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
-use tonic_deadline_db::postgres::{PgPool, tokio_postgres};
-use tonic_deadline_db::sqlite::SqlitePool;
 
 use crate::report::{Outcome, ms};
 

@@ -21,6 +21,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
+use grpc_deadline_db::sqlx_postgres::{SqlxPgPool, sqlx};
 use grpc_deadline_reqwest::DeadlineMiddleware;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -28,7 +29,6 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_deadline::deadline_headers::DeadlineHeader;
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
-use tonic_deadline_db::sqlx_postgres::{SqlxPgPool, sqlx};
 
 use sqlx::{Connection, Executor, Row};
 

@@ -28,12 +28,12 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use grpc_deadline_db::postgres::{PgPool, tokio_postgres};
+use grpc_deadline_jobs::JobState;
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
-use tonic_deadline_db::postgres::{PgPool, tokio_postgres};
-use tonic_deadline_jobs::JobState;
 
 use crate::experiments::db_cancel;
 use crate::html::chart;

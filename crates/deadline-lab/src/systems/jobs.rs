@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
+use grpc_deadline_db::postgres::PgPool;
+use grpc_deadline_db::postgres::tokio_postgres::Row;
+use grpc_deadline_db::postgres::tokio_postgres::types::ToSql;
+use grpc_deadline_jobs::postgres::{PgStore, PgStoreOptions};
+use grpc_deadline_jobs::{Job, JobQueue, Worker};
 use tonic_deadline::Scope;
-use tonic_deadline_db::postgres::PgPool;
-use tonic_deadline_db::postgres::tokio_postgres::Row;
-use tonic_deadline_db::postgres::tokio_postgres::types::ToSql;
-use tonic_deadline_jobs::postgres::{PgStore, PgStoreOptions};
-use tonic_deadline_jobs::{Job, JobQueue, Worker};
 
 /// Where the jobs live and how a worker runs them.
 #[derive(Debug, Clone)]
@@ -58,12 +58,12 @@ impl Setup {
 ///
 /// # Errors
 ///
-/// As [`PgConn::query`](tonic_deadline_db::postgres::PgConn::query).
+/// As [`PgConn::query`](grpc_deadline_db::postgres::PgConn::query).
 pub async fn query(
     pool: &PgPool,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>, tonic_deadline_db::Error> {
+) -> Result<Vec<Row>, grpc_deadline_db::Error> {
     pool.acquire(&Scope::current())
         .await?
         .query(sql, params)

@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
+use grpc_deadline_db::postgres::{PgPool, tokio_postgres};
 use tokio::time::Instant;
 use tonic_deadline::{Cause, Scope};
-use tonic_deadline_db::postgres::{PgPool, tokio_postgres};
 
 fn url() -> String {
     std::env::var("TONIC_DEADLINE_PG_URL").expect(
@@ -42,7 +42,7 @@ async fn active(monitor: &tokio_postgres::Client, pid: i32) -> bool {
     row.get::<_, i64>(0) > 0
 }
 
-async fn backend_pid(conn: &mut tonic_deadline_db::postgres::PgConn) -> i32 {
+async fn backend_pid(conn: &mut grpc_deadline_db::postgres::PgConn) -> i32 {
     conn.query("SELECT pg_backend_pid()", &[])
         .await
         .expect("pid")[0]

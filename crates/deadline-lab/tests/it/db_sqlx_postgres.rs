@@ -12,10 +12,10 @@
 
 use std::time::Duration;
 
+use grpc_deadline_db::sqlx_postgres::{SqlxPgConn, SqlxPgPool, sqlx};
 use sqlx::{Connection, Executor, Row};
 use tokio::time::Instant;
 use tonic_deadline::{Cause, Scope};
-use tonic_deadline_db::sqlx_postgres::{SqlxPgConn, SqlxPgPool, sqlx};
 
 fn url() -> String {
     std::env::var("TONIC_DEADLINE_PG_URL").expect(
@@ -227,7 +227,7 @@ struct Late {
     timeout: Duration,
     /// How long it ran before its call returned.
     ran: Duration,
-    err: tonic_deadline_db::Error,
+    err: grpc_deadline_db::Error,
     /// Whether its backend was still running it afterwards.
     still_active: bool,
 }

@@ -107,6 +107,8 @@ fn pages() -> Vec<String> {
         "crates/grpc-deadline-reqwest/README.md",
         "crates/grpc-deadline-grpc/README.md",
         "crates/tonic-deadline-guard/README.md",
+        "crates/grpc-deadline-db/README.md",
+        "crates/grpc-deadline-jobs/README.md",
         "crates/tonic-deadline-db/README.md",
         "crates/tonic-deadline-jobs/README.md",
         "crates/tonic-deadline/README.md",

@@ -14,13 +14,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use grpc_deadline_db::postgres::PgPool;
+use grpc_deadline_db::postgres::tokio_postgres::Row;
+use grpc_deadline_db::postgres::tokio_postgres::types::ToSql;
+use grpc_deadline_jobs::postgres::{PgStore, PgStoreOptions};
+use grpc_deadline_jobs::{Job, JobQueue, JobState, Worker};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
-use tonic_deadline_db::postgres::PgPool;
-use tonic_deadline_db::postgres::tokio_postgres::Row;
-use tonic_deadline_db::postgres::tokio_postgres::types::ToSql;
-use tonic_deadline_jobs::postgres::{PgStore, PgStoreOptions};
-use tonic_deadline_jobs::{Job, JobQueue, JobState, Worker};
 
 const JOBS: i64 = 60;
 const JOB_TIME: Duration = Duration::from_millis(100);
@@ -41,7 +41,7 @@ async fn query(
     pool: &PgPool,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>, tonic_deadline_db::Error> {
+) -> Result<Vec<Row>, grpc_deadline_db::Error> {
     pool.acquire(&Scope::current())
         .await?
         .query(sql, params)

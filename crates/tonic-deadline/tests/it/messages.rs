@@ -50,8 +50,10 @@ use syn::visit::Visit;
 /// The published crates: their directories and their names in code.
 const CRATES: &[(&str, &str)] = &[
     ("grpc-deadline", "grpc_deadline"),
-    ("grpc-deadline-reqwest", "grpc_deadline_reqwest"),
+    ("grpc-deadline-db", "grpc_deadline_db"),
     ("grpc-deadline-grpc", "grpc_deadline_grpc"),
+    ("grpc-deadline-jobs", "grpc_deadline_jobs"),
+    ("grpc-deadline-reqwest", "grpc_deadline_reqwest"),
     ("tonic-deadline", "tonic_deadline"),
     ("tonic-deadline-db", "tonic_deadline_db"),
     ("tonic-deadline-guard", "tonic_deadline_guard"),

@@ -7,10 +7,10 @@
 
 use std::time::Duration;
 
+use grpc_deadline::{Cause, Code, Scope};
+use grpc_deadline_db::sqlx_sqlite::{SqlxSqliteConn, SqlxSqlitePool, sqlx};
 use sqlx::{Connection, Executor, Row};
 use tokio::time::Instant;
-use tonic_deadline::{Cause, Scope};
-use tonic_deadline_db::sqlx_sqlite::{SqlxSqliteConn, SqlxSqlitePool, sqlx};
 
 /// Counts forever: far more than any budget in these tests.
 const ENDLESS: &str =
@@ -79,10 +79,7 @@ async fn deadline_interrupts_the_sqlx_statement_and_the_connection_is_reusable_a
         .expect_err("an endless query must be stopped");
     let stopped = start.elapsed();
     assert_eq!(err.cause(), Some(Cause::DeadlineExceeded));
-    assert_eq!(
-        tonic::Status::from(err).code(),
-        tonic::Code::DeadlineExceeded
-    );
+    assert_eq!(err.code(), Code::DeadlineExceeded);
     assert!(
         stopped < Duration::from_secs(2),
         "stopped near the 200 ms deadline, not when the query ends: {stopped:?}"
@@ -141,7 +138,7 @@ async fn caller_cancel_interrupts_the_statement() {
         .await
         .expect_err("cancelled");
     assert_eq!(err.cause(), Some(Cause::Cancelled));
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Cancelled);
+    assert_eq!(err.code(), Code::Cancelled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,7 +232,7 @@ async fn queue_time_for_a_connection_spends_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
-    let admission = tonic_deadline::admission::Admission::new(2)
+    let admission = grpc_deadline::admission::Admission::new(2)
         .expected_service_time(Duration::ZERO)
         .smoothing(f64::MIN_POSITIVE);
     let options = sqlx::sqlite::SqlitePoolOptions::new()

@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
+use grpc_deadline::{Cause, Code, Scope};
+use grpc_deadline_db::Error;
+use grpc_deadline_db::sqlite::{SqlitePool, rusqlite};
 use tokio::time::Instant;
-use tonic_deadline::{Cause, Scope};
-use tonic_deadline_db::Error;
-use tonic_deadline_db::sqlite::{SqlitePool, rusqlite};
 
 /// Counts forever: far more than any budget in these tests.
 const ENDLESS: &str =
@@ -112,7 +112,7 @@ async fn caller_cancel_interrupts_the_query() {
     });
     let err = call(&pool, &scope, endless).await.expect_err("cancelled");
     assert_eq!(err.cause(), Some(Cause::Cancelled));
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Cancelled);
+    assert_eq!(err.code(), Code::Cancelled);
     assert_eq!(pool.stats().idle, 1);
 }
 

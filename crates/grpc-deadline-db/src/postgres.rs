@@ -22,15 +22,15 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tonic_deadline::Scope;
-//! use tonic_deadline_db::postgres::PgPool;
+//! use grpc_deadline::Scope;
+//! use grpc_deadline_db::postgres::PgPool;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = PgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
 //! let scope = Scope::background().with_timeout(Duration::from_millis(200));
 //! let mut conn = pool.acquire(&scope).await?;
 //! let err = conn.query("SELECT pg_sleep(5)", &[]).await.expect_err("stopped at 200 ms");
-//! assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
+//! assert_eq!(err.code(), grpc_deadline::Code::DeadlineExceeded);
 //! # Ok(())
 //! # }
 //! ```
@@ -55,8 +55,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::{DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, statement_timeout_ms};
-use tonic_deadline::admission::{Admission, Permit};
-use tonic_deadline::scope::{Cause, Scope};
+use grpc_deadline::admission::{Admission, Permit};
+use grpc_deadline::scope::{Cause, Scope};
 
 /// How long cleaning a stopped connection may take before it is discarded.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(5);
@@ -65,8 +65,8 @@ const CLEANUP_LIMIT: Duration = Duration::from_secs(5);
 /// behind a deadline-aware queue. Cheap to clone. See the [module docs](self).
 ///
 /// ```
-/// # fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_db::postgres::PgPool;
+/// # fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_db::postgres::PgPool;
 /// // Connections open on first use.
 /// let pool = PgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
 /// assert_eq!(pool.stats().max_size, 8);
@@ -100,8 +100,8 @@ impl fmt::Debug for PgPool {
 /// Configures a [`PgPool`]; [`build`](Self::build) freezes it.
 ///
 /// ```
-/// # fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_db::postgres::{PgPool, tokio_postgres};
+/// # fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_db::postgres::{PgPool, tokio_postgres};
 ///
 /// let config: tokio_postgres::Config = "host=127.0.0.1 user=postgres".parse().expect("valid");
 /// // Behind a pooler in transaction mode, where cancel requests go astray.
@@ -253,8 +253,8 @@ impl PgPool {
 /// open, on a background task, if the call was dropped mid-way.
 ///
 /// ```no_run
-/// # async fn run(pool: tonic_deadline_db::postgres::PgPool) -> Result<(), tonic_deadline_db::Error> {
-/// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
+/// # async fn run(pool: grpc_deadline_db::postgres::PgPool) -> Result<(), grpc_deadline_db::Error> {
+/// let mut conn = pool.acquire(&grpc_deadline::Scope::current()).await?;
 /// conn.begin().await?;
 /// conn.execute("UPDATE stock SET n = n - 1 WHERE item = $1", &[&42_i64]).await?;
 /// conn.commit().await?; // rolled back instead if the scope ends first

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tonic_deadline_db::sqlite::rusqlite::{self, Connection, OptionalExtension, params};
+use grpc_deadline_db::sqlite::rusqlite::{self, Connection, OptionalExtension, params};
 
 use super::{Job, JobId, JobState, Store};
-use tonic_deadline_db::Error;
+use grpc_deadline_db::Error;
 
 /// Jobs in one SQLite file (WAL, `synchronous = FULL`), for one process at a
 /// time: opening the file recovers the jobs a crashed process left
@@ -18,7 +18,7 @@ use tonic_deadline_db::Error;
 /// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tonic_deadline_jobs::{JobQueue, SqliteStore};
+/// use grpc_deadline_jobs::{JobQueue, SqliteStore};
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = SqliteStore::open(dir.path().join("jobs.db")).expect("opens");
 /// let queue = JobQueue::new(store);

@@ -28,8 +28,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tonic_deadline::Scope;
-//! use tonic_deadline_db::sqlx_sqlite::SqlxSqlitePool;
+//! use grpc_deadline::Scope;
+//! use grpc_deadline_db::sqlx_sqlite::SqlxSqlitePool;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -39,7 +39,7 @@
 //!                SELECT count(*) FROM c";
 //! let mut conn = pool.acquire(&scope).await.expect("a connection");
 //! let err = conn.fetch_all(sqlx::query(endless)).await.expect_err("cannot finish in 50 ms");
-//! assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
+//! assert_eq!(err.code(), grpc_deadline::Code::DeadlineExceeded);
 //! # }
 //! ```
 //!
@@ -66,8 +66,8 @@ use sqlx::sqlite::{
 use sqlx::{Executor, Sqlite};
 
 use super::{BoxQuery, DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, sqlx_size};
-use tonic_deadline::admission::{Admission, Permit};
-use tonic_deadline::scope::{Cause, Scope};
+use grpc_deadline::admission::{Admission, Permit};
+use grpc_deadline::scope::{Cause, Scope};
 
 pub use sqlx;
 
@@ -86,8 +86,8 @@ const SQLITE_INTERRUPT: &str = "9";
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_db::sqlx_sqlite::SqlxSqlitePool;
+/// # async fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_db::sqlx_sqlite::SqlxSqlitePool;
 /// let pool = SqlxSqlitePool::open_in_memory(2)?;
 /// assert_eq!(pool.stats().max_size, 2);
 /// # Ok(())
@@ -118,9 +118,9 @@ impl fmt::Debug for SqlxSqlitePool {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
+/// # async fn main() -> Result<(), grpc_deadline_db::Error> {
 /// use std::time::Duration;
-/// use tonic_deadline_db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
+/// use grpc_deadline_db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
 ///
 /// let connect = sqlx::sqlite::SqliteConnectOptions::new()
 ///     .filename("orders.db")
@@ -345,10 +345,10 @@ impl Drop for DropMark<'_> {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
+/// # async fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_db::sqlx_sqlite::{SqlxSqlitePool, sqlx};
 /// let pool = SqlxSqlitePool::open_in_memory(1)?;
-/// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
+/// let mut conn = pool.acquire(&grpc_deadline::Scope::current()).await?;
 /// conn.execute(sqlx::query("CREATE TABLE t (x INTEGER)")).await?;
 /// let done = conn.execute(sqlx::query("INSERT INTO t VALUES (1), (2)")).await?;
 /// assert_eq!(done.rows_affected(), 2);
@@ -498,9 +498,9 @@ impl SqlxSqliteConn {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use tonic_deadline_db::sqlx_sqlite::SqlxSqlitePool;
+    /// use grpc_deadline_db::sqlx_sqlite::SqlxSqlitePool;
     /// let pool = SqlxSqlitePool::open_in_memory(1).unwrap();
-    /// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await.unwrap();
+    /// let mut conn = pool.acquire(&grpc_deadline::Scope::current()).await.unwrap();
     /// let (n,): (i64,) = conn
     ///     .run(|c| Box::pin(async move { sqlx::query_as("SELECT 41 + 1").fetch_one(c).await }))
     ///     .await

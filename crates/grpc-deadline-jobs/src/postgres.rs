@@ -24,8 +24,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tonic_deadline_jobs::postgres::{PgStore, PgStoreOptions};
-//! use tonic_deadline_jobs::{JobQueue, Worker};
+//! use grpc_deadline_jobs::postgres::{PgStore, PgStoreOptions};
+//! use grpc_deadline_jobs::{JobQueue, Worker};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let options = PgStoreOptions::default().lease(Duration::from_secs(10));
@@ -44,9 +44,9 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{Job, JobId, JobState, Store};
-use tonic_deadline::scope::Scope;
-use tonic_deadline_db::Error;
-use tonic_deadline_db::postgres::PgPool;
+use grpc_deadline::Scope;
+use grpc_deadline_db::Error;
+use grpc_deadline_db::postgres::PgPool;
 
 /// How long one statement of the queue may take before it is stopped.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
@@ -55,7 +55,7 @@ const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tonic_deadline_jobs::postgres::PgStoreOptions;
+/// use grpc_deadline_jobs::postgres::PgStoreOptions;
 /// let options = PgStoreOptions::default().table("receipts").lease(Duration::from_secs(10));
 /// # let _ = options;
 /// ```
@@ -69,7 +69,8 @@ pub struct PgStoreOptions {
 impl PgStoreOptions {
     /// The table the jobs live in (created if absent): lowercase letters,
     /// digits and `_`, starting with a letter or `_`, at most 63 bytes.
-    /// Default `tonic_deadline_jobs`.
+    /// Default `tonic_deadline_jobs` (the name it had before the crate
+    /// was renamed, kept so that an existing queue is found).
     pub fn table(mut self, name: &str) -> Self {
         self.table = name.to_owned();
         self
@@ -104,9 +105,9 @@ impl Default for PgStoreOptions {
 /// it. See the [module docs](self). Cheap to clone.
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_jobs::JobQueue;
-/// use tonic_deadline_jobs::postgres::{PgStore, PgStoreOptions};
+/// # async fn run() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_jobs::JobQueue;
+/// use grpc_deadline_jobs::postgres::{PgStore, PgStoreOptions};
 /// let options = PgStoreOptions::default().table("receipts");
 /// let store = PgStore::connect("postgres://localhost/app", options).await?;
 /// let queue = JobQueue::new(store);

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tonic_deadline_jobs::{JobQueue, JobState, Worker};
+use grpc_deadline_jobs::{JobQueue, JobState, Worker};
 
 const JOBS: u64 = 60;
 

@@ -17,11 +17,11 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tonic_deadline::Scope;
-//! use tonic_deadline_db::sqlite::SqlitePool;
+//! use grpc_deadline::Scope;
+//! use grpc_deadline_db::sqlite::SqlitePool;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tonic_deadline_db::Error> {
+//! # async fn main() -> Result<(), grpc_deadline_db::Error> {
 //! let pool = SqlitePool::open_in_memory(2)?;
 //! let scope = Scope::background().with_timeout(Duration::from_millis(50));
 //! // Far more than 50 ms of work: stopped on the database at the deadline.
@@ -32,7 +32,7 @@
 //!     .run(move |c| c.query_row(endless, [], |r| r.get::<_, i64>(0)))
 //!     .await
 //!     .expect_err("the query cannot finish in 50 ms");
-//! assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
+//! assert_eq!(err.code(), grpc_deadline::Code::DeadlineExceeded);
 //! drop(conn);
 //! assert_eq!(pool.stats().idle, 2, "the connection is back in the pool");
 //! # Ok(())
@@ -48,9 +48,9 @@
 //!    only while the query it was meant for still runs on it.
 //! 2. When [`run`](SqliteConn::run) returns because the scope ended, the
 //!    query has already stopped and its connection is idle — unless the
-//!    closure's own Rust code ignores the scope, in which case it is counted
-//!    in the server layer's [`Metrics`](tonic_deadline::observe::Metrics) when it
-//!    finally returns, the connection's next query waits for it, and
+//!    closure's own Rust code ignores the scope, in which case it is logged
+//!    and counted by the layer that made the scope (tonic-deadline's
+//!    `Metrics`, for one) when it finally returns, the connection's next query waits for it, and
 //!    dropping the `SqliteConn` returns the connection once it is done.
 
 use std::fmt;
@@ -67,8 +67,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{DEFAULT_SIZE, Error, PoolStats, admission_for};
-use tonic_deadline::admission::{Admission, Permit};
-use tonic_deadline::scope::{Scope, note_if_outlived};
+use grpc_deadline::admission::{Admission, Permit};
+use grpc_deadline::scope::{Scope, note_if_outlived};
 
 /// How many SQLite virtual-machine steps run between two looks at the scope.
 const PROGRESS_STEPS: i32 = 1000;
@@ -81,8 +81,8 @@ const STOP_GRACE: Duration = Duration::from_millis(50);
 /// clone. See the [module docs](self).
 ///
 /// ```
-/// # fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_db::sqlite::SqlitePool;
+/// # fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_db::sqlite::SqlitePool;
 /// let pool = SqlitePool::open_in_memory(4)?;
 /// assert_eq!(pool.stats().size, 4);
 /// # Ok(())
@@ -119,9 +119,9 @@ impl fmt::Debug for SqlitePool {
 /// connections and freezes it.
 ///
 /// ```
-/// # fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline::admission::Admission;
-/// use tonic_deadline_db::sqlite::{SqlitePool, rusqlite};
+/// # fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline::admission::Admission;
+/// use grpc_deadline_db::sqlite::{SqlitePool, rusqlite};
 ///
 /// let pool = SqlitePool::builder(|| {
 ///     let conn = rusqlite::Connection::open_in_memory()?;
@@ -294,9 +294,9 @@ impl SqlitePool {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline::Scope;
-/// use tonic_deadline_db::sqlite::SqlitePool;
+/// # async fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline::Scope;
+/// use grpc_deadline_db::sqlite::SqlitePool;
 ///
 /// let pool = SqlitePool::open_in_memory(1)?;
 /// let mut conn = pool.acquire(&Scope::current()).await?;

@@ -52,8 +52,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tonic_deadline::Scope;
-//! use tonic_deadline_db::sqlx_postgres::SqlxPgPool;
+//! use grpc_deadline::Scope;
+//! use grpc_deadline_db::sqlx_postgres::SqlxPgPool;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = SqlxPgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
@@ -63,7 +63,7 @@
 //!     .fetch_all(sqlx::query("SELECT pg_sleep(5)"))
 //!     .await
 //!     .expect_err("stopped on the server at 200 ms");
-//! assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
+//! assert_eq!(err.code(), grpc_deadline::Code::DeadlineExceeded);
 //! # Ok(())
 //! # }
 //! ```
@@ -92,8 +92,8 @@ use super::{
     BoxQuery, DEFAULT_SIZE, Error, PoolStats, admission_for, spawn_cleanup, sqlx_size,
     statement_timeout_ms,
 };
-use tonic_deadline::admission::{Admission, Permit};
-use tonic_deadline::scope::{Cause, Scope};
+use grpc_deadline::admission::{Admission, Permit};
+use grpc_deadline::scope::{Cause, Scope};
 
 pub use sqlx;
 
@@ -112,8 +112,8 @@ const QUERY_CANCELED: &str = "57014";
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_db::sqlx_postgres::SqlxPgPool;
+/// # async fn main() -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_db::sqlx_postgres::SqlxPgPool;
 /// // Connections open on first use.
 /// let pool = SqlxPgPool::connect("postgresql://postgres@127.0.0.1:5432/postgres", 8)?;
 /// assert_eq!(pool.stats().max_size, 8);
@@ -147,9 +147,9 @@ impl fmt::Debug for SqlxPgPool {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tonic_deadline_db::Error> {
+/// # async fn main() -> Result<(), grpc_deadline_db::Error> {
 /// use std::time::Duration;
-/// use tonic_deadline_db::sqlx_postgres::{SqlxPgPool, sqlx};
+/// use grpc_deadline_db::sqlx_postgres::{SqlxPgPool, sqlx};
 ///
 /// let connect: sqlx::postgres::PgConnectOptions =
 ///     "postgresql://postgres@127.0.0.1:5432/postgres".parse().expect("valid");
@@ -329,9 +329,9 @@ impl SqlxPgPool {
 /// was dropped mid-way.
 ///
 /// ```no_run
-/// # async fn run(pool: tonic_deadline_db::sqlx_postgres::SqlxPgPool) -> Result<(), tonic_deadline_db::Error> {
-/// use tonic_deadline_db::sqlx_postgres::sqlx;
-/// let mut conn = pool.acquire(&tonic_deadline::Scope::current()).await?;
+/// # async fn run(pool: grpc_deadline_db::sqlx_postgres::SqlxPgPool) -> Result<(), grpc_deadline_db::Error> {
+/// use grpc_deadline_db::sqlx_postgres::sqlx;
+/// let mut conn = pool.acquire(&grpc_deadline::Scope::current()).await?;
 /// conn.execute(sqlx::query("UPDATE stock SET n = n - 1 WHERE item = $1").bind(42_i64)).await?;
 /// let rows = conn.fetch_all(sqlx::query("SELECT n FROM stock")).await?;
 /// # let _ = rows;
@@ -597,8 +597,8 @@ impl SqlxPgConn {
     /// connection's scope (see the module docs).
     ///
     /// ```no_run
-    /// # async fn run(pool: tonic_deadline_db::sqlx_postgres::SqlxPgPool) -> Result<(), tonic_deadline_db::Error> {
-    /// let scope = tonic_deadline::Scope::current();
+    /// # async fn run(pool: grpc_deadline_db::sqlx_postgres::SqlxPgPool) -> Result<(), grpc_deadline_db::Error> {
+    /// let scope = grpc_deadline::Scope::current();
     /// let mut conn = pool.acquire(&scope).await?;
     /// let (n,): (i64,) = conn
     ///     .run(|c| Box::pin(async move { sqlx::query_as("SELECT 41 + 1").fetch_one(c).await }))
