@@ -1,8 +1,6 @@
 //! The lab's tests, in one binary so that the lab and the helpers are
 //! linked once (the library has no test build of its own: its unit tests
-//! are here too); with them the library's tests against a live
-//! PostgreSQL (`db_postgres`, `db_sqlx_postgres`, `jobs_postgres`), which
-//! need the same peer.
+//! are here too).
 //!
 //! The modules behind a feature need a peer the machine may not have
 //! (PostgreSQL, root for network namespaces, valgrind, Prometheus, nginx,
@@ -30,17 +28,11 @@ mod resources;
 mod traces;
 
 #[cfg(feature = "postgres-tests")]
-mod db_postgres;
-#[cfg(feature = "postgres-tests")]
-mod db_sqlx_postgres;
-#[cfg(feature = "postgres-tests")]
 mod edge;
 #[cfg(feature = "netns-tests")]
 mod hosts;
 #[cfg(feature = "callgrind-tests")]
 mod instructions_callgrind;
-#[cfg(feature = "postgres-tests")]
-mod jobs_postgres;
 #[cfg(feature = "prometheus-tests")]
 mod prometheus;
 #[cfg(feature = "nginx-tests")]

@@ -1,9 +1,23 @@
-//! The pools against real databases that run in-process (SQLite), in one
-//! binary: cancellation reaches the query, cleanup is deterministic, and
-//! queue time spends the budget. The PostgreSQL pools are tested against a
-//! real server in the lab's tests (`crates/deadline-lab/tests/it/db_*`).
+//! The pools against real databases, in one binary: cancellation reaches
+//! the query, cleanup is deterministic, and queue time spends the budget.
+//! SQLite runs in-process; the PostgreSQL pools need a server, and are
+//! built with the feature `postgres-tests` (`scripts/test-all` starts a
+//! throwaway server and turns it on).
 
+#[cfg(any(
+    feature = "sqlite",
+    feature = "sqlx-sqlite",
+    feature = "postgres-tests"
+))]
+mod support;
+
+#[cfg(feature = "postgres-tests")]
+mod pg;
+#[cfg(feature = "postgres-tests")]
+mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "postgres-tests")]
+mod sqlx_postgres;
 #[cfg(feature = "sqlx-sqlite")]
 mod sqlx_sqlite;

@@ -11,6 +11,8 @@ use grpc_deadline_db::Error;
 use grpc_deadline_db::sqlite::{SqlitePool, rusqlite};
 use tokio::time::Instant;
 
+use crate::support::{Cuts, hundred_thousand_cancelled_calls};
+
 /// Counts forever: far more than any budget in these tests.
 const ENDLESS: &str =
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
@@ -177,58 +179,16 @@ async fn a_stopped_transaction_is_rolled_back_before_the_connection_is_reused() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
     let pool = SqlitePool::open_in_memory(2).expect("opens");
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let tasks_before = metrics.num_alive_tasks();
-    let mut stopped = 0u64;
-    for round in 0..100u64 {
-        let mut calls = tokio::task::JoinSet::new();
-        let mut scopes = Vec::new();
-        for i in 0..1000u64 {
-            let scope =
-                Scope::background().with_timeout(Duration::from_millis(1 + (i + round) % 3));
-            scopes.push(scope.clone());
-            let pool = pool.clone();
-            calls.spawn(async move {
-                match i % 4 {
-                    // Dropped mid-wait or mid-query by an outer timeout.
-                    3 => tokio::time::timeout(
-                        Duration::from_micros(500),
-                        call(&pool, &scope, endless),
-                    )
-                    .await
-                    .map_or(true, |r| r.is_err()),
-                    _ => call(&pool, &scope, endless).await.is_err(),
-                }
-            });
-        }
-        for scope in scopes.iter().step_by(5) {
-            scope.cancel();
-        }
-        while let Some(done) = calls.join_next().await {
-            if done.expect("no panic") {
-                stopped += 1;
-            }
-        }
-    }
-    assert_eq!(
-        stopped, 100_000,
-        "every call was cancelled, expired or dropped"
-    );
-    let waited = Instant::now();
-    // Clean-up of dropped calls finishes on its own tasks; give it a moment.
-    while (pool.stats().idle < 2
-        || pool.stats().cleanups_running > 0
-        || metrics.num_alive_tasks() > tasks_before)
-        && waited.elapsed() < Duration::from_secs(5)
-    {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let stats = pool.stats();
-    assert_eq!(stats.idle, 2, "no connection leaked: {stats:?}");
-    assert_eq!(stats.queued, 0, "no caller left queued");
-    assert_eq!(stats.cleanups_running, 0, "no query left running");
-    assert_eq!(pool.admission().stats().in_use, 0, "no permit leaked");
-    assert_eq!(metrics.num_alive_tasks(), tasks_before, "no task leaked");
+    let cuts = Cuts {
+        shortest_ms: 1,
+        spread_ms: 3,
+        drop_after: Duration::from_micros(500),
+    };
+    let stats = hundred_thousand_cancelled_calls(&pool, cuts, |pool, scope| async move {
+        call(&pool, &scope, endless).await
+    })
+    .await;
+    assert_eq!(stats.idle, 2, "both connections are back: {stats:?}");
     assert_eq!(
         call(&pool, &Scope::background(), one)
             .await

@@ -12,7 +12,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use grpc_deadline_jobs::{JobQueue, JobState, Worker};
@@ -91,21 +90,14 @@ async fn child_role() {
 }
 
 fn spawn_child(db: &Path, log: &Path, mode: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("the test binary"))
-        // The harness names a test by its module path in the `it` binary.
-        .args([
-            "--exact",
-            "sigkill::child_role",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("JOBS_CHILD_DB", db)
-        .env("JOBS_CHILD_LOG", log)
-        .env("JOBS_CHILD_MODE", mode)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the child starts")
+    crate::child::spawn(
+        "sigkill::child_role",
+        &[
+            ("JOBS_CHILD_DB", db.as_os_str()),
+            ("JOBS_CHILD_LOG", log.as_os_str()),
+            ("JOBS_CHILD_MODE", mode.as_ref()),
+        ],
+    )
 }
 
 #[test]

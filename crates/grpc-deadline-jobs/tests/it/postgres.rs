@@ -1,4 +1,4 @@
-//! The job queue on PostgreSQL, shared by worker processes (R-25): three
+//! The job queue on PostgreSQL, shared by worker processes: three
 //! workers take jobs from one table; one is killed with SIGKILL in the middle
 //! of a non-idempotent job, another in the middle of an idempotent one. No
 //! accepted job is lost, the non-idempotent job is never run again, the
@@ -6,29 +6,35 @@
 //!
 //! Needs a live server at `TONIC_DEADLINE_PG_URL` (scripts/test-all starts
 //! one). The workers are this test binary run again
-//! (`jobs_postgres::child_role` with `JOBS_PG_CHILD_TABLE` set), so each
+//! (`postgres::child_role` with `JOBS_PG_CHILD_TABLE` set), so each
 //! crash is a real process dying.
+
+// Tests start servers, peers and drivers that belong to no request.
+#![allow(clippy::disallowed_methods)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
+use grpc_deadline::Scope;
 use grpc_deadline_db::postgres::PgPool;
 use grpc_deadline_db::postgres::tokio_postgres::Row;
 use grpc_deadline_db::postgres::tokio_postgres::types::ToSql;
 use grpc_deadline_jobs::postgres::{PgStore, PgStoreOptions};
 use grpc_deadline_jobs::{Job, JobQueue, JobState, Worker};
 use tokio::time::Instant;
-use tonic_deadline::Scope;
 
 const JOBS: i64 = 60;
 const JOB_TIME: Duration = Duration::from_millis(100);
 const LEASE: Duration = Duration::from_millis(600);
 
+/// The address of the test server (`scripts/postgres` starts one and
+/// exports it); without one the test fails, saying so.
 fn url() -> String {
     std::env::var("TONIC_DEADLINE_PG_URL").expect(
-        "TONIC_DEADLINE_PG_URL must point at a PostgreSQL server (scripts/postgres starts one)",
+        "TONIC_DEADLINE_PG_URL must name a live PostgreSQL server: run scripts/test-all, \
+         or source scripts/postgres first (these tests are built by the feature postgres-tests)",
     )
 }
 
@@ -144,20 +150,13 @@ impl Drop for Process {
 }
 
 fn spawn_worker(table: &str, name: &str) -> Process {
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        // The harness names a test by its module path in the `it` binary.
-        .args([
-            "--exact",
-            "jobs_postgres::child_role",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("JOBS_PG_CHILD_TABLE", table)
-        .env("JOBS_PG_CHILD_NAME", name)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the worker starts");
+    let mut child = crate::child::spawn(
+        "postgres::child_role",
+        &[
+            ("JOBS_PG_CHILD_TABLE", table.as_ref()),
+            ("JOBS_PG_CHILD_NAME", name.as_ref()),
+        ],
+    );
     let stdout = child.stdout.take().expect("piped stdout");
     let ready = BufReader::new(stdout)
         .lines()

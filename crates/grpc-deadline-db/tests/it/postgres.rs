@@ -1,7 +1,7 @@
 //! The PostgreSQL pool against a real server: cancellation reaches the
-//! statement *on the server* (R-22), cleanup is deterministic (R-23).
+//! statement *on the server*, cleanup is deterministic.
 //!
-//! Built only with the lab's `postgres-tests` feature, which `scripts/test-all`
+//! Built with the crate's `postgres-tests` feature, which `scripts/test-all`
 //! turns on (through `--all-features`) after starting a throwaway server and
 //! exporting its address as `TONIC_DEADLINE_PG_URL`.
 
@@ -10,39 +10,14 @@
 
 use std::time::Duration;
 
-use grpc_deadline_db::postgres::{PgPool, tokio_postgres};
+use grpc_deadline::{Cause, Scope};
+use grpc_deadline_db::postgres::{PgConn, PgPool};
 use tokio::time::Instant;
-use tonic_deadline::{Cause, Scope};
 
-fn url() -> String {
-    std::env::var("TONIC_DEADLINE_PG_URL").expect(
-        "TONIC_DEADLINE_PG_URL must name a live PostgreSQL server: run scripts/test-all, \
-         or source scripts/postgres first (these tests are built by the lab's postgres-tests feature)",
-    )
-}
+use crate::pg::{self, active, monitor, sleeps_still_running, url};
+use crate::support::{Cuts, hundred_thousand_cancelled_calls, settle};
 
-/// A separate connection that watches the server.
-async fn monitor() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
-        .await
-        .expect("the test server must accept connections");
-    tokio::spawn(connection);
-    client
-}
-
-/// Whether backend `pid` is running a statement right now.
-async fn active(monitor: &tokio_postgres::Client, pid: i32) -> bool {
-    let row = monitor
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'",
-            &[&pid],
-        )
-        .await
-        .expect("pg_stat_activity is readable");
-    row.get::<_, i64>(0) > 0
-}
-
-async fn backend_pid(conn: &mut grpc_deadline_db::postgres::PgConn) -> i32 {
+async fn backend_pid(conn: &mut PgConn) -> i32 {
     conn.query("SELECT pg_backend_pid()", &[])
         .await
         .expect("pid")[0]
@@ -236,7 +211,6 @@ async fn an_unfinished_transaction_is_rolled_back() {
 async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
     let pool = PgPool::connect(&url(), 4).expect("pool");
     let monitor = monitor().await;
-    let metrics = tokio::runtime::Handle::current().metrics();
     // Open all four connections first, so their tasks count in the baseline.
     {
         let mut held = Vec::new();
@@ -244,82 +218,21 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
             held.push(pool.acquire(&Scope::background()).await.expect("conn"));
         }
     }
-    let tasks_before = metrics.num_alive_tasks();
-    let mut stopped = 0u64;
-    for round in 0..100u64 {
-        let mut calls = tokio::task::JoinSet::new();
-        let mut scopes = Vec::new();
-        for i in 0..1000u64 {
-            let scope =
-                Scope::background().with_timeout(Duration::from_millis(2 + (i + round) % 5));
-            scopes.push(scope.clone());
-            let pool = pool.clone();
-            calls.spawn(async move {
-                let call = async {
-                    let mut conn = pool.acquire(&scope).await?;
-                    conn.query("SELECT pg_sleep(10)", &[]).await
-                };
-                match i % 4 {
-                    // Dropped mid-wait or mid-statement by an outer timeout.
-                    3 => tokio::time::timeout(Duration::from_millis(1), call)
-                        .await
-                        .map_or(true, |r| r.is_err()),
-                    _ => call.await.is_err(),
-                }
-            });
-        }
-        for scope in scopes.iter().step_by(5) {
-            scope.cancel();
-        }
-        while let Some(done) = calls.join_next().await {
-            if done.expect("no panic") {
-                stopped += 1;
-            }
-        }
-    }
-    assert_eq!(
-        stopped, 100_000,
-        "every call was cancelled, expired or dropped"
-    );
-    let waited = Instant::now();
-    while (pool.stats().cleanups_running > 0 || pool.stats().idle < pool.stats().size)
-        && waited.elapsed() < Duration::from_secs(10)
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let stats = pool.stats();
-    assert_eq!(stats.idle, stats.size, "no connection leaked: {stats:?}");
-    assert!(stats.size <= 4);
-    assert_eq!(stats.queued, 0, "no caller left queued");
-    assert_eq!(pool.admission().stats().in_use, 0, "no permit leaked");
-    // A backend sends its error before it reports itself idle: on a busy
-    // machine the report can lag the client by a few milliseconds. A
-    // statement left running would show for its 10 s.
-    let waited = Instant::now();
-    let running = loop {
-        let running: i64 = monitor
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep(10)%' AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0);
-        if running == 0 || waited.elapsed() > Duration::from_secs(2) {
-            break running;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    settle(&pool, 4).await;
+    let cuts = Cuts {
+        shortest_ms: 2,
+        spread_ms: 5,
+        drop_after: Duration::from_millis(1),
     };
+    let stats = hundred_thousand_cancelled_calls(&pool, cuts, |pool, scope| async move {
+        let mut conn = pool.acquire(&scope).await?;
+        conn.query("SELECT pg_sleep(10)", &[]).await
+    })
+    .await;
     assert_eq!(
-        running, 0,
+        sleeps_still_running(&monitor).await,
+        0,
         "no statement may run on in the server (2 s after the calls): {stats:?}"
-    );
-    // Reconnections after a discard open new connection tasks; allow for them.
-    assert!(
-        metrics.num_alive_tasks() <= tasks_before + stats.discarded as usize,
-        "no task leaked: {} alive, {} before",
-        metrics.num_alive_tasks(),
-        tasks_before
     );
     let mut conn = pool.acquire(&Scope::background()).await.expect("usable");
     assert!(backend_pid(&mut conn).await > 0, "the pool serves again");
@@ -327,58 +240,8 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_dropped_while_its_statement_is_being_stopped_leaves_no_dirty_connection() {
-    // The scope ends, the pool is stopping the statement (a cancel request,
-    // then a check that waits for the server), and the caller drops the call
-    // in the middle of that. The connection must not go back to the pool
-    // before the stop is done: the next caller would get a backend still
-    // running the old statement, or the old statement's cancel.
-    let pool = PgPool::connect(&url(), 1).expect("pool");
-    let monitor = monitor().await;
-    let pid = backend_pid(&mut pool.acquire(&Scope::background()).await.expect("conn")).await;
-    let (mut dropped, mut dirty) = (0, Vec::new());
-    for attempt in 0..80u64 {
-        let scope = Scope::background().with_timeout(Duration::from_secs(10));
-        let mut conn = pool.acquire(&scope).await.expect("conn");
-        let mut call = Box::pin(conn.query("SELECT pg_sleep(10)", &[]));
-        crate::common::poll_until_running(call.as_mut(), async || active(&monitor, pid).await)
-            .await;
-        scope.cancel();
-        // Drop the call 0–2 ms after the cancel, in steps of 25 µs: before,
-        // during and after the stop, which takes about a millisecond on
-        // loopback.
-        let drop_at = Instant::now() + Duration::from_micros(25 * attempt);
-        let finished = crate::common::finishes_by(call.as_mut(), drop_at).await;
-        drop(call);
-        drop(conn);
-        if !finished {
-            dropped += 1;
-        }
-        // A statement left running would hold the next one for its 10 s.
-        let asked = Instant::now();
-        let mut next = pool.acquire(&Scope::background()).await.expect("conn");
-        let waited = asked.elapsed();
-        let busy = active(&monitor, pid).await;
-        let answer = tokio::time::timeout(
-            Duration::from_secs(2),
-            next.query("SELECT pg_backend_pid()", &[]),
-        )
-        .await;
-        if busy || !matches!(answer, Ok(Ok(_))) || waited > Duration::from_secs(2) {
-            dirty.push(format!(
-                "attempt {attempt}: dropped={} waited={waited:?} busy={busy} answer={:?}",
-                !finished,
-                answer.map(|out| out.map(|rows| rows.len()))
-            ));
-        }
-    }
-    assert!(
-        dropped >= 10,
-        "only {dropped} of 80 calls were dropped before the stop finished: the test missed its window"
-    );
-    assert!(
-        dirty.is_empty(),
-        "the next caller got a connection that was not clean ({} of 80):\n{}",
-        dirty.len(),
-        dirty.join("\n")
-    );
+    pg::a_call_dropped_mid_stop_leaves_no_dirty_connection(
+        PgPool::connect(&url(), 1).expect("pool"),
+    )
+    .await;
 }

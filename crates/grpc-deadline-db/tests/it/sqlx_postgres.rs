@@ -1,9 +1,8 @@
 //! The sqlx PostgreSQL pool against a real server: cancellation reaches the
-//! statement *on the server* (R-22), cleanup is deterministic (R-23), queue
-//! time spends the budget (R-26) — and plain sqlx, for contrast, does none
-//! of it.
+//! statement *on the server*, cleanup is deterministic, queue time spends
+//! the budget — and plain sqlx, for contrast, does none of it.
 //!
-//! Built only with the lab's `postgres-tests` feature, which `scripts/test-all`
+//! Built with the crate's `postgres-tests` feature, which `scripts/test-all`
 //! turns on (through `--all-features`) after starting a throwaway server and
 //! exporting its address as `TONIC_DEADLINE_PG_URL`.
 
@@ -12,35 +11,14 @@
 
 use std::time::Duration;
 
+use grpc_deadline::admission::Admission;
+use grpc_deadline::{Cause, Code, Scope};
 use grpc_deadline_db::sqlx_postgres::{SqlxPgConn, SqlxPgPool, sqlx};
 use sqlx::{Connection, Executor, Row};
 use tokio::time::Instant;
-use tonic_deadline::{Cause, Scope};
 
-fn url() -> String {
-    std::env::var("TONIC_DEADLINE_PG_URL").expect(
-        "TONIC_DEADLINE_PG_URL must name a live PostgreSQL server: run scripts/test-all, \
-         or source scripts/postgres first (these tests are built by the lab's postgres-tests feature)",
-    )
-}
-
-/// A separate connection that watches the server.
-async fn monitor() -> sqlx::PgConnection {
-    sqlx::PgConnection::connect(&url())
-        .await
-        .expect("the test server must accept connections")
-}
-
-/// Whether backend `pid` is running a statement right now.
-async fn active(monitor: &mut sqlx::PgConnection, pid: i32) -> bool {
-    let row =
-        sqlx::query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'")
-            .bind(pid)
-            .fetch_one(&mut *monitor)
-            .await
-            .expect("pg_stat_activity is readable");
-    row.get::<i64, _>(0) > 0
-}
+use crate::pg::{self, active, monitor, sleeps_still_running, url};
+use crate::support::{Cuts, hundred_thousand_cancelled_calls, settle};
 
 async fn backend_pid(conn: &mut SqlxPgConn) -> i32 {
     conn.fetch_all(sqlx::query("SELECT pg_backend_pid()"))
@@ -68,20 +46,9 @@ async fn statement_timeout(conn: &mut SqlxPgConn) -> Duration {
     Duration::from_secs_f64(seconds)
 }
 
-/// Waits (bounded) until the pool holds `idle` idle connections and no
-/// clean-up runs.
-async fn settle(pool: &SqlxPgPool, idle: usize) {
-    let waited = Instant::now();
-    while (pool.stats().idle < idle || pool.stats().cleanups_running > 0)
-        && waited.elapsed() < Duration::from_secs(10)
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_sqlx_leaves_a_dropped_query_running_on_the_server() {
-    let mut monitor = monitor().await;
+    let monitor = monitor().await;
     let mut conn = sqlx::PgConnection::connect(&url()).await.expect("connect");
     let pid: i32 = conn
         .fetch_one("SELECT pg_backend_pid()")
@@ -98,7 +65,7 @@ async fn plain_sqlx_leaves_a_dropped_query_running_on_the_server() {
         "the outer timeout must drop the query future"
     );
     assert!(
-        active(&mut monitor, pid).await,
+        active(&monitor, pid).await,
         "plain sqlx: the dropped query must still run on the server"
     );
     let next = Instant::now();
@@ -115,7 +82,7 @@ async fn plain_sqlx_leaves_a_dropped_query_running_on_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_stops_the_sqlx_statement_on_the_server_and_the_connection_returns_healthy() {
     let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
-    let mut monitor = monitor().await;
+    let monitor = monitor().await;
     let scope = Scope::background().with_timeout(Duration::from_millis(300));
     let mut conn = pool.acquire(&scope).await.expect("a connection");
     let pid = backend_pid(&mut conn).await;
@@ -127,12 +94,9 @@ async fn deadline_stops_the_sqlx_statement_on_the_server_and_the_connection_retu
         .expect_err("a 5 s statement cannot finish in 300 ms");
     let stopped = start.elapsed();
     assert_eq!(err.cause(), Some(Cause::DeadlineExceeded));
-    assert_eq!(
-        tonic::Status::from(err).code(),
-        tonic::Code::DeadlineExceeded
-    );
+    assert_eq!(err.code(), Code::DeadlineExceeded);
     assert!(
-        !active(&mut monitor, pid).await,
+        !active(&monitor, pid).await,
         "the statement must have stopped on the server, not only in the client"
     );
     assert!(
@@ -164,7 +128,7 @@ async fn deadline_stops_the_sqlx_statement_on_the_server_and_the_connection_retu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caller_cancel_sends_pg_cancel_backend() {
     let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
-    let mut monitor = monitor().await;
+    let monitor = monitor().await;
     let scope = Scope::background();
     let mut conn = pool.acquire(&scope).await.expect("a connection");
     let pid = backend_pid(&mut conn).await;
@@ -183,7 +147,7 @@ async fn caller_cancel_sends_pg_cancel_backend() {
         start.elapsed() < Duration::from_secs(2),
         "no deadline here: only the cancel request can have stopped it"
     );
-    assert!(!active(&mut monitor, pid).await, "stopped on the server");
+    assert!(!active(&monitor, pid).await, "stopped on the server");
     assert_eq!(pool.stats().cancels, 1, "one pg_cancel_backend sent");
 }
 
@@ -195,7 +159,7 @@ async fn statement_timeout_from_the_budget_stops_the_server_without_a_cancel() {
         .cancel_requests(false)
         .build()
         .expect("pool");
-    let mut monitor = monitor().await;
+    let monitor = monitor().await;
     let scope = Scope::background().with_timeout(Duration::from_millis(1500));
     let mut conn = pool.acquire(&scope).await.expect("a connection");
     let timeout = statement_timeout(&mut conn).await;
@@ -211,7 +175,7 @@ async fn statement_timeout_from_the_budget_stops_the_server_without_a_cancel() {
         .expect_err("stopped by the server's own timeout");
     assert_eq!(err.cause(), Some(Cause::DeadlineExceeded));
     assert!(
-        !active(&mut monitor, pid).await,
+        !active(&monitor, pid).await,
         "the server stopped it on its own"
     );
     assert_eq!(pool.stats().cancels, 0, "no cancel request was sent");
@@ -235,7 +199,7 @@ struct Late {
 /// Takes a connection of `pool` under a 1.5 s budget, spends `spend_s`
 /// seconds of it in a statement, and starts a 10 s statement.
 async fn late_statement(pool: &SqlxPgPool, spend_s: f64) -> Late {
-    let mut monitor = monitor().await;
+    let monitor = monitor().await;
     let scope = Scope::background().with_timeout(Duration::from_millis(1500));
     let mut conn = pool.acquire(&scope).await.expect("a connection");
     let pid = backend_pid(&mut conn).await;
@@ -253,7 +217,7 @@ async fn late_statement(pool: &SqlxPgPool, spend_s: f64) -> Late {
         timeout,
         ran,
         err,
-        still_active: active(&mut monitor, pid).await,
+        still_active: active(&monitor, pid).await,
     }
 }
 
@@ -313,7 +277,7 @@ async fn without_cancel_requests_the_timeout_is_refreshed_before_every_statement
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_call_still_stops_the_statement_on_the_server() {
     let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
-    let mut monitor = monitor().await;
+    let monitor = monitor().await;
     // No deadline: only the clean-up after the drop can stop it.
     let scope = Scope::background();
     let mut conn = pool.acquire(&scope).await.expect("a connection");
@@ -324,12 +288,12 @@ async fn dropping_the_call_still_stops_the_statement_on_the_server() {
     )
     .await;
     assert!(
-        active(&mut monitor, pid).await,
+        active(&monitor, pid).await,
         "dropping the future alone leaves it running"
     );
     drop(conn);
     let start = Instant::now();
-    while active(&mut monitor, pid).await {
+    while active(&monitor, pid).await {
         assert!(
             start.elapsed() < Duration::from_secs(3),
             "the dropped connection's statement must be cancelled on the server"
@@ -420,7 +384,7 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
     // statements really start and are stopped on the server (the default
     // one would soon refuse these 2–6 ms budgets before they take a
     // connection).
-    let admission = tonic_deadline::admission::Admission::new(4)
+    let admission = Admission::new(4)
         .expected_service_time(Duration::ZERO)
         .smoothing(f64::MIN_POSITIVE);
     let pool = SqlxPgPool::builder(url().parse().expect("url"))
@@ -428,8 +392,7 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
         .admission(admission)
         .build()
         .expect("pool");
-    let mut monitor = monitor().await;
-    let metrics = tokio::runtime::Handle::current().metrics();
+    let monitor = monitor().await;
     // Open all four connections first, and the side pool with one
     // cancelled statement, so their tasks count in the baseline.
     {
@@ -452,90 +415,24 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
         let _ = conn.fetch_all(sqlx::query("SELECT pg_sleep(1)")).await;
     }
     settle(&pool, 4).await;
-    let tasks_before = metrics.num_alive_tasks();
-    let mut stopped = 0u64;
-    for round in 0..100u64 {
-        let mut calls = tokio::task::JoinSet::new();
-        let mut scopes = Vec::new();
-        for i in 0..1000u64 {
-            let scope =
-                Scope::background().with_timeout(Duration::from_millis(2 + (i + round) % 5));
-            scopes.push(scope.clone());
-            let pool = pool.clone();
-            calls.spawn(async move {
-                let call = async {
-                    let mut conn = pool.acquire(&scope).await?;
-                    conn.fetch_all(sqlx::query("SELECT pg_sleep(10)")).await
-                };
-                match i % 4 {
-                    // Dropped mid-wait or mid-statement by an outer timeout.
-                    3 => tokio::time::timeout(Duration::from_millis(1), call)
-                        .await
-                        .map_or(true, |r| r.is_err()),
-                    _ => call.await.is_err(),
-                }
-            });
-        }
-        for scope in scopes.iter().step_by(5) {
-            scope.cancel();
-        }
-        while let Some(done) = calls.join_next().await {
-            if done.expect("no panic") {
-                stopped += 1;
-            }
-        }
-    }
-    assert_eq!(
-        stopped, 100_000,
-        "every call was cancelled, expired or dropped"
-    );
-    settle(&pool, pool.stats().size).await;
-    let stats = pool.stats();
-    assert_eq!(stats.idle, stats.size, "no connection leaked: {stats:?}");
-    assert!(stats.size <= 4);
+    let cuts = Cuts {
+        shortest_ms: 2,
+        spread_ms: 5,
+        drop_after: Duration::from_millis(1),
+    };
+    let stats = hundred_thousand_cancelled_calls(&pool, cuts, |pool, scope| async move {
+        let mut conn = pool.acquire(&scope).await?;
+        conn.fetch_all(sqlx::query("SELECT pg_sleep(10)")).await
+    })
+    .await;
     assert!(
         stats.cancels >= 100,
         "statements really started and were stopped on the server: {stats:?}"
     );
-    eprintln!("after 100 000 cancelled calls: {stats:?}");
-    assert_eq!(stats.queued, 0, "no caller left queued");
-    assert_eq!(pool.admission().stats().in_use, 0, "no permit leaked");
-    // A backend sends its error before it reports itself idle: on a busy
-    // machine the report can lag the client by a few milliseconds. A
-    // statement left running would show for its 10 s.
-    let waited = Instant::now();
-    let running = loop {
-        let running: i64 = sqlx::query(
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-             AND query LIKE '%pg_sleep(10)%' AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(&mut monitor)
-        .await
-        .expect("pg_stat_activity")
-        .get(0);
-        if running == 0 || waited.elapsed() > Duration::from_secs(2) {
-            break running;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
     assert_eq!(
-        running, 0,
+        sleeps_still_running(&monitor).await,
+        0,
         "no statement may run on in the server (2 s after the calls): {stats:?}"
-    );
-    // A closed connection is reopened by sqlx on a task of its own; allow
-    // for those. The task that carries the last cancel request to the
-    // server can still be finishing its connection: a leaked task is one
-    // still alive 2 s later.
-    let allowed = tasks_before + stats.discarded as usize;
-    let waited = Instant::now();
-    while metrics.num_alive_tasks() > allowed && waited.elapsed() < Duration::from_secs(2) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        metrics.num_alive_tasks() <= allowed,
-        "no task leaked: {} alive 2 s after the calls, {} before",
-        metrics.num_alive_tasks(),
-        tasks_before
     );
     let mut conn = pool.acquire(&Scope::background()).await.expect("usable");
     assert!(backend_pid(&mut conn).await > 0, "the pool serves again");
@@ -543,57 +440,8 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_dropped_while_its_statement_is_being_stopped_leaves_no_dirty_connection() {
-    // As for the tokio-postgres pool: the scope ends, the pool is stopping
-    // the statement (pg_cancel_backend, then a ROLLBACK that waits for the
-    // server), and the caller drops the call in the middle of that. The next
-    // caller must get a connection with nothing running and no cancel coming.
-    let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
-    let mut monitor = monitor().await;
-    let pid = backend_pid(&mut pool.acquire(&Scope::background()).await.expect("conn")).await;
-    let (mut dropped, mut dirty) = (0, Vec::new());
-    for attempt in 0..80u64 {
-        let scope = Scope::background().with_timeout(Duration::from_secs(10));
-        let mut conn = pool.acquire(&scope).await.expect("conn");
-        let mut call = Box::pin(conn.fetch_all(sqlx::query("SELECT pg_sleep(10)")));
-        crate::common::poll_until_running(call.as_mut(), async || active(&mut monitor, pid).await)
-            .await;
-        scope.cancel();
-        // Drop the call 0–2 ms after the cancel, in steps of 25 µs: before,
-        // during and after the stop, which takes about a millisecond on
-        // loopback.
-        let drop_at = Instant::now() + Duration::from_micros(25 * attempt);
-        let finished = crate::common::finishes_by(call.as_mut(), drop_at).await;
-        drop(call);
-        drop(conn);
-        if !finished {
-            dropped += 1;
-        }
-        // A statement left running would hold the next one for its 10 s.
-        let asked = Instant::now();
-        let mut next = pool.acquire(&Scope::background()).await.expect("conn");
-        let waited = asked.elapsed();
-        let busy = active(&mut monitor, pid).await;
-        let answer = tokio::time::timeout(
-            Duration::from_secs(2),
-            next.fetch_all(sqlx::query("SELECT pg_backend_pid()")),
-        )
-        .await;
-        if busy || !matches!(answer, Ok(Ok(_))) || waited > Duration::from_secs(2) {
-            dirty.push(format!(
-                "attempt {attempt}: dropped={} waited={waited:?} busy={busy} answer={:?}",
-                !finished,
-                answer.map(|out| out.map(|rows| rows.len()))
-            ));
-        }
-    }
-    assert!(
-        dropped >= 10,
-        "only {dropped} of 80 calls were dropped before the stop finished: the test missed its window"
-    );
-    assert!(
-        dirty.is_empty(),
-        "the next caller got a connection that was not clean ({} of 80):\n{}",
-        dirty.len(),
-        dirty.join("\n")
-    );
+    pg::a_call_dropped_mid_stop_leaves_no_dirty_connection(
+        SqlxPgPool::connect(&url(), 1).expect("pool"),
+    )
+    .await;
 }
