@@ -10,7 +10,10 @@
     feature = "postgres-tests"
 ))]
 mod support;
+mod tree;
 
+#[cfg(feature = "sqlite")]
+mod grpc_crate;
 #[cfg(feature = "postgres-tests")]
 mod pg;
 #[cfg(feature = "postgres-tests")]
