@@ -10,12 +10,12 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use grpc_deadline::Scope;
-use grpc_deadline_db::Error;
+use grpc_deadline::{Cause, Scope};
 use grpc_deadline_db::postgres::tokio_postgres;
+use grpc_deadline_db::{Error, PoolStats};
 use tokio::time::Instant;
 
-use crate::support::Pool;
+use crate::support::{Pool, settle};
 
 /// The address of the test server (`scripts/postgres` starts one and
 /// exports it); without one the test fails, saying so.
@@ -45,30 +45,6 @@ pub(crate) async fn active(monitor: &tokio_postgres::Client, pid: i32) -> bool {
         .await
         .expect("pg_stat_activity is readable");
     row.get::<_, i64>(0) > 0
-}
-
-/// How many statements other than the monitor's own run `pg_sleep(10)`
-/// on the server, once they have had 2 s to stop. A backend sends its
-/// error before it reports itself idle: on a busy machine the report can
-/// lag the client by a few milliseconds. A statement left running would
-/// show for its 10 s.
-pub(crate) async fn sleeps_still_running(monitor: &tokio_postgres::Client) -> i64 {
-    let waited = Instant::now();
-    loop {
-        let running: i64 = monitor
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                 AND query LIKE '%pg_sleep(10)%' AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0);
-        if running == 0 || waited.elapsed() > Duration::from_secs(2) {
-            return running;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A statement's future, borrowing its connection.
@@ -120,6 +96,107 @@ impl PgPool for grpc_deadline_db::sqlx_postgres::SqlxPgPool {
                 .get(0))
         })
     }
+}
+
+/// A caller with no deadline cancels its scope mid-statement: the call
+/// ends `CANCELLED` at once, the statement stops on the server, and one
+/// cancel request did it.
+pub(crate) async fn caller_cancel_stops_the_statement_on_the_server<P: PgPool>(pool: P) {
+    let monitor = monitor().await;
+    let scope = Scope::background();
+    let mut conn = pool.take(&scope).await.expect("a connection");
+    let pid = P::backend_pid(&mut conn).await.expect("pid");
+    let canceller = scope.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        canceller.cancel();
+    });
+    let start = Instant::now();
+    let err = P::run(&mut conn, "SELECT pg_sleep(5)")
+        .await
+        .expect_err("cancelled");
+    assert_eq!(err.cause(), Some(Cause::Cancelled));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "no deadline here: only the cancel request can have stopped it"
+    );
+    assert!(!active(&monitor, pid).await, "stopped on the server");
+    assert_eq!(
+        pool.stats().cancels,
+        1,
+        "stopped by one cancel request: {:?}",
+        pool.stats()
+    );
+}
+
+/// A call with no deadline is dropped mid-statement (an outer timeout):
+/// the statement runs on until its connection is dropped, then the pool
+/// stops it on the server and takes the connection back, clean.
+pub(crate) async fn dropping_the_call_stops_the_statement_on_the_server<P: PgPool>(pool: P) {
+    let monitor = monitor().await;
+    // No deadline: only the clean-up after the drop can stop it.
+    let mut conn = pool.take(&Scope::background()).await.expect("a connection");
+    let pid = P::backend_pid(&mut conn).await.expect("pid");
+    let _ = tokio::time::timeout(
+        Duration::from_millis(100),
+        P::run(&mut conn, "SELECT pg_sleep(5)"),
+    )
+    .await;
+    assert!(
+        active(&monitor, pid).await,
+        "dropping the future alone leaves it running"
+    );
+    drop(conn);
+    let start = Instant::now();
+    while active(&monitor, pid).await {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "the dropped connection's statement must be cancelled on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    settle(&pool, 1).await;
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.idle, stats.cleanups_running, stats.discarded),
+        (1, 0, 0),
+        "{stats:?}"
+    );
+}
+
+/// After the leak test's calls (`SELECT pg_sleep(10)` each): no statement
+/// runs on in the server once they have had 2 s to stop, and the pool
+/// serves again. A backend sends its error before it reports itself idle:
+/// on a busy machine the report can lag the client by a few milliseconds;
+/// a statement left running would show for its 10 s.
+pub(crate) async fn nothing_runs_on_and_the_pool_serves<P: PgPool>(
+    pool: &P,
+    monitor: &tokio_postgres::Client,
+    stats: PoolStats,
+) {
+    let waited = Instant::now();
+    let running = loop {
+        let running: i64 = monitor
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                 AND query LIKE '%pg_sleep(10)%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if running == 0 || waited.elapsed() > Duration::from_secs(2) {
+            break running;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        running, 0,
+        "no statement may run on in the server (2 s after the calls): {stats:?}"
+    );
+    let mut conn = pool.take(&Scope::background()).await.expect("usable");
+    let pid = P::backend_pid(&mut conn).await.expect("pid");
+    assert!(pid > 0, "the pool serves again");
 }
 
 /// The scope ends, the pool is stopping the statement (a cancel request,

@@ -17,7 +17,7 @@ use grpc_deadline_db::sqlx_postgres::{SqlxPgConn, SqlxPgPool, sqlx};
 use sqlx::{Connection, Executor, Row};
 use tokio::time::Instant;
 
-use crate::pg::{self, active, monitor, sleeps_still_running, url};
+use crate::pg::{self, active, monitor, url};
 use crate::support::{Cuts, hundred_thousand_cancelled_calls, settle};
 
 async fn backend_pid(conn: &mut SqlxPgConn) -> i32 {
@@ -127,28 +127,10 @@ async fn deadline_stops_the_sqlx_statement_on_the_server_and_the_connection_retu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caller_cancel_sends_pg_cancel_backend() {
-    let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
-    let monitor = monitor().await;
-    let scope = Scope::background();
-    let mut conn = pool.acquire(&scope).await.expect("a connection");
-    let pid = backend_pid(&mut conn).await;
-    let canceller = scope.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        canceller.cancel();
-    });
-    let start = Instant::now();
-    let err = conn
-        .fetch_all(sqlx::query("SELECT pg_sleep(5)"))
-        .await
-        .expect_err("cancelled");
-    assert_eq!(err.cause(), Some(Cause::Cancelled));
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "no deadline here: only the cancel request can have stopped it"
-    );
-    assert!(!active(&monitor, pid).await, "stopped on the server");
-    assert_eq!(pool.stats().cancels, 1, "one pg_cancel_backend sent");
+    pg::caller_cancel_stops_the_statement_on_the_server(
+        SqlxPgPool::connect(&url(), 1).expect("pool"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,37 +258,10 @@ async fn without_cancel_requests_the_timeout_is_refreshed_before_every_statement
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_call_still_stops_the_statement_on_the_server() {
-    let pool = SqlxPgPool::connect(&url(), 1).expect("pool");
-    let monitor = monitor().await;
-    // No deadline: only the clean-up after the drop can stop it.
-    let scope = Scope::background();
-    let mut conn = pool.acquire(&scope).await.expect("a connection");
-    let pid = backend_pid(&mut conn).await;
-    let _ = tokio::time::timeout(
-        Duration::from_millis(100),
-        conn.fetch_all(sqlx::query("SELECT pg_sleep(5)")),
+    pg::dropping_the_call_stops_the_statement_on_the_server(
+        SqlxPgPool::connect(&url(), 1).expect("pool"),
     )
     .await;
-    assert!(
-        active(&monitor, pid).await,
-        "dropping the future alone leaves it running"
-    );
-    drop(conn);
-    let start = Instant::now();
-    while active(&monitor, pid).await {
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "the dropped connection's statement must be cancelled on the server"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    settle(&pool, 1).await;
-    let stats = pool.stats();
-    assert_eq!(
-        (stats.idle, stats.cleanups_running, stats.discarded),
-        (1, 0, 0),
-        "{stats:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,13 +384,7 @@ async fn hundred_thousand_cancelled_calls_leak_no_connection_permit_or_task() {
         stats.cancels >= 100,
         "statements really started and were stopped on the server: {stats:?}"
     );
-    assert_eq!(
-        sleeps_still_running(&monitor).await,
-        0,
-        "no statement may run on in the server (2 s after the calls): {stats:?}"
-    );
-    let mut conn = pool.acquire(&Scope::background()).await.expect("usable");
-    assert!(backend_pid(&mut conn).await > 0, "the pool serves again");
+    pg::nothing_runs_on_and_the_pool_serves(&pool, &monitor, stats).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
