@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::abandon::Abandoned;
-use super::race::{BoxedWaits, Race, error_code};
+use super::deadline_race::{BoxedWaits, Race, error_code};
 use super::transport::MessageCursor;
 use super::unscoped::Config;
 use crate::BoxError;

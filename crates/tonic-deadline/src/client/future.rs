@@ -7,7 +7,7 @@ use pin_project_lite::pin_project;
 
 use super::WaitCheck;
 use super::body::ClientBody;
-use super::race::{Race, error_code};
+use super::deadline_race::{Race, error_code};
 use crate::BoxError;
 
 pin_project! {

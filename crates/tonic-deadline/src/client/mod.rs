@@ -56,10 +56,10 @@ mod balance;
 mod body;
 #[cfg(feature = "channel")]
 mod channel;
+mod deadline_race;
 mod future;
 mod layer;
 pub(crate) mod observer;
-mod race;
 pub(crate) mod replica;
 #[cfg(feature = "channel")]
 mod round_trip;
@@ -384,7 +384,7 @@ where
             .as_ref()
             .zip(granted)
             .zip(parts.uri.path_and_query())
-            .map(|((_, granted), path)| race::CallNote::new(path, granted));
+            .map(|((_, granted), path)| deadline_race::CallNote::new(path, granted));
         #[cfg(not(feature = "ledger"))]
         let note = None;
         let body = tonic::body::Body::new(RequestBody::new(body, abandoned, watch));
@@ -393,7 +393,7 @@ where
             self.inner.call(Request::from_parts(parts, body))
         };
         let told = granted.and_then(|g| now.checked_add(g));
-        let race = race::Race::new(deadline, scope, Some(abandon), observed, note, told);
+        let race = deadline_race::Race::new(deadline, scope, Some(abandon), observed, note, told);
         ResponseFuture::running(inner, race, waits)
     }
 }

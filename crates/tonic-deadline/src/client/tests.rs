@@ -19,7 +19,7 @@ use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 use super::ClientDeadline;
-use super::race::Race;
+use super::deadline_race::Race;
 use crate::BoxError;
 use crate::scope::{Cause, Scope};
 use crate::wire::timeout_header;

@@ -9,8 +9,8 @@ use bytes::BytesMut;
 use http::Request;
 use tower_service::Service;
 
-use super::core::{self, Buffered, Core, Replay, Template};
 use super::observer::CallReport;
+use super::shared::{self, Buffered, Core, Replay, Template};
 use crate::BoxError;
 use crate::client::Avoid;
 use crate::scope::{Cancelled, Scope};
@@ -81,7 +81,12 @@ where
             return Poll::Ready(Ok(None));
         }
         let limit = self.core.settings.replay_buffer;
-        match ready!(core::poll_buffer(&mut self.body, &mut self.read, limit, cx))? {
+        match ready!(shared::poll_buffer(
+            &mut self.body,
+            &mut self.read,
+            limit,
+            cx
+        ))? {
             Buffered::Replayable(replay) => {
                 self.replay = Some(replay);
                 Poll::Ready(Ok(None))

@@ -11,7 +11,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::call::Call;
-use super::core::{self, Outcome, Permit, Pushback};
+use super::shared::{self, Outcome, Permit, Pushback};
 use crate::BoxError;
 use crate::scope::{Cancelled, Cause};
 use crate::service_config::HedgingPolicy;
@@ -162,7 +162,7 @@ where
                             let attempt = self.call.send(None);
                             self.push(attempt);
                             if self.may_send_more() {
-                                core::arm(&mut self.next, self.call.scope.as_ref(), self.delay);
+                                shared::arm(&mut self.next, self.call.scope.as_ref(), self.delay);
                             } else {
                                 self.next = None;
                             }
@@ -216,7 +216,7 @@ where
                             Pushback::Delay(after) => {
                                 self.now = false;
                                 if self.may_send_more() {
-                                    core::arm(&mut self.next, self.call.scope.as_ref(), after);
+                                    shared::arm(&mut self.next, self.call.scope.as_ref(), after);
                                 }
                             }
                             Pushback::None => self.now = true,
@@ -232,7 +232,7 @@ where
                 // the chain.
                 let spent = |last| self.call.core.spent(self.call.scope.as_ref(), last);
                 let last = match self.last_failure.take() {
-                    Some(last) if self.no_time => spent(core::no_time_left(last)),
+                    Some(last) if self.no_time => spent(shared::no_time_left(last)),
                     Some(last) => spent(last),
                     None => {
                         let status = self

@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::core::{Core, Settings};
 use super::observer::Observer;
+use super::shared::{Core, Settings};
 use super::{Resilience, RetryBudget};
 use crate::service_config::{ConfigError, ServiceConfig};
 

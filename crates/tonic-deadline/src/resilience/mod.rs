@@ -231,13 +231,13 @@
 //! [`Metrics::hedge_losers_cancelled`]: crate::observe::Metrics::hedge_losers_cancelled
 
 mod call;
-mod core;
 mod future;
 mod hedge;
 mod layer;
 mod limiter;
 pub(crate) mod observer;
 mod retry;
+mod shared;
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -272,7 +272,7 @@ pub use limiter::RetryBudget;
 #[derive(Debug, Clone)]
 pub struct Resilience<S> {
     inner: S,
-    core: Arc<core::Core>,
+    core: Arc<shared::Core>,
 }
 
 impl<S> Resilience<S> {
@@ -310,7 +310,7 @@ where
         let resolved = self.core.config.resolve(path);
         let plan = match resolved.policy {
             None => {
-                let request = core::pass_through(request, &resolved);
+                let request = shared::pass_through(request, &resolved);
                 return ResponseFuture::once(self.inner.call(request));
             }
             Some(Policy::Retry(policy)) => Plan::Retry(policy.clone(), resolved.idempotent),
@@ -319,7 +319,7 @@ where
                 Plan::Hedge(policy.clone(), delay)
             }
         };
-        let scope = core::policy_scope(&mut request, &resolved);
+        let scope = shared::policy_scope(&mut request, &resolved);
         // The service that was made ready goes with the call; this one is
         // readied again before the next call.
         let clone = self.inner.clone();

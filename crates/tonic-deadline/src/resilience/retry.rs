@@ -11,7 +11,7 @@ use tonic::Code;
 use tower_service::Service;
 
 use super::call::Call;
-use super::core::{self, Core, Outcome, Permit, Pushback};
+use super::shared::{self, Core, Outcome, Permit, Pushback};
 use crate::BoxError;
 use crate::client::Avoid;
 use crate::scope::{Cancelled, Cause};
@@ -138,7 +138,7 @@ where
                                 ..
                             } => (code, pushback, replica, result),
                         };
-                    let repeatable = core::may_repeat(retryable, code, self.idempotent);
+                    let repeatable = shared::may_repeat(retryable, code, self.idempotent);
                     self.call.core.note_replica(replica, repeatable);
                     if let Some(status) = self.call.ended() {
                         // The caller's scope ended: its cause is the answer.
@@ -192,12 +192,12 @@ where
                         // The answer is the attempt's, not a deadline that
                         // has not passed: its code tells what is known.
                         Permit::NoTime => {
-                            return self.finish(core.spent(scope, core::no_time_left(result)));
+                            return self.finish(core.spent(scope, shared::no_time_left(result)));
                         }
                         Permit::Throttled => return self.finish(core.spent(scope, result)),
                     }
                     self.backoff_started = Instant::now();
-                    core::arm(&mut self.backoff, scope, delay);
+                    shared::arm(&mut self.backoff, scope, delay);
                     self.phase = Phase::BackingOff;
                 }
                 Phase::BackingOff => {

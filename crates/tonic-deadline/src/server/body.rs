@@ -8,7 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::end_guard::EndGuard;
-use super::entry::Entry;
+use super::ledger_entry::Entry;
 use super::protocol::{Grpc, Protocol};
 use super::timer::LazyTimer;
 use crate::scope::{Cause, Scope};

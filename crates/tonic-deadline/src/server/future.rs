@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::body::{ServerBody, Web};
 use super::end_guard::EndGuard;
-use super::entry::Entry;
+use super::ledger_entry::Entry;
 use super::observer::Observation;
 use super::protocol::{Answer, Grpc, Protocol};
 use super::timer::LazyTimer;

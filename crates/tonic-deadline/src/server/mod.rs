@@ -96,9 +96,9 @@
 
 mod body;
 mod end_guard;
-mod entry;
 mod future;
 mod layer;
+mod ledger_entry;
 pub(crate) mod observer;
 mod protocol;
 mod request_body;
@@ -349,7 +349,7 @@ where
             .and_then(|(b, now)| now.checked_add(b - self.config.reserve(b)));
         #[cfg(feature = "ledger")]
         let entry = budget.zip(now).zip(request.uri().path_and_query()).map(
-            |((budget, arrived), method)| entry::Entry {
+            |((budget, arrived), method)| ledger_entry::Entry {
                 method: method.clone(),
                 arrived,
                 budget,

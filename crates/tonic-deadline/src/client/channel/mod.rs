@@ -63,8 +63,8 @@
 //!
 //! This file holds the channel as a service: its readiness, its calls and
 //! their bodies. Beside it: `builder` (how a channel is made), `connect`
-//! (TCP or a Unix socket), `link` (the connection's state, the dialer and
-//! its backoff) and `linked_io` (the connection's stream, which reads the
+//! (TCP or a Unix socket), `dial` (the connection's state, the dialer and
+//! its backoff) and `connection_io` (the connection's stream, which reads the
 //! server's stream limit and meters the round trip). Each part takes what
 //! it shares from here (`use super::*`); none imports a sibling that
 //! imports it back.
@@ -96,16 +96,16 @@ use crate::wire::timeout_header::{self, GRPC_TIMEOUT};
 
 mod builder;
 mod connect;
-mod link;
-mod linked_io;
+mod connection_io;
+mod dial;
 
 pub use builder::ReadyChannelBuilder;
 use connect::{
     Transport, UNIX_PATH_UNKNOWN, UnixConnector, UnixPathUnknown, is_unix_placeholder,
     tcp_connector,
 };
-use link::{Backoff, Connected, Dial, Dialer, Link, Linked};
-use linked_io::{LinkedIo, Metered, Scanned};
+use connection_io::{LinkedIo, Metered, Scanned};
+use dial::{Backoff, Connected, Dial, Dialer, Link, Linked};
 
 /// A tonic [`Channel`] whose readiness means "connected": put it under a
 /// [`ClientDeadlineLayer`](crate::ClientDeadlineLayer) and the budget on the

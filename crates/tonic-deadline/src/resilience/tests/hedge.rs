@@ -182,7 +182,7 @@ async fn a_hedge_that_cannot_fit_leaves_the_last_answer_saying_so() {
     );
     assert_eq!(
         answer.headers().get("grpc-message").map(|v| v.as_bytes()),
-        Some(super::super::core::NO_TIME_LEFT.as_bytes())
+        Some(super::super::shared::NO_TIME_LEFT.as_bytes())
     );
     assert_eq!(metrics.attempts_refused_for_time(), 1);
 }

@@ -96,7 +96,7 @@ impl Server {
                 let budget = timeout_header::from_headers(request.headers()).expect("well formed");
                 let previous = request
                     .headers()
-                    .get(core::PREVIOUS_ATTEMPTS)
+                    .get(shared::PREVIOUS_ATTEMPTS)
                     .map(|v| v.to_str().expect("ascii").to_owned());
                 let body = http_body_util::BodyExt::collect(request.into_body())
                     .await
@@ -127,7 +127,7 @@ impl Server {
                     headers.insert("content-type", "application/grpc".parse().expect("valid"));
                     headers.insert("grpc-status", (code as i32).into());
                     if let Some(p) = step.pushback {
-                        headers.insert(core::PUSHBACK, p.parse().expect("valid"));
+                        headers.insert(shared::PUSHBACK, p.parse().expect("valid"));
                     }
                 }
                 Ok::<_, BoxError>(response)

@@ -116,7 +116,7 @@ async fn a_replica_that_failed_rests_while_another_is_at_hand() {
         vec![1, 5],
         "calls during the rest go to the other replica"
     );
-    tokio::time::sleep(core::DEFAULT_REPLICA_REST).await;
+    tokio::time::sleep(shared::DEFAULT_REPLICA_REST).await;
     for _ in 0..2 {
         assert_eq!(outcome(&mut service, &scope).await.0, Code::Ok);
     }

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tonic::Code;
 use tower::{Service, ServiceExt};
 
-use super::super::core;
+use super::super::shared;
 use super::super::*;
 use super::{PATH, Server, Step, answer, cancel_after, code_of, fail, outcome, request, stack};
 use crate::Scope;
@@ -367,7 +367,7 @@ async fn from_the_first_answered_failure_on_no_attempt_starts_that_cannot_fit() 
     );
     assert_eq!(
         answer.headers().get("grpc-message").map(|v| v.as_bytes()),
-        Some(core::NO_TIME_LEFT.as_bytes()),
+        Some(shared::NO_TIME_LEFT.as_bytes()),
         "the message must say why no further attempt was made"
     );
     assert!(
@@ -387,12 +387,12 @@ fn an_answer_no_attempt_could_follow_keeps_its_code_details_and_metadata() {
         bytes::Bytes::from_static(b"\x08\x0e"),
         metadata,
     );
-    let err = core::no_time_left::<()>(Err(Box::new(status))).expect_err("stays an error");
+    let err = shared::no_time_left::<()>(Err(Box::new(status))).expect_err("stays an error");
     let status = err.downcast::<tonic::Status>().expect("a status");
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(
         status.message(),
-        format!("shard 7 down; {}", core::NO_TIME_LEFT)
+        format!("shard 7 down; {}", shared::NO_TIME_LEFT)
     );
     assert_eq!(status.details(), b"\x08\x0e");
     assert_eq!(
@@ -408,12 +408,12 @@ fn an_answer_no_attempt_could_follow_keeps_its_code_details_and_metadata() {
     response
         .headers_mut()
         .insert("grpc-message", "shard%207%20down".parse().expect("ascii"));
-    let response = core::no_time_left(Ok(response)).expect("stays an answer");
+    let response = shared::no_time_left(Ok(response)).expect("stays an answer");
     let status = tonic::Status::from_header_map(response.headers()).expect("a status");
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(
         status.message(),
-        format!("shard 7 down; {}", core::NO_TIME_LEFT)
+        format!("shard 7 down; {}", shared::NO_TIME_LEFT)
     );
 }
 
@@ -572,7 +572,7 @@ fn backoff_is_random_below_the_exponential_bound() {
     else {
         panic!("a retry policy");
     };
-    let core = core::Core::new(config, core::Settings::default());
+    let core = shared::Core::new(config, shared::Settings::default());
     for n in 1..=6u32 {
         let bound = Duration::from_millis(100 * 2u64.pow(n - 1)).min(Duration::from_secs(1));
         let draws: Vec<Duration> = (0..200)
@@ -635,7 +635,7 @@ where
             code_of(&response),
             response
                 .headers()
-                .get(core::PUSHBACK)
+                .get(shared::PUSHBACK)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
         ),
