@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::catalog;
 use crate::registry::{self, Entry, Kind, Spans};
 use crate::report::Outcome;
 use crate::{bench, systems};
@@ -265,7 +266,7 @@ impl<G: Group> FromArgMatches for Chosen<G> {
         let Some((name, matches)) = matches.subcommand() else {
             return Err(clap::Error::new(clap::error::ErrorKind::MissingSubcommand));
         };
-        let entry = registry::find(G::KIND, name)
+        let entry = catalog::find(G::KIND, name)
             .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
         Ok(Self {
             entry,
@@ -282,7 +283,7 @@ impl<G: Group> FromArgMatches for Chosen<G> {
 
 impl<G: Group> Subcommand for Chosen<G> {
     fn augment_subcommands(command: clap::Command) -> clap::Command {
-        registry::entries()
+        catalog::entries()
             .filter(|e| e.kind == G::KIND)
             .fold(command, |command, e| command.subcommand(e.command()))
     }
@@ -292,7 +293,7 @@ impl<G: Group> Subcommand for Chosen<G> {
     }
 
     fn has_subcommand(name: &str) -> bool {
-        registry::find(G::KIND, name).is_some()
+        catalog::find(G::KIND, name).is_some()
     }
 }
 
@@ -382,7 +383,7 @@ async fn interruptible<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyh
 /// # Errors
 ///
 /// When the command fails.
-pub fn main(allocated: fn() -> bench::instructions::Allocated) -> anyhow::Result<()> {
+pub fn main(allocated: fn() -> crate::kit::allocated::Allocated) -> anyhow::Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let command = match cli.command {

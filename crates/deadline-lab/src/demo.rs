@@ -10,7 +10,8 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::html::{self, Skipped, Step};
+use crate::catalog;
+use crate::page::{self, Skipped, Step};
 use crate::registry::{self, Entry, Missing};
 use crate::report::Outcome;
 
@@ -34,7 +35,7 @@ const LIGHT_AT_ONCE: usize = 8;
 pub async fn run(report: &Path) -> anyhow::Result<()> {
     println!("deadline-lab demo: every experiment on real tonic services over loopback\n");
     let started = Instant::now();
-    let steps: Vec<&'static Entry> = registry::demo_steps().collect();
+    let steps: Vec<&'static Entry> = catalog::demo_steps().collect();
     let total = steps.len();
     let permits = Arc::new(Semaphore::new(LIGHT_AT_ONCE));
     let mut done = Vec::with_capacity(total);
@@ -100,7 +101,7 @@ pub async fn run(report: &Path) -> anyhow::Result<()> {
         next += together;
     }
     let wall = started.elapsed().as_secs_f64();
-    let path = write(report, &html::render_with_skipped(&done, &skipped, wall))?;
+    let path = write(report, &page::render_with_skipped(&done, &skipped, wall))?;
     let failed: Vec<&str> = done
         .iter()
         .filter(|s| s.outcome.is_err())
@@ -177,7 +178,7 @@ async fn in_child(
 /// When there is no such step, or it fails.
 pub async fn step(name: &str) -> anyhow::Result<()> {
     let entry =
-        registry::by_step(name).ok_or_else(|| anyhow::anyhow!("no demo step called {name:?}"))?;
+        catalog::by_step(name).ok_or_else(|| anyhow::anyhow!("no demo step called {name:?}"))?;
     let quiet = crate::logs::Quiet::start();
     let outcome = entry.run_in_demo().await?;
     let printed = Printed {

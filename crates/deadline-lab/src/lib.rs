@@ -6,17 +6,20 @@
 
 pub mod bench;
 pub mod capture;
+pub mod catalog;
 pub mod cli;
 pub mod clock;
 pub mod demo;
 pub mod experiments;
 pub mod html;
+pub mod kit;
 pub mod logs;
 pub mod metrics;
 pub mod net;
 pub mod netns;
 pub mod nginx;
 pub mod otlp;
+pub mod page;
 pub mod pb;
 pub mod process;
 pub mod registry;

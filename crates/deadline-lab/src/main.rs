@@ -1,7 +1,7 @@
 //! `deadline-lab`: runs the seed systems on one machine and prints every
 //! deadline claim as a measured table (or, with `--json`, one JSON object).
 
-use deadline_lab::bench;
+use deadline_lab::kit::allocated::Allocated;
 
 /// Counts every allocation and its size, for `bench instructions`
 /// (allocations and bytes per request). Each allocation and deallocation
@@ -11,9 +11,9 @@ use deadline_lab::bench;
 #[global_allocator]
 static ALLOCATOR: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
-fn allocated() -> bench::instructions::Allocated {
+fn allocated() -> Allocated {
     let stats = ALLOCATOR.stats();
-    bench::instructions::Allocated {
+    Allocated {
         allocations: stats.allocations as u64,
         bytes: stats.bytes_allocated as u64,
         freed: stats.bytes_deallocated as u64,

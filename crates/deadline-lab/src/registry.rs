@@ -1,12 +1,14 @@
 //! The one trait every experiment and benchmark implements, [`Experiment`],
-//! and the lookups over the one list of them: `experiments::ALL` then
-//! `bench::ALL`, in the order the demo runs them.
+//! and [`Entry`], an experiment as the lists hold it (the lists and the
+//! lookups over them: [`crate::catalog`]).
 //!
 //! An experiment says its name, its flags, how it runs, the table it prints
 //! and what it draws in the report. The command line builds `experiment
 //! NAME` (and `bench NAME`) from it, the demo runs it and the report draws
-//! it, so adding an experiment is its file, with its `impl Experiment`, and
-//! its line in the list of `experiments/mod.rs` (beside its `mod` line).
+//! it, and `docs/lab.md`'s table of commands shows its flags and what it
+//! [prints](Experiment::PRINTS); so adding an experiment is its file, with
+//! its `impl Experiment`, and its line in the [`entries!`] of
+//! `experiments/mod.rs`.
 
 use std::fmt;
 use std::pin::Pin;
@@ -18,7 +20,6 @@ use serde::de::DeserializeOwned;
 use crate::html::{Part, Section};
 use crate::otlp::Receiver;
 use crate::report::Outcome;
-use crate::{bench, experiments};
 
 /// One run of an entry, to its printed result.
 pub type Run = Pin<Box<dyn Future<Output = anyhow::Result<Outcome>>>>;
@@ -118,6 +119,10 @@ pub trait Experiment: Serialize + DeserializeOwned + 'static {
     /// One line on what it measures: its `--help`, and the line above its
     /// table in the report.
     const ABOUT: &'static str;
+    /// What its command prints, in a few words of markdown: its line in
+    /// `docs/lab.md`'s table of commands, beside its
+    /// [usage](Entry::usage).
+    const PRINTS: &'static str;
     /// Experiment or benchmark.
     const KIND: Kind = Kind::Experiment;
     /// Optional tools it needs; without one, the demo skips it.
@@ -188,6 +193,8 @@ pub struct Entry {
     pub kind: Kind,
     /// [`Experiment::ABOUT`].
     pub about: &'static str,
+    /// [`Experiment::PRINTS`].
+    pub prints: &'static str,
     /// [`Experiment::NEEDS`].
     pub needs: &'static [Needs],
     /// [`Experiment::IN_DEMO`].
@@ -214,6 +221,7 @@ impl Entry {
             name: E::NAME,
             kind: E::KIND,
             about: E::ABOUT,
+            prints: E::PRINTS,
             needs: E::NEEDS,
             in_demo: E::IN_DEMO,
             light: E::LIGHT,
@@ -234,6 +242,43 @@ impl Entry {
             Kind::Experiment => self.name.to_owned(),
             Kind::Bench => format!("bench {}", self.name),
         }
+    }
+
+    /// Its command line with every flag, as `docs/lab.md` lists it:
+    /// `experiment ledger [--json] [--runs RUNS]`.
+    pub fn usage(&self) -> String {
+        let mut usage = match self.kind {
+            Kind::Experiment => format!("experiment {} [--json]", self.name),
+            Kind::Bench => format!("bench {} [--json]", self.name),
+        };
+        if self.collects_spans {
+            usage.push_str(" [--otlp-endpoint URL]");
+        }
+        for arg in self.command().get_arguments() {
+            let Some(long) = arg.get_long().filter(|long| *long != "help") else {
+                continue;
+            };
+            if !arg.get_action().takes_values() {
+                usage.push_str(&format!(" [--{long}]"));
+                continue;
+            }
+            let value = arg
+                .get_value_names()
+                .and_then(|names| names.first())
+                .map_or_else(|| arg.get_id().as_str().to_uppercase(), ToString::to_string);
+            let many = matches!(arg.get_action(), clap::ArgAction::Append);
+            usage.push_str(&format!(
+                " [--{long} {value}{}]",
+                if many { " …" } else { "" }
+            ));
+        }
+        usage
+    }
+
+    /// Its row of `docs/lab.md`'s table of commands: its
+    /// [usage](Entry::usage) and what it [prints](Experiment::PRINTS).
+    pub fn doc_row(&self) -> String {
+        format!("| `{}` | {} |", self.usage(), self.prints)
     }
 
     /// The first tool it needs that this machine lacks.
@@ -321,27 +366,23 @@ pub async fn quietly(run: Run) -> anyhow::Result<Outcome> {
     Ok(outcome)
 }
 
-/// Every experiment, then every benchmark, in the order the demo runs them.
-pub fn entries() -> impl Iterator<Item = &'static Entry> {
-    experiments::ALL.iter().chain(bench::ALL)
+/// Declares the modules of a list of experiments and the list itself, one
+/// line each (`module::Result`, in the order the demo runs them): the
+/// module in `module.rs` beside the list's, the entry that of `Result`,
+/// its [`Experiment`].
+///
+/// ```ignore
+/// entries! {
+///     /// Every experiment, in the order the demo runs them.
+///     ALL: wire::Wire, chain::Chain,
+/// }
+/// ```
+macro_rules! entries {
+    ($(#[$doc:meta])* $list:ident: $($module:ident::$result:ident),+ $(,)?) => {
+        $(pub mod $module;)+
+        $(#[$doc])*
+        pub static $list: &[$crate::registry::Entry] =
+            &[$($crate::registry::Entry::of::<$module::$result>()),+];
+    };
 }
-
-/// The steps of the demo, in the order it runs them.
-pub fn demo_steps() -> impl Iterator<Item = &'static Entry> {
-    entries().filter(|e| e.in_demo)
-}
-
-/// The entry of `kind` called `name` on the command line.
-pub fn find(kind: Kind, name: &str) -> Option<&'static Entry> {
-    entries().find(|e| e.kind == kind && e.name == name)
-}
-
-/// The experiment called `name` on the command line.
-pub fn experiment(name: &str) -> Option<&'static Entry> {
-    find(Kind::Experiment, name)
-}
-
-/// The entry whose demo step is called `step` (`chain`, `bench soak`).
-pub fn by_step(step: &str) -> Option<&'static Entry> {
-    entries().find(|e| e.step() == step)
-}
+pub(crate) use entries;

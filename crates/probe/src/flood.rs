@@ -124,6 +124,34 @@ pub fn request_block(authority: &str, path: &str, grpc_timeout: Option<&str>) ->
     block
 }
 
+/// One raw connection to `addr` that opens a stream of `path` and resets
+/// it at once, `wait` after the connection is made: the first stream of a
+/// flood, and no more. The connection is returned open.
+///
+/// # Panics
+///
+/// When the server does not accept the connection or the bytes.
+pub fn early_reset_after(addr: SocketAddr, path: &str, wait: Duration) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).expect("the server accepts TCP");
+    std::thread::sleep(wait);
+    let mut wire = PREFACE.to_vec();
+    append_frame(&mut wire, SETTINGS, 0, 0, &[]);
+    let block = request_block(&addr.to_string(), path, None);
+    append_frame(&mut wire, HEADERS, END_HEADERS, 1, &block);
+    append_frame(&mut wire, RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
+    tcp.write_all(&wire).expect("the flood is taken");
+    tcp
+}
+
+/// [`early_reset_after`] with no wait.
+///
+/// # Panics
+///
+/// As [`early_reset_after`].
+pub fn one_early_reset(addr: SocketAddr, path: &str) -> TcpStream {
+    early_reset_after(addr, path, Duration::ZERO)
+}
+
 /// Floods `addr` on one new connection until the server cuts it off,
 /// `stop` is set, or `give_up` has passed.
 ///

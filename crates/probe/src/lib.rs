@@ -10,6 +10,7 @@
 #[cfg(feature = "codegen")]
 pub mod codegen;
 pub mod flood;
+pub mod logs;
 pub mod tls;
 
 #[allow(missing_docs, unreachable_pub, clippy::all)]

@@ -482,6 +482,8 @@ pub async fn run_on_own_runtime(runs: usize, threads: usize) -> anyhow::Result<C
 impl Experiment for Cancel {
     const NAME: &'static str = "cancel";
     const ABOUT: &'static str = "Cancel propagation latency across three hops";
+    const PRINTS: &'static str =
+        "client gives up → last hop's handler dropped (and its scope ended), p50/p99: ours with the call's task aborted and with `Scope::cancel`, vs plain tonic aborted; when a task spawned under the last hop's scope learns";
     const KIND: Kind = Kind::Bench;
     type Args = Args;
 

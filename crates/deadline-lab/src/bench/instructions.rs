@@ -72,6 +72,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::net::{self, Layered};
+use crate::kit::allocated::Allocated;
+use crate::kit::ours_or_plain::Variant;
 use crate::registry::{Experiment, Kind, Spans};
 use crate::report::Outcome;
 use crate::systems::chain::Next;
@@ -178,24 +180,6 @@ impl Case {
             Case::Streaming => "streaming",
             Case::ServerGuard => "server-guard",
             Case::ServerGuardHeader => "server-guard-header",
-        }
-    }
-}
-
-/// Our layers or plain tonic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Variant {
-    /// tonic with our layers.
-    Ours,
-    /// tonic without them.
-    Plain,
-}
-
-impl Variant {
-    fn arg(self) -> &'static str {
-        match self {
-            Variant::Ours => "ours",
-            Variant::Plain => "plain",
         }
     }
 }
@@ -312,6 +296,8 @@ impl Experiment for Instructions {
     const NAME: &'static str = "instructions";
     const ABOUT: &'static str =
         "Instructions and allocations per request under callgrind, ours vs plain tonic";
+    const PRINTS: &'static str =
+        "instructions (callgrind), allocations and bytes per request, ours vs plain tonic, case by case (needs valgrind and libfaketime) ([more](#bench-instructions))";
     const KIND: Kind = Kind::Bench;
     /// It needs valgrind; run alone (`bench instructions`), not in the demo.
     const IN_DEMO: bool = false;
@@ -376,19 +362,6 @@ impl Experiment for Instructions {
             ],
         }
     }
-}
-
-/// Allocation totals of a process, from the lab binary's global allocator.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Allocated {
-    /// Allocation calls (`alloc` and `alloc_zeroed`; reallocations are not
-    /// counted as new allocations).
-    pub allocations: u64,
-    /// Bytes requested, including what reallocations grew by.
-    pub bytes: u64,
-    /// Bytes given back (for the live heap: `bytes - freed`).
-    #[serde(default)]
-    pub freed: u64,
 }
 
 /// What one child run counted.

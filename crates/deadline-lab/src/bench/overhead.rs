@@ -206,6 +206,8 @@ pub async fn measure(load: Load) -> anyhow::Result<Overhead> {
 impl Experiment for Overhead {
     const NAME: &'static str = "overhead";
     const ABOUT: &'static str = "Unary throughput and latency, plain tonic vs both layers";
+    const PRINTS: &'static str =
+        "unary throughput and p50, plain tonic vs both layers, interleaved";
     const KIND: Kind = Kind::Bench;
     type Args = Args;
 

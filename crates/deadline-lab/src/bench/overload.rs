@@ -458,6 +458,8 @@ impl Experiment for Overload {
     const NAME: &'static str = "overload";
     const ABOUT: &'static str =
         "Goodput at 1x, 2x and 4x capacity: a pooled ~10 ms query, 100 ms deadlines";
+    const PRINTS: &'static str =
+        "goodput at 1×, 2× and 4× capacity with 100 ms deadlines: plain tonic vs our admission queue (FIFO, LIFO, adaptive LIFO)";
     const KIND: Kind = Kind::Bench;
     const SECTION: Option<Section> = Some(Section::Overload);
     type Args = Args;

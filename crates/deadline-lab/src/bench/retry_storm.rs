@@ -36,7 +36,7 @@ use tonic_deadline::resilience::{Resilience, ResilienceLayer, RetryBudget};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::bench::overload::{self, Load};
-use crate::experiments::hedge::pseudo_random_share;
+use crate::kit::pseudo_random::pseudo_random_share;
 use crate::html::chart::escape;
 use crate::html::{Part, Section};
 use crate::net;
@@ -262,6 +262,8 @@ pub async fn measure(load: Load) -> anyhow::Result<Storm> {
 impl Experiment for Storm {
     const NAME: &'static str = "retry-storm";
     const ABOUT: &'static str = "The overload setup at 2x capacity with a downstream failing 10 % of calls: no retries, naive retries, ours";
+    const PRINTS: &'static str =
+        "the overload setup at 2× capacity with a downstream failing 10 %: goodput and attempts per call with no retries, naive retries, ours (throttling, retry budget)";
     const KIND: Kind = Kind::Bench;
     const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = Args;

@@ -236,6 +236,8 @@ const DEMO_CALLS: u64 = 30_000;
 impl crate::registry::Experiment for Soak {
     const NAME: &'static str = "soak";
     const ABOUT: &'static str = "Many calls through A -> B -> C with random deadlines and client cancels; then memory, tasks, permits and connections left over";
+    const PRINTS: &'static str =
+        "10⁶ calls (default) through A → B → C with random 1–50 ms deadlines and client cancels; then memory, tasks, permits, database connections and statuses left over";
     const KIND: crate::registry::Kind = crate::registry::Kind::Bench;
     const SECTION: Option<Section> = Some(Section::LeftBehind);
     type Args = Args;

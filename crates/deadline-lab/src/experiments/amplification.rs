@@ -625,6 +625,8 @@ pub async fn measure(fan_in_outage: Duration, runs: usize) -> anyhow::Result<Amp
 impl Experiment for Amplification {
     const NAME: &'static str = "amplification";
     const ABOUT: &'static str = "Retries on every hop of client → A → B → C with C down, failing 5 % of calls, under fan-in, never answering, and behind three replicas of B one, two or all of whose paths are broken: attempts reaching C per root call and calls answered OK, one budget for the chain beside per-hop retries and retries at the edge only";
+    const PRINTS: &'static str =
+        "a chain client → A → B → C with `maxAttempts` 3 and C failing (at once or by running out of time, behind one B or three replicas of B): attempts per call at C, B and A and the calls answered OK, ours beside per-hop retries and retries at the edge only ([more](#experiment-amplification))";
     const SECTION: Option<Section> = Some(Section::RetriesAcrossHops);
     type Args = Args;
 

@@ -6,7 +6,7 @@ use probe::CallRequest;
 use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
-use crate::experiments::layered_client;
+use crate::kit::calls::layered_client;
 use crate::html::chart::{self, Bar};
 use crate::html::{Part, Section};
 use crate::registry::{Experiment, Spans};
@@ -88,6 +88,7 @@ impl Experiment for Chain {
     const NAME: &'static str = "chain";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Remaining budget on entry at A, B and C";
+    const PRINTS: &'static str = "remaining budget on entry at A, B, C";
     const SECTION: Option<Section> = Some(Section::BudgetPerHop);
     type Args = Args;
 

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 
 use crate::capture::{Capture, Direction, Options};
-use crate::experiments::{status_name, wire_lines, without_deadline};
+use crate::kit::calls::{status_name, wire_lines, without_deadline};
 use crate::html::chart::{self, Group};
 use crate::html::{Part, Section};
 use crate::net;
@@ -198,6 +198,8 @@ impl Experiment for Drift {
     const NAME: &'static str = "drift";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Relative timeouts under injected client → server delay";
+    const PRINTS: &'static str =
+        "1 s budget through the capture proxy with 0 / 100 / 300 ms delay: what the server sees vs what the client really has";
     const SECTION: Option<Section> = Some(Section::Transit);
     type Args = NoArgs;
 

@@ -32,7 +32,7 @@ use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use sqlx::{Connection, Executor, Row};
 
-use crate::experiments::db_cancel::Throwaway;
+use crate::kit::postgres::{Throwaway, server};
 use crate::html::chart::{self, Bar};
 use crate::html::{Part, Section};
 use crate::net;
@@ -270,18 +270,12 @@ async fn serve_http(app: Router) -> anyhow::Result<SocketAddr> {
 
 /// The PostgreSQL server: `TONIC_DEADLINE_PG_URL`, or a throwaway one.
 async fn postgres() -> anyhow::Result<(String, Option<Throwaway>)> {
-    if let Ok(url) = std::env::var("TONIC_DEADLINE_PG_URL") {
-        return Ok((url, None));
-    }
-    let bindir = Throwaway::bindir().ok_or_else(|| {
+    server().await?.ok_or_else(|| {
         anyhow::anyhow!(
             "experiment edge needs PostgreSQL: set TONIC_DEADLINE_PG_URL or install the server \
              (Debian: apt-get install postgresql; scripts/postgres does it)"
         )
-    })?;
-    #[allow(clippy::disallowed_methods)] // starting the server, before any request
-    let server = tokio::task::spawn_blocking(move || Throwaway::start(bindir)).await??;
-    Ok((server.url.clone(), Some(server)))
+    })
 }
 
 async fn active_tagged(monitor: &mut sqlx::PgConnection, tag: &str) -> anyhow::Result<i64> {
@@ -521,6 +515,8 @@ impl crate::registry::Experiment for Edge {
     const NAME: &'static str = "edge";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "An axum edge → tonic → sqlx query (and → reqwest → REST) under one 900 ms budget, the client giving up at 300 ms (needs PostgreSQL)";
+    const PRINTS: &'static str =
+        "an axum edge (900 ms default) → tonic → a 5 s sqlx query, and → reqwest → REST; the client gives up at 300 ms: each layer's budget on entry, when it stopped and whether on the server, the pool after (see [Beyond tonic](beyond-tonic.md))";
     const SECTION: Option<Section> = Some(Section::BeyondTonic);
     type Args = crate::registry::NoArgs;
 

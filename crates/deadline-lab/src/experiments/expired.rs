@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::capture::Capture;
-use crate::experiments::layered_client;
+use crate::kit::calls::layered_client;
 use crate::html::chart;
 use crate::html::{Part, Section};
 use crate::net;
@@ -81,6 +81,7 @@ impl Experiment for Expired {
     const NAME: &'static str = "expired";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "An already-expired call: status, time, frames on the wire";
+    const PRINTS: &'static str = "status, time and HTTP/2 frames of an already-expired call";
     const SECTION: Option<Section> = Some(Section::OnTheWire);
     type Args = NoArgs;
 

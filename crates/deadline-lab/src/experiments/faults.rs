@@ -25,7 +25,7 @@ use tonic_deadline::admission::Admission;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
 use crate::capture::{Capture, Options};
-use crate::experiments::status_name;
+use crate::kit::calls::status_name;
 use crate::html::chart;
 use crate::html::{Part, Section};
 use crate::net::{self, Layered};
@@ -312,6 +312,8 @@ impl Experiment for Faults {
     const NAME: &'static str = "faults";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "A downstream process killed, a connection cut mid-message, a downstream hung: the upstream hop's answer and what it released";
+    const PRINTS: &'static str =
+        "a downstream process SIGKILLed, the connection cut inside a reply message, a downstream SIGSTOPped: the upstream hop's status, when, and what it still held";
     const SECTION: Option<Section> = Some(Section::Across);
     type Args = NoArgs;
 

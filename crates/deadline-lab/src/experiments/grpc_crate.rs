@@ -32,7 +32,7 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
-use crate::experiments::{layered_client, status_name, without_deadline};
+use crate::kit::calls::{layered_client, status_name, without_deadline};
 use crate::net::{self, Layered};
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms};
@@ -691,6 +691,8 @@ impl Experiment for GrpcCrate {
     const LIGHT: bool = true;
     const ABOUT: &'static str =
         "The official grpc crate alone, with our interceptor, and tonic with our layers";
+    const PRINTS: &'static str =
+        "the official `grpc` crate (0.9) alone, with our interceptor, and tonic with our layers: `grpc-timeout` on the wire, status and time of a 500 ms deadline on 2 s of work, the chain's budgets, a cancel at the root ([guide](grpc-crate.md))";
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {

@@ -16,7 +16,7 @@ use tonic_deadline::Scope;
 use tonic_deadline::observe::Metrics;
 
 use crate::capture::Capture;
-use crate::experiments::{status_name, wire_lines};
+use crate::kit::calls::{status_name, wire_lines};
 use crate::html::chart;
 use crate::html::{Part, Section};
 use crate::net;
@@ -139,6 +139,8 @@ impl Experiment for Handler {
     const NAME: &'static str = "handler";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "A handler that watches its scope vs one that ignores it";
+    const PRINTS: &'static str =
+        "150 ms budget, 1 s of work: a handler that watches its scope stops; one that ignores it finishes, and is counted as outliving its scope";
     const SECTION: Option<Section> = Some(Section::WorkAfterGivingUp);
     type Args = NoArgs;
 

@@ -28,6 +28,7 @@ use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use crate::html::chart::{self, escape};
 use crate::html::{Part, Section};
+use crate::kit::pseudo_random::pseudo_random_share;
 use crate::net;
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, ms, quantile};
@@ -118,17 +119,6 @@ struct Attempt {
 struct Tail {
     next: Arc<AtomicU64>,
     attempts: Arc<Mutex<HashMap<String, Vec<Attempt>>>>,
-}
-
-/// Whether the `n`-th event falls in a `share` of all: a fixed
-/// pseudo-random sequence (splitmix64), so every variant of a run meets the
-/// same events.
-pub(crate) fn pseudo_random_share(n: u64, share: f64) -> bool {
-    let mut z = n.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    ((z >> 11) as f64 / (1u64 << 53) as f64) < share
 }
 
 #[tonic::async_trait]
@@ -417,6 +407,8 @@ impl Experiment for HedgeRows {
     const NAME: &'static str = "hedge";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Hedging against a 5 % slow tail: none, ours, tower::hedge";
+    const PRINTS: &'static str =
+        "5 % of answers 200 ms slow, 1 000 calls: p50/p99/p99.9 and extra load without hedging, with ours, with `tower::hedge`, with ours adaptive; losers reset on the server";
     const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = NoArgs;
 

@@ -444,6 +444,8 @@ impl Experiment for Hosts {
     const NAME: &'static str = "hosts";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Every service in its own network namespace with one-way latency: what each hop's deadline gains over its parent's (needs root)";
+    const PRINTS: &'static str =
+        "every service of the chain and the IM system in its own network namespace (veth pairs, 5 and 20 ms one-way): each hop's deadline less its parent's, without and with transit compensation; needs root";
     const NEEDS: &'static [Needs] = &[Needs::NetNamespaces];
     const SECTION: Option<Section> = Some(Section::Across);
     type Args = Args;

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 
-use crate::experiments::db_cancel;
+use crate::kit::postgres::server;
 use crate::html::chart;
 use crate::html::{Part, Section};
 use crate::netns::{self, Host, Network};
@@ -107,6 +107,8 @@ impl crate::registry::Experiment for JobsRun {
     const NAME: &'static str = "jobs";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Jobs on PostgreSQL, two worker processes, one killed mid-job";
+    const PRINTS: &'static str =
+        "40 jobs in a PostgreSQL queue, two worker processes in two network namespaces (as root), one SIGKILLed mid-job: accepted, lost, run twice, where each worker ran";
     const SECTION: Option<Section> = Some(Section::LeftBehind);
     type Args = crate::registry::NoArgs;
 
@@ -428,7 +430,7 @@ async fn mid_job(pool: &PgPool, table: &str, worker: &str) -> anyhow::Result<Opt
 /// No PostgreSQL server could be had, or a worker did not start or the
 /// queue did not drain in time.
 pub async fn measure() -> anyhow::Result<JobsRun> {
-    let Some((url, _server)) = db_cancel::server().await? else {
+    let Some((url, _server)) = server().await? else {
         anyhow::bail!(
             "experiment jobs needs PostgreSQL: set TONIC_DEADLINE_PG_URL or install the server (apt-get install postgresql)"
         );

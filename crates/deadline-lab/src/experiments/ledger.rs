@@ -34,7 +34,7 @@ use tonic_deadline::ledger::Ledger;
 use tonic_deadline::resilience::ResilienceLayer;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
-use crate::experiments::waterfall::{self, Case};
+use crate::kit::traced::{self, Case};
 use crate::html::chart::{self, escape};
 use crate::html::{Part, Section};
 use crate::otlp::Receiver;
@@ -356,7 +356,7 @@ async fn cases(
     let push = |route_blocks| PushReq {
         uid: 1,
         text: "hi".into(),
-        route_ms: crate::experiments::waterfall::STALL_MS,
+        route_ms: traced::STALL_MS,
         push_ms: 5,
         route_blocks,
     };
@@ -374,7 +374,7 @@ async fn cases(
     );
     if let Some(receiver) = receiver {
         im_row.traced = Some(
-            waterfall::traced(
+            traced::traced(
                 receiver,
                 &im_row.case,
                 im::CLIENT_BUDGET,
@@ -416,7 +416,7 @@ async fn cases(
     );
     if let Some(receiver) = receiver {
         shop_row.traced = Some(
-            waterfall::traced(
+            traced::traced(
                 receiver,
                 &shop_row.case,
                 shop_budget,
@@ -471,7 +471,7 @@ async fn cases(
     retried.named_right_share = named as f64 / retried_runs.len().max(1) as f64;
     if let Some(receiver) = receiver {
         retried.traced = Some(
-            waterfall::traced(
+            traced::traced(
                 receiver,
                 &retried.case,
                 retried_budget,
@@ -502,6 +502,8 @@ impl Experiment for LedgerResult {
     const NAME: &'static str = "ledger";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Where the budget of a DEADLINE_EXCEEDED went: the ledger the root caller receives for the IM chain with route stalled, the shop with pricing late and a retried call, over many runs";
+    const PRINTS: &'static str =
+        "the ledger a root caller receives with a `DEADLINE_EXCEEDED` in three stall cases, `N` runs each (100), and one call of each traced beside its ledger ([more](#experiment-ledger))";
     const COLLECTS_SPANS: bool = true;
     const SECTION: Option<Section> = Some(Section::Ledger);
     type Args = Args;
@@ -599,7 +601,7 @@ impl Experiment for LedgerResult {
                     .first()
                     .and_then(|h| h.budget_on_entry_ms)
                     .unwrap_or(case.client_ms);
-                html.push_str(&waterfall::chart(case, budget_ms));
+                html.push_str(&traced::chart(case, budget_ms));
                 html.push_str(&format!(
                     "<p class=\"muted\">The ledger this traced call brought back:</p><pre>{}</pre>",
                     escape(&case.ledger.join("\n"))
@@ -611,7 +613,7 @@ impl Experiment for LedgerResult {
 }
 
 /// A traced call as text: its waterfall (a bar per span, one column per
-/// [`waterfall::BAR_MS`], out to the client's deadline) and, under it, the
+/// [`traced::BAR_MS`], out to the client's deadline) and, under it, the
 /// ledger the same call brought back.
 fn traced_lines(case: &Case) -> Vec<String> {
     let budget_ms = case
@@ -624,7 +626,7 @@ fn traced_lines(case: &Case) -> Vec<String> {
         .iter()
         .map(|h| h.end_ms)
         .fold(budget_ms, f64::max)
-        / waterfall::BAR_MS) as usize;
+        / traced::BAR_MS) as usize;
     let mut lines = vec![format!(
         "{}, one call traced (trace {}): {} after {} ms",
         case.case, case.trace_id, case.status, case.client_ms
@@ -636,7 +638,7 @@ fn traced_lines(case: &Case) -> Vec<String> {
             hop.start_ms,
             hop.end_ms,
             hop.outcome,
-            waterfall::bar(hop, width),
+            traced::bar(hop, width),
         ));
     }
     lines.push("    the ledger it brought back:".to_owned());

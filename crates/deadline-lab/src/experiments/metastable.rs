@@ -1064,6 +1064,8 @@ fn recovery_spread(median: Option<f64>, runs: &[Option<f64>]) -> String {
 impl Experiment for Metastable {
     const NAME: &'static str = "metastable";
     const ABOUT: &'static str = "A service at 0.9 of capacity hit by a capacity cut or a load spike that then ends: recovery, goodput during the trigger and attempts per second for plain tonic without retries, careful plain tonic (limit, load shedding, tower::retry with a budget), a hand-written retry loop, ours and ours with each part taken out";
+    const PRINTS: &'static str =
+        "a service at 0.9 of its capacity meets a trigger: recovery, goodput during it and attempts per second for plain tonic without retries, careful plain tonic, a hand-written retry loop, ours and ours with each part taken out ([more](#experiment-metastable))";
     const SECTION: Option<Section> = Some(Section::Metastable);
     type Args = Args;
 

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 
-use crate::experiments::im::{Hop, hops};
-use crate::experiments::{status_name, without_deadline};
+use crate::kit::journal::{Hop, hops};
+use crate::kit::calls::{status_name, without_deadline};
 use crate::pb::{CreateOrderReq, GetOrderReq};
 use crate::report::{Outcome, ms};
 use crate::systems::orders::{self, Shared};
@@ -172,6 +172,8 @@ impl crate::registry::Experiment for Orders {
     const NAME: &'static str = "orders";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "CreateOrder with a payment that stalls past the deadline";
+    const PRINTS: &'static str =
+        "CreateOrder whose payment stalls past the deadline: payment cancelled, no row; and what \"outcome unknown\" means";
     type Args = crate::registry::NoArgs;
 
     async fn run(_: Self::Args, _: crate::registry::Spans) -> anyhow::Result<Self> {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::Scope;
 
-use crate::experiments::layered_client;
+use crate::kit::calls::layered_client;
 use crate::html::{Part, Section};
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::{Outcome, code_name, ms};
@@ -97,6 +97,7 @@ impl Experiment for Propagation {
     const LIGHT: bool = true;
     const ABOUT: &'static str =
         "Completions downstream after the client gives up: propagate vs detach";
+    const PRINTS: &'static str = "B/C completions after the client gave up: propagate vs detach";
     const SECTION: Option<Section> = Some(Section::WorkAfterGivingUp);
     type Args = NoArgs;
 

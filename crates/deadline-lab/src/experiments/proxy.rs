@@ -22,7 +22,7 @@ use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 
 use crate::capture::{Capture, Direction};
 use crate::clock::deadline_ns;
-use crate::experiments::{layered_client, status_name};
+use crate::kit::calls::{layered_client, status_name};
 use crate::html::chart;
 use crate::html::{Part, Section};
 use crate::nginx::{Config, Nginx};
@@ -375,6 +375,8 @@ impl Experiment for Proxy {
     const NAME: &'static str = "proxy";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Debian's nginx (grpc_pass) between two hops: the header it forwards, the transit, and whether a client's cancel reaches the hop behind it";
+    const PRINTS: &'static str =
+        "Debian's nginx (`grpc_pass`) between two hops: `grpc-timeout` sent vs received, transit, how fast a client's cancel reaches the hop behind it, a `grpc_read_timeout` below the deadline";
     const NEEDS: &'static [Needs] = &[Needs::Nginx];
     const SECTION: Option<Section> = Some(Section::Across);
     type Args = NoArgs;

@@ -733,6 +733,8 @@ fn or_dash(n: Option<u32>) -> String {
 impl Experiment for RapidReset {
     const NAME: &'static str = "rapid-reset";
     const ABOUT: &'static str = "HTTP/2 Rapid Reset floods, fast and slow, on one connection and four, in the clear and over TLS: how plain tonic, the layer alone and ours cut them off, and an honest client's latency beside them";
+    const PRINTS: &'static str =
+        "HTTP/2 Rapid Reset floods against plain tonic, the layer alone and ours: how each server cuts them off, and an honest client's latency beside them ([more](#experiment-rapid-reset))";
     const SECTION: Option<Section> = Some(Section::ResetFloods);
     type Args = Args;
 

@@ -20,7 +20,7 @@ use tonic_deadline::client::ReadyChannel;
 use tonic_deadline::resilience::{Resilience, ResilienceLayer};
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 
-use crate::experiments::status_name;
+use crate::kit::calls::status_name;
 use crate::html::chart;
 use crate::html::{Part, Section};
 use crate::net;
@@ -381,6 +381,8 @@ impl Experiment for RetryCases {
     const NAME: &'static str = "retry";
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Retries inside one deadline: succeeding on the 3rd attempt, the deadline ending the backoff, pushback, outcome-unknown codes";
+    const PRINTS: &'static str =
+        "retries inside one deadline: success on the 3rd attempt, a backoff the deadline cannot fit, pushback −1 and 150 ms, DEADLINE_EXCEEDED for a non-idempotent and an idempotent method, no time for a useful attempt; every attempt's start and budget on the wire";
     const SECTION: Option<Section> = Some(Section::RetriesAndHedging);
     type Args = NoArgs;
 

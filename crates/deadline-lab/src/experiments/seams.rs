@@ -539,6 +539,8 @@ impl Experiment for Seams {
     const LIGHT: bool = true;
     const ABOUT: &'static str =
         "Every way code moves work or makes a call: budget kept, or the break reported";
+    const PRINTS: &'static str =
+        "17 ways a handler calls the next hop (spawned tasks, JoinSets, blocking threads, Buffers, lazy and reconnecting channels): the budget the next hop got, when it stopped, and whether a break was reported";
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {

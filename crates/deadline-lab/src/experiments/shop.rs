@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::experiments::im::{Hop, cell, find, hops};
-use crate::experiments::{status_name, without_deadline};
+use crate::kit::journal::{Grant, Hop, cell, find, hops};
+use crate::kit::calls::{status_name, without_deadline};
 use crate::html::chart::{self, Bar};
 use crate::html::{Part, Section};
 use crate::pb::{BrowseReq, CheckoutReq};
@@ -48,7 +48,7 @@ impl Case {
     }
 
     /// The first grant any hop made to `to`.
-    fn grant(&self, to: &str) -> Option<&crate::experiments::im::Grant> {
+    fn grant(&self, to: &str) -> Option<&Grant> {
         self.hops.iter().find_map(|h| h.gave_to(to))
     }
 
@@ -183,6 +183,8 @@ impl Experiment for Shop {
     const LIGHT: bool = true;
     const ABOUT: &'static str =
         "The API's 900 ms shared by inventory and pricing, the cache cap, fan-out";
+    const PRINTS: &'static str =
+        "900 ms API: inventory takes 650 ms, pricing gets what is left less a reserve; 20 ms cache cap; fan-out sharing one deadline";
     const SECTION: Option<Section> = Some(Section::BudgetPerHop);
     type Args = NoArgs;
 

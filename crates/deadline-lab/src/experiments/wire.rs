@@ -9,7 +9,8 @@ use tonic_deadline::{Scope, ServerDeadlineLayer};
 use crate::registry::{Experiment, NoArgs, Spans};
 use crate::report::Outcome;
 use crate::systems::chain::{Hop, Plan};
-use crate::{experiments::layered_client, net};
+use crate::kit::calls::layered_client;
+use crate::net;
 
 /// The budgets of the seed, with grpc-go's header for each.
 const ROWS: [(&str, Option<Duration>, &str); 7] = [
@@ -81,6 +82,7 @@ pub async fn measure() -> anyhow::Result<Wire> {
 impl Experiment for Wire {
     const NAME: &'static str = "wire";
     const ABOUT: &'static str = "grpc-timeout on the wire for budgets from 50 ms to 100 h";
+    const PRINTS: &'static str = "`grpc-timeout` as received, 50 ms … 100 h, beside grpc-go's";
     type Args = NoArgs;
 
     async fn run(_: NoArgs, _: Spans) -> anyhow::Result<Self> {

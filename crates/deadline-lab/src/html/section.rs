@@ -80,7 +80,7 @@ impl Section {
     }
 
     /// What it opens with, before any experiment's part.
-    pub(super) fn intro(self) -> &'static str {
+    pub(crate) fn intro(self) -> &'static str {
         match self {
             Section::OnTheWire => {
                 "<p class=\"muted\">Frames decoded by the capture proxy (HPACK-decoded headers; RST_STREAM with its error code).</p>"
@@ -91,7 +91,7 @@ impl Section {
 
     /// The chart the section draws from its experiments' [bars](Part::bars),
     /// if it has one.
-    pub(super) fn chart(self, groups: &[Group]) -> Option<String> {
+    pub(crate) fn chart(self, groups: &[Group]) -> Option<String> {
         match self {
             Section::WorkAfterGivingUp => Some(chart::grouped(
                 "completions",
@@ -110,12 +110,12 @@ impl Section {
 #[derive(Debug, Clone)]
 pub struct Part {
     /// `None`: the experiment's own section.
-    pub(super) section: Option<Section>,
-    pub(super) drawn: Drawn,
+    pub(crate) section: Option<Section>,
+    pub(crate) drawn: Drawn,
 }
 
 #[derive(Debug, Clone)]
-pub(super) enum Drawn {
+pub(crate) enum Drawn {
     Html(String),
     Bars(Vec<Group>),
 }

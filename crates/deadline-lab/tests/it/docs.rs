@@ -1430,6 +1430,20 @@ fn subcommands(args: &[&str]) -> BTreeSet<String> {
 }
 
 #[test]
+fn docs_lab_table_shows_each_experiment_and_benchmark_as_it_declares_itself() {
+    let page = read("docs/lab.md");
+    let rows: Vec<String> = deadline_lab::catalog::entries()
+        .map(deadline_lab::registry::Entry::doc_row)
+        .collect();
+    let expected = rows.join("\n");
+    assert!(
+        page.contains(&expected),
+        "docs/lab.md's table of commands must hold, one after the other, the rows the lab's \
+         entries declare (usage from their flags, and `Experiment::PRINTS`):\n{expected}"
+    );
+}
+
+#[test]
 fn docs_lab_page_lists_every_command_the_lab_has() {
     let page = read("docs/lab.md");
     let lines: Vec<&str> = page.lines().collect();

@@ -5,7 +5,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use deadline_lab::capture::{Direction, Listening, RecordLine};
-use deadline_lab::experiments::im::{self, Case, Hop};
+use deadline_lab::experiments::im::{self, Case};
+use deadline_lab::kit::journal::{self, Hop};
 use deadline_lab::{bench, experiments};
 use tonic_deadline::timeout_header::decode;
 
@@ -185,7 +186,7 @@ async fn serve_chain_prints_its_address_first_and_answers() {
         .parse()
         .expect("the first line must be the entry address");
     let result = async {
-        let mut client = experiments::layered_client(addr).await?;
+        let mut client = deadline_lab::kit::calls::layered_client(addr).await?;
         let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_secs(5));
         let reply = scope
             .enter(client.call(probe::CallRequest::default()))
@@ -371,7 +372,7 @@ fn drift_experiment_server_sees_the_full_budget_the_client_does_not() {
 }
 
 fn hop<'a>(hops: &'a [Hop], service: &str) -> &'a Hop {
-    im::find(hops, service).unwrap_or_else(|| panic!("{service} must report: {hops:?}"))
+    journal::find(hops, service).unwrap_or_else(|| panic!("{service} must report: {hops:?}"))
 }
 
 fn entry(hops: &[Hop], service: &str) -> f64 {
@@ -645,7 +646,7 @@ async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
     let (capture, entry) = capture_in_front_of(a.addr());
 
     let hops = async {
-        let mut client = experiments::layered_client(entry).await?;
+        let mut client = deadline_lab::kit::calls::layered_client(entry).await?;
         let scope = tonic_deadline::Scope::background().with_timeout(PROCESS_BUDGET);
         let reply = scope
             .enter(client.call(probe::CallRequest::default()))

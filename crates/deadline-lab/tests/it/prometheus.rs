@@ -187,7 +187,7 @@ async fn prometheus_scrapes_the_grpc_and_budget_series_after_real_calls() {
     };
 
     // Real calls: some in time, some whose deadline passes mid-chain.
-    let mut client = deadline_lab::experiments::layered_client(entry)
+    let mut client = deadline_lab::kit::calls::layered_client(entry)
         .await
         .expect("the chain must accept a connection");
     for _ in 0..5 {

@@ -1,8 +1,9 @@
 //! One list of experiments: the registry's names, the tools each needs, and
 //! the command line built from it.
 
+use deadline_lab::catalog::{by_step, entries, experiment};
 use deadline_lab::cli;
-use deadline_lab::registry::{self, Entry, Kind, Missing, Needs, by_step, entries, experiment};
+use deadline_lab::registry::{self, Entry, Kind, Missing, Needs};
 
 #[test]
 fn every_step_has_its_own_name() {
@@ -103,34 +104,37 @@ fn the_benchmarks_of_the_demo_are_benchmarks_on_the_command_line() {
 
 #[test]
 fn the_steps_the_demo_runs_side_by_side_wait_and_none_times_the_machine() {
-    let light: Vec<&str> = entries().filter(|e| e.light).map(|e| e.name).collect();
-    assert_eq!(
-        light,
-        [
-            "chain",
-            "grpc-crate",
-            "propagation",
-            "expired",
-            "handler",
-            "drift",
-            "im",
-            "ledger",
-            "waterfall",
-            "shop",
-            "orders",
-            "db-cancel",
-            "seams",
-            "edge",
-            "hosts",
-            "proxy",
-            "faults",
-            "retry",
-            "hedge",
-            "jobs",
-        ],
-        "a light step runs beside others in the demo: a flood, a load or a benchmark must not"
+    // Each experiment declares whether it is light (`Experiment::LIGHT`);
+    // what times the machine must not: a benchmark, or an experiment whose
+    // flags size a flood, a load or a window of traffic.
+    for entry in entries().filter(|e| e.light) {
+        assert_eq!(
+            entry.kind,
+            Kind::Experiment,
+            "{}: a benchmark times the machine",
+            entry.name
+        );
+        let usage = entry.usage();
+        for load in [
+            "--flood-ms",
+            "--window-ms",
+            "--window-s",
+            "--before-ms",
+            "--calls",
+            "--requests",
+        ] {
+            assert!(
+                !usage.contains(load),
+                "{}: a light step runs beside others in the demo; one that sizes a load with {load} must not",
+                entry.name
+            );
+        }
+    }
+    let light = entries().filter(|e| e.light).count();
+    assert!(
+        light * 2 > entries().filter(|e| e.in_demo).count(),
+        "most of the demo's steps wait on deadlines and run side by side: {light} light"
     );
-    assert!(entries().all(|e| !(e.light && e.kind == Kind::Bench)));
 }
 
 #[test]

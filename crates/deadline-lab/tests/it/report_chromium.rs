@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use deadline_lab::html::{self, Step};
+use deadline_lab::page::{self, Step};
 use deadline_lab::registry::Experiment;
 use deadline_lab::report::Outcome;
 use deadline_lab::{bench, experiments};
@@ -98,7 +98,7 @@ async fn report_charts_render_in_headless_chromium() {
             step.outcome
         );
     }
-    let page = html::render(&steps, 1.0);
+    let page = page::render(&steps, 1.0);
     let dir = std::env::temp_dir().join(format!("deadline-lab-report-{}", std::process::id()));
     let profile = dir.join("profile");
     std::fs::create_dir_all(&profile).expect("a temp folder");

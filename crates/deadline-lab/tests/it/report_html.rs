@@ -8,9 +8,10 @@ use deadline_lab::experiments::amplification::{self, Amplification};
 use deadline_lab::experiments::hedge::{self, HedgeRows};
 use deadline_lab::experiments::metastable::{self, Metastable};
 use deadline_lab::experiments::retry::{self, RetryCases};
-use deadline_lab::experiments::waterfall::{Case, Hop, Waterfall};
+use deadline_lab::experiments::waterfall::Waterfall;
 use deadline_lab::html::chart::{Bar, escape, hbars};
-use deadline_lab::html::{Skipped, Step, render, render_with_skipped};
+use deadline_lab::kit::traced::{Case, Hop};
+use deadline_lab::page::{Skipped, Step, render, render_with_skipped};
 use deadline_lab::registry::Experiment;
 
 /// A finished step of the demo with the table `result` prints, as the demo
@@ -212,8 +213,8 @@ fn a_failed_step_is_named_in_its_section() {
 
 #[test]
 fn every_section_of_the_report_is_the_home_of_a_step_of_the_demo() {
+    use deadline_lab::catalog::demo_steps;
     use deadline_lab::html::Section;
-    use deadline_lab::registry::demo_steps;
     for section in Section::ALL {
         assert!(
             demo_steps().any(|e| e.section == Some(section)),

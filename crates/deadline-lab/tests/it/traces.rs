@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::process::Command;
 use std::time::Duration;
 
-use deadline_lab::experiments::waterfall::{Hop, Waterfall};
+use deadline_lab::experiments::waterfall::Waterfall;
+use deadline_lab::kit::traced::Hop;
 use deadline_lab::otlp::{Received, Receiver};
 use deadline_lab::pb::PushReq;
 use deadline_lab::process::Spawned;

@@ -6,8 +6,8 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use probe::probe_client::ProbeClient;
@@ -153,54 +153,4 @@ pub(crate) async fn timed_call(client: &mut Client) -> Duration {
         .and_then(|answer| answer)
         .expect("an honest call is answered");
     started.elapsed()
-}
-
-// ---------------------------------------------------------------------------
-// Logs: what the guard said, captured process-wide.
-// ---------------------------------------------------------------------------
-
-fn log_lines() -> &'static Mutex<Vec<u8>> {
-    static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-    let log = LOG.get_or_init(|| Mutex::new(Vec::new()));
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-            .with_writer(|| LogWriter)
-            .finish();
-        tracing_subscriber::util::SubscriberInitExt::try_init(subscriber)
-            .expect("the test binary installs one subscriber");
-    });
-    log
-}
-
-struct LogWriter;
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        log_lines()
-            .lock()
-            .expect("not poisoned")
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Starts capturing what the guard logs (before the test's calls).
-pub(crate) fn capture_logs() {
-    let _ = log_lines();
-}
-
-/// The warnings logged so far that mention `needle`.
-pub(crate) fn warnings_about(needle: &str) -> Vec<String> {
-    let log = log_lines().lock().expect("not poisoned");
-    String::from_utf8_lossy(&log)
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains(needle))
-        .map(str::to_owned)
-        .collect()
 }

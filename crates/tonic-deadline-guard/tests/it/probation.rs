@@ -6,7 +6,7 @@
 // Servers and floods belong to no request.
 #![allow(clippy::disallowed_methods)]
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -17,14 +17,8 @@ use probe::probe_client::ProbeClient;
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tonic_deadline_guard::ResetGuard;
-use tonic_deadline_guard::frames::{
-    END_HEADERS, HEADERS, PREFACE, RST_STREAM, SETTINGS, append_frame,
-};
 
-use crate::common::{
-    CALL, CANCEL, Counts, MACHINE, PATIENCE, capture_logs, loopback, serve_guarded, serve_with,
-    warnings_about,
-};
+use crate::common::{CALL, Counts, MACHINE, PATIENCE, loopback, serve_guarded, serve_with};
 use crate::floods::CUT_WITHIN;
 
 /// How long the guard holds a connection that floods again from an
@@ -85,8 +79,8 @@ async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
     tokio::spawn(serve_with(free_guard, listener));
     let free = reconnecting_flood(free_addr, WINDOW).await.len();
 
-    capture_logs();
-    let said = || warnings_about("reset streams early again").len();
+    probe::logs::capture();
+    let said = || probe::logs::warnings_about("reset streams early again").len();
     let said_before = said();
     let (listener, addr) = loopback().await;
     let counts = Counts::default();
@@ -147,7 +141,7 @@ async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
     // Said once (and at most once every 10 s), naming the address.
     assert_eq!(said(), said_before + 1, "the guard says it holds one");
     assert!(
-        warnings_about("reset streams early again")
+        probe::logs::warnings_about("reset streams early again")
             .iter()
             .all(|w| w.contains("127.0.0.1")),
         "the warning names the address"
@@ -158,25 +152,6 @@ async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
         neighbours.iter().all(|took| *took < HOLD / 2),
         "a neighbour of the flood is answered at once: {neighbours:?}"
     );
-}
-
-/// One raw connection that opens a stream and resets it at once: the
-/// first stream of a flood.
-fn one_early_reset(addr: SocketAddr) -> std::net::TcpStream {
-    early_reset_after(addr, Duration::ZERO)
-}
-
-/// [`one_early_reset`], sent `wait` after the connection is made.
-fn early_reset_after(addr: SocketAddr, wait: Duration) -> std::net::TcpStream {
-    let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
-    std::thread::sleep(wait);
-    let mut wire = PREFACE.to_vec();
-    append_frame(&mut wire, SETTINGS, 0, 0, &[]);
-    let block = flood::request_block(&addr.to_string(), CALL, None);
-    append_frame(&mut wire, HEADERS, END_HEADERS, 1, &block);
-    append_frame(&mut wire, RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
-    tcp.write_all(&wire).expect("the flood is taken");
-    tcp
 }
 
 /// Whether the server has closed `tcp` (it read the end of the stream, or
@@ -228,7 +203,7 @@ async fn connections_beyond_those_that_may_be_held_are_cut_off_at_once() {
     let started = Instant::now();
     let opened = tokio::task::spawn_blocking(move || {
         (0..OPENED)
-            .map(|_| one_early_reset(addr))
+            .map(|_| flood::one_early_reset(addr, CALL))
             .collect::<Vec<_>>()
     })
     .await
@@ -301,10 +276,11 @@ async fn a_flood_that_waits_after_connecting_is_held_all_the_same() {
 
     // At the default refill of 100 early resets a second, 300 ms would
     // have refilled the whole allowance of a connection not on probation.
-    let waited =
-        tokio::task::spawn_blocking(move || early_reset_after(addr, Duration::from_millis(300)))
-            .await
-            .expect("the connecting thread");
+    let waited = tokio::task::spawn_blocking(move || {
+        flood::early_reset_after(addr, CALL, Duration::from_millis(300))
+    })
+    .await
+    .expect("the connecting thread");
     let deadline = Instant::now() + PATIENCE;
     while counts.connections_held() + counts.connections_refused() == 0 && Instant::now() < deadline
     {

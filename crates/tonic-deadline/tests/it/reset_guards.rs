@@ -29,8 +29,8 @@ use tonic_deadline::observe::Metrics;
 use tonic_deadline::server::ResetGuard;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 use tonic_deadline_guard::frames::{
-    ACK, DATA, END_HEADERS, END_STREAM, Frame, GOAWAY, HEADERS, PING, PREFACE, RST_STREAM,
-    SETTINGS, WholeFrames, append_frame,
+    ACK, DATA, END_HEADERS, END_STREAM, Frame, GOAWAY, HEADERS, PING, RST_STREAM, SETTINGS,
+    WholeFrames, append_frame,
 };
 use tower::Layer;
 
@@ -53,19 +53,6 @@ fn serve_guarded(
         .layer(ServerDeadlineLayer::new())
         .add_service(ProbeServer::new(node))
         .serve_with_incoming(guard.incoming(TcpListenerStream::new(listener)))
-}
-
-/// One raw connection that opens a stream and resets it at once: the
-/// first stream of a flood.
-fn one_early_reset(addr: SocketAddr) -> std::net::TcpStream {
-    let mut tcp = std::net::TcpStream::connect(addr).expect("the server accepts TCP");
-    let mut wire = PREFACE.to_vec();
-    append_frame(&mut wire, SETTINGS, 0, 0, &[]);
-    let block = flood::request_block(&addr.to_string(), "/probe.v1.Probe/Call", None);
-    append_frame(&mut wire, HEADERS, END_HEADERS, 1, &block);
-    append_frame(&mut wire, RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
-    tcp.write_all(&wire).expect("the flood is taken");
-    tcp
 }
 
 /// Held by the tests that flood or storm a server: each takes the machine's
@@ -108,9 +95,10 @@ async fn metrics_count_the_cuts_and_holds_of_the_guard_they_observe() {
     until(|| metrics.reset_floods_cut() > 0).await;
     assert_eq!(metrics.reset_floods_cut(), 1, "the cut is counted, once");
 
-    let _held = tokio::task::spawn_blocking(move || one_early_reset(addr))
-        .await
-        .expect("the connecting thread");
+    let _held =
+        tokio::task::spawn_blocking(move || flood::one_early_reset(addr, "/probe.v1.Probe/Call"))
+            .await
+            .expect("the connecting thread");
     until(|| metrics.connections_held() > 0).await;
     assert_eq!(
         metrics.connections_held(),

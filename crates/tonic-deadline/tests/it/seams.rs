@@ -8,7 +8,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Event, Events, Node, PATIENCE, channel, code, connect, loopback, serve, serve_on};
@@ -40,66 +40,6 @@ const SLOW: Duration = Duration::from_secs(1);
 const TRANSIT: Duration = Duration::from_millis(100);
 /// How long the slow connector takes.
 const CONNECT: Duration = Duration::from_millis(200);
-
-// ---------------------------------------------------------------------------
-// Logs: what the library said, captured process-wide.
-// ---------------------------------------------------------------------------
-
-fn log_lines() -> &'static Mutex<Vec<u8>> {
-    static LOG: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-    let log = LOG.get_or_init(|| Mutex::new(Vec::new()));
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(|| LogWriter)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber)
-            .expect("the test binary installs one subscriber");
-    });
-    log
-}
-
-struct LogWriter;
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        log_lines()
-            .lock()
-            .expect("not poisoned")
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Starts capturing what the library logs (before the test's calls).
-pub(crate) fn capture_logs() {
-    let _ = log_lines();
-}
-
-/// The errors logged so far that mention `needle`.
-pub(crate) fn errors_about(needle: &str) -> Vec<String> {
-    let log = log_lines().lock().expect("not poisoned");
-    String::from_utf8_lossy(&log)
-        .lines()
-        .filter(|l| l.contains("ERROR") && l.contains(needle))
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The warnings logged so far that mention `needle`.
-pub(crate) fn warnings_about(needle: &str) -> Vec<String> {
-    let log = log_lines().lock().expect("not poisoned");
-    String::from_utf8_lossy(&log)
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains(needle))
-        .map(str::to_owned)
-        .collect()
-}
 
 // ---------------------------------------------------------------------------
 // A relay that calls the next hop in one of the ways real code does.
@@ -326,7 +266,7 @@ fn assert_kept(way: &str, seen: &Seen) {
 
 #[tokio::test]
 async fn tokio_spawn_in_a_handler_loses_the_scope_and_is_counted_and_warned() {
-    capture_logs();
+    probe::logs::capture();
     let metrics = Metrics::new();
     let layer = ClientDeadlineLayer::new().metrics(&metrics);
     let seen = through(Way::TokioSpawn, async |addr| boxed(layer.layer(lazy(addr)))).await;
@@ -345,7 +285,7 @@ async fn tokio_spawn_in_a_handler_loses_the_scope_and_is_counted_and_warned() {
         1,
         "the lost scope must be counted"
     );
-    let warned = warnings_about("/probe.v1.Probe/Call");
+    let warned = probe::logs::warnings_about("/probe.v1.Probe/Call");
     assert!(
         warned
             .iter()
@@ -432,7 +372,7 @@ async fn unscoped_call_is_refused_under_deny_with_a_status_naming_the_fix() {
 async fn the_unscoped_policy_is_the_clients_setting_not_the_process() {
     // Two clients in one process, calling one server: what each does with a
     // call that finds no scope is its own layer's setting, nothing else.
-    capture_logs();
+    probe::logs::capture();
     let (_events, tx) = Events::new();
     let sink = serve(ServerDeadlineLayer::new(), Node::new("B", &tx)).await;
     let reported = Metrics::new();
@@ -443,7 +383,7 @@ async fn the_unscoped_policy_is_the_clients_setting_not_the_process() {
         .expect("an unscoped call goes out under the default policy");
     assert_eq!(reported.unscoped_calls(), 1, "the default counts it");
     assert!(
-        warnings_about("without a scope")
+        probe::logs::warnings_about("without a scope")
             .iter()
             .any(|w| w.contains("/Call")),
         "and warns, naming the method"
@@ -479,7 +419,7 @@ async fn the_unscoped_policy_is_the_clients_setting_not_the_process() {
 
 #[tokio::test]
 async fn buffer_above_the_layer_loses_the_scope_and_is_reported() {
-    capture_logs();
+    probe::logs::capture();
     let metrics = Metrics::new();
     let layer = ClientDeadlineLayer::new().metrics(&metrics);
     let seen = through(Way::Direct, async |addr| {
@@ -498,7 +438,7 @@ async fn buffer_above_the_layer_loses_the_scope_and_is_reported() {
         "a Buffer above the layer runs `call` on its worker, outside the scope"
     );
     assert_eq!(metrics.unscoped_calls(), 1, "and the break must be counted");
-    assert!(!warnings_about("without a scope").is_empty());
+    assert!(!probe::logs::warnings_about("without a scope").is_empty());
 }
 
 #[tokio::test]

@@ -157,8 +157,8 @@ async fn the_reset_guard_terminates_tls_and_handlers_see_the_clients_certificate
 /// naming the fix) and counts it; it is never served unguarded.
 #[tokio::test]
 async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly() {
-    crate::seams::capture_logs();
-    let errors_before = crate::seams::errors_about("incoming_tls").len();
+    probe::logs::capture();
+    let errors_before = probe::logs::errors_about("incoming_tls").len();
     let pki = probe::tls::Pki::new();
     let (seer, _sightings) = Seer::new(Answer::Echo);
     let (listener, addr) = loopback().await;
@@ -193,7 +193,7 @@ async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly()
         assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     }
     assert_eq!(metrics.unguarded_servers(), 1, "counted, once");
-    let errors = crate::seams::errors_about("incoming_tls");
+    let errors = probe::logs::errors_about("incoming_tls");
     assert_eq!(errors.len(), errors_before + 1, "said once, at the first");
 }
 
