@@ -18,9 +18,9 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use grpc_deadline_db::sqlx_postgres::SqlxPgPool;
 use grpc_deadline_db::sqlx_postgres::sqlx::{self, Row};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest, Hop};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest, Hop};
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 use tonic_deadline::client::{ClientDeadline, ReadyChannel};
@@ -32,7 +32,7 @@ struct Orders {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Orders {
+impl testkit::CallOnly for Orders {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = Scope::current(); // installed by ServerDeadlineLayer
         let entry = scope.remaining();

@@ -199,7 +199,7 @@ pub async fn connect_layered_over(
             .tls_config(
                 ClientTlsConfig::new()
                     .ca_certificate(Certificate::from_pem(ca))
-                    .domain_name(probe::tls::SERVER_NAME),
+                    .domain_name(testkit::tls::SERVER_NAME),
             )?,
     };
     Ok(layered(ReadyChannel::connect(&endpoint).await?))

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Client, Events, Node, PATIENCE, channel, code, serve};
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 
 async fn client(addr: std::net::SocketAddr) -> Client {

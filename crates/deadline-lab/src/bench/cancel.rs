@@ -22,9 +22,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -162,7 +162,7 @@ impl<F> Drop for Stamped<F> {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Watcher {
+impl testkit::CallOnly for Watcher {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = self.ours.then(Scope::current);
         if let Some(scope) = scope.clone() {

@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -218,7 +218,7 @@ struct Holder {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Holder {
+impl testkit::CallOnly for Holder {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.arrived.fetch_add(1, Ordering::Relaxed);
         let mut release = self.release.clone();

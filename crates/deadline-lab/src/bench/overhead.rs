@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::transport::Channel;

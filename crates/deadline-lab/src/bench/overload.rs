@@ -24,9 +24,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -138,7 +138,7 @@ impl Service {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Service {
+impl testkit::CallOnly for Service {
     async fn call(&self, _request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.serve().await?;
         Ok(Response::new(CallReply::default()))

@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tonic::service::Routes;
 use tonic::transport::Channel;
@@ -112,7 +112,7 @@ struct Flaky {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Flaky {
+impl testkit::CallOnly for Flaky {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let n = self.seen.fetch_add(1, Ordering::Relaxed);
         if pseudo_random_share(n, FAILING_SHARE) {

@@ -37,9 +37,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use grpc_deadline_db::sqlite::SqlitePool;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -382,7 +382,7 @@ struct Store {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Store {
+impl testkit::CallOnly for Store {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let rows = request.into_inner().work_ms.min(MAX_ROWS);
         let scope = Scope::current();

@@ -43,9 +43,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -273,7 +273,7 @@ struct Relay {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Last {
+impl testkit::CallOnly for Last {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.seen.fetch_add(1, Ordering::Relaxed);
         let fails = match self.mode {
@@ -294,7 +294,7 @@ impl probe::CallOnly for Last {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Relay {
+impl testkit::CallOnly for Relay {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.seen.fetch_add(1, Ordering::Relaxed);
         let mut next = self.next.clone();
@@ -342,7 +342,7 @@ struct Leaves {
     broken: Option<(Leaf, usize)>,
 }
 
-async fn serve(service: impl probe::CallOnly) -> anyhow::Result<SocketAddr> {
+async fn serve(service: impl testkit::CallOnly) -> anyhow::Result<SocketAddr> {
     net::serve(
         "127.0.0.1:0",
         Routes::new(ProbeServer::new(service)),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use probe::CallRequest;
+use testkit::CallRequest;
 use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 

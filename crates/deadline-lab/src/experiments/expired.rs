@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use probe::CallRequest;
+use testkit::CallRequest;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic_deadline::{Scope, ServerDeadlineLayer};

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -111,7 +111,7 @@ impl Drop for Running {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Upstream {
+impl testkit::CallOnly for Upstream {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = Scope::current();
         if let Ok(mut scopes) = self.scopes.lock() {

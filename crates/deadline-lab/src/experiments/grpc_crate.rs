@@ -21,9 +21,9 @@ use grpc::client::{
 use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
 use grpc::credentials::LocalChannelCredentials;
 use grpc_deadline_grpc::{DeadlineInterceptor, TonicInvoke, code_name as grpc_code_name};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::{Probe, ProbeServer};
+use testkit::{CallReply, CallRequest};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -122,7 +122,7 @@ struct Tail {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Tail {
+impl testkit::CallOnly for Tail {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let id = request.into_inner().payload;
         let index = {

@@ -35,10 +35,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use probe::flood::{self, Shape};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::flood::{self, Shape};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::service::Routes;
@@ -171,7 +171,7 @@ impl Kind {
 struct Worker;
 
 #[tonic::async_trait]
-impl probe::CallOnly for Worker {
+impl testkit::CallOnly for Worker {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let r = request.into_inner();
         let work = if r.count > 0 {

@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use serde::{Deserialize, Serialize};
 use tonic_deadline::Scope;
 

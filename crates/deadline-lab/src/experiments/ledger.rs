@@ -110,7 +110,7 @@ struct Run {
     waited: Duration,
 }
 
-type Retrying = probe::probe_client::ProbeClient<
+type Retrying = testkit::probe_client::ProbeClient<
     tonic_deadline::resilience::Resilience<
         tonic_deadline::client::ClientDeadline<tonic::transport::Channel>,
     >,
@@ -124,11 +124,11 @@ struct RetriedHop {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for RetriedHop {
+impl testkit::CallOnly for RetriedHop {
     async fn call(
         &self,
-        request: Request<probe::CallRequest>,
-    ) -> Result<Response<probe::CallReply>, Status> {
+        request: Request<testkit::CallRequest>,
+    ) -> Result<Response<testkit::CallReply>, Status> {
         if let Some(next) = &self.next {
             return next.clone().call(request.into_inner()).await;
         }
@@ -161,9 +161,9 @@ async fn serve_probe<S>(
     reserve: Option<Duration>,
 ) -> anyhow::Result<std::net::SocketAddr>
 where
-    S: probe::probe_server::Probe,
+    S: testkit::probe_server::Probe,
 {
-    let routes = tonic::service::Routes::new(probe::probe_server::ProbeServer::new(service));
+    let routes = tonic::service::Routes::new(testkit::probe_server::ProbeServer::new(service));
     let mut layer = ServerDeadlineLayer::new().trace_spans();
     if let Some(reserve) = reserve {
         layer = layer.reply_reserve(reserve);
@@ -307,10 +307,10 @@ async fn four_processes(n: usize) -> anyhow::Result<Row> {
         hops.push(hop);
     }
     let a = next.ok_or_else(|| anyhow::anyhow!("the chain has no hop"))?;
-    let root = probe::probe_client::ProbeClient::new(crate::net::lazy_layered(a)?);
+    let root = testkit::probe_client::ProbeClient::new(crate::net::lazy_layered(a)?);
     let call = || {
         let mut root = root.clone();
-        async move { root.call(probe::CallRequest::default()).await.map(drop) }
+        async move { root.call(testkit::CallRequest::default()).await.map(drop) }
     };
     let four = runs(n, Duration::from_millis(600), call).await;
     let mut row = row(FOUR_PROCESSES, "/probe.v1.Probe/Call", None, &four);
@@ -436,19 +436,19 @@ async fn cases(
         .service(channel(b)?);
     let a = serve_probe(
         RetriedHop {
-            next: Some(probe::probe_client::ProbeClient::new(retrying)),
+            next: Some(testkit::probe_client::ProbeClient::new(retrying)),
         },
         reserve,
     )
     .await?;
-    let root = probe::probe_client::ProbeClient::new(
+    let root = testkit::probe_client::ProbeClient::new(
         tower::ServiceBuilder::new()
             .layer(ClientDeadlineLayer::new().trace_spans())
             .service(channel(a)?),
     );
     let retried_call = || {
         let mut root = root.clone();
-        async move { root.call(probe::CallRequest::default()).await.map(drop) }
+        async move { root.call(testkit::CallRequest::default()).await.map(drop) }
     };
     let retried_budget = Duration::from_millis(300);
     let retried_runs = runs(n, retried_budget, retried_call).await;

@@ -56,9 +56,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -440,7 +440,7 @@ struct Handler {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Handler {
+impl testkit::CallOnly for Handler {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         // When the attempt's caller gives up, µs from the start.
         let gives_up = request.get_ref().interval_ms;

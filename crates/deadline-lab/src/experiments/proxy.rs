@@ -10,9 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest, Hop};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest, Hop};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -141,7 +141,7 @@ impl Downstream {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Downstream {
+impl testkit::CallOnly for Downstream {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let scope = Scope::current();
         let header = request

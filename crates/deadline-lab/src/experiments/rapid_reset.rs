@@ -27,7 +27,7 @@
 //! other half, so that the honest latency measures what the flood costs
 //! the server, not the flood's own client.
 //!
-//! The floods come from `probe::flood`, a raw client on threads of its
+//! The floods come from `testkit::flood`, a raw client on threads of its
 //! own, so that a flood never waits for the runtime of the server it
 //! floods.
 
@@ -37,8 +37,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use probe::flood::{self, Flood, Shape};
-use probe::tls::Pki;
+use testkit::flood::{self, Flood, Shape};
+use testkit::tls::Pki;
 use rustix::thread::CpuSet;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::time::Instant;
@@ -113,7 +113,7 @@ struct Scripted {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Scripted {
+impl testkit::CallOnly for Scripted {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         let budget = request
             .metadata()

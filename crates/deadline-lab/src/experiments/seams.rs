@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{Request, Response};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -109,7 +109,7 @@ impl Sink {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Sink {
+impl testkit::CallOnly for Sink {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,
@@ -265,7 +265,7 @@ struct Relay {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Relay {
+impl testkit::CallOnly for Relay {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,

@@ -1,8 +1,8 @@
 //! Calls as the lab's client makes them, and what an experiment reads of
 //! their outcome and of the wire.
 
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use tonic_deadline::Scope;
 
 use crate::net::{self, Layered};

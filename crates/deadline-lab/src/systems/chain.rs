@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
-use probe::{CallReply, CallRequest, Hop as HopReport};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::{Probe, ProbeServer};
+use testkit::{CallReply, CallRequest, Hop as HopReport};
 use tokio_stream::Stream;
 use tonic::service::Routes;
 use tonic::transport::Channel;
@@ -223,7 +223,7 @@ pub async fn start_hop(
     let done = hop.completed();
     let mut routes = hop.routes();
     if reflection {
-        routes = super::with_reflection(routes, probe::FILE_DESCRIPTOR_SET)?;
+        routes = super::with_reflection(routes, testkit::FILE_DESCRIPTOR_SET)?;
     }
     let mut layer = ServerDeadlineLayer::new();
     if let Some(reserve) = reply_reserve {

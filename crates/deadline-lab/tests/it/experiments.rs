@@ -189,7 +189,7 @@ async fn serve_chain_prints_its_address_first_and_answers() {
         let mut client = deadline_lab::kit::calls::layered_client(addr).await?;
         let scope = tonic_deadline::Scope::background().with_timeout(Duration::from_secs(5));
         let reply = scope
-            .enter(client.call(probe::CallRequest::default()))
+            .enter(client.call(testkit::CallRequest::default()))
             .await?;
         anyhow::Ok(reply.into_inner().hops.len())
     }
@@ -649,7 +649,7 @@ async fn chain_runs_as_separate_processes_through_the_capture_proxy() {
         let mut client = deadline_lab::kit::calls::layered_client(entry).await?;
         let scope = tonic_deadline::Scope::background().with_timeout(PROCESS_BUDGET);
         let reply = scope
-            .enter(client.call(probe::CallRequest::default()))
+            .enter(client.call(testkit::CallRequest::default()))
             .await?;
         anyhow::Ok(reply.into_inner().hops)
     }

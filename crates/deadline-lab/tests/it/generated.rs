@@ -10,7 +10,7 @@ fn the_generated_code_is_what_the_protos_compile_to() {
         "work.proto",
     ];
     let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    if let Err(stale) = probe::codegen::check(crate_dir, &protos, "lab.v1", "lab_descriptor") {
+    if let Err(stale) = testkit::codegen::check(crate_dir, &protos, "lab.v1", "lab_descriptor") {
         panic!("{stale}");
     }
 }

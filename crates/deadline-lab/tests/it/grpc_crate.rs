@@ -231,7 +231,7 @@ enum Transport {
 async fn cancelled_call(
     transport: Transport,
     method: &str,
-    request: probe::CallRequest,
+    request: testkit::CallRequest,
     wait_for: usize,
 ) -> (usize, u64) {
     use grpc::client::interceptor::InvokeExt;
@@ -334,7 +334,7 @@ async fn the_crate_resets_a_cancelled_call_only_after_the_response_headers() {
     let (resets, not_reset) = cancelled_call(
         Transport::Crates,
         "/probe.v1.Probe/Call",
-        probe::CallRequest::default(),
+        testkit::CallRequest::default(),
         0,
     )
     .await;
@@ -344,10 +344,10 @@ async fn the_crate_resets_a_cancelled_call_only_after_the_response_headers() {
     );
     assert_eq!(not_reset, 1, "and the interceptor says so");
     // A server stream: its headers and first reply came before the cancel.
-    let watch = probe::CallRequest {
+    let watch = testkit::CallRequest {
         count: 100,
         interval_ms: 20,
-        ..probe::CallRequest::default()
+        ..testkit::CallRequest::default()
     };
     let (resets, not_reset) =
         cancelled_call(Transport::Crates, "/probe.v1.Probe/Watch", watch, 2).await;
@@ -363,7 +363,7 @@ async fn over_tonics_transport_a_cancelled_call_is_reset_before_the_response_hea
     let (resets, not_reset) = cancelled_call(
         Transport::Tonic,
         "/probe.v1.Probe/Call",
-        probe::CallRequest::default(),
+        testkit::CallRequest::default(),
         0,
     )
     .await;
@@ -396,9 +396,9 @@ mod abandoned_upload {
     use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
     use grpc::credentials::LocalChannelCredentials;
     use grpc_deadline_grpc::DeadlineInterceptor;
-    use probe::probe_server::{Probe, ProbeServer};
-    use probe::{CallReply, CallRequest};
     use prost::Message;
+    use testkit::probe_server::{Probe, ProbeServer};
+    use testkit::{CallReply, CallRequest};
     use tokio::sync::mpsc;
     use tokio_stream::Stream;
     use tonic::{Request, Response, Status, Streaming};

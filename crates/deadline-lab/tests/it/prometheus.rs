@@ -193,14 +193,14 @@ async fn prometheus_scrapes_the_grpc_and_budget_series_after_real_calls() {
     for _ in 0..5 {
         tonic_deadline::Scope::background()
             .with_timeout(Duration::from_secs(5))
-            .enter(client.call(probe::CallRequest::default()))
+            .enter(client.call(testkit::CallRequest::default()))
             .await
             .expect("a call with time to spare must succeed");
     }
     for _ in 0..3 {
         let late = tonic_deadline::Scope::background()
             .with_timeout(Duration::from_millis(30))
-            .enter(client.call(probe::CallRequest::default()))
+            .enter(client.call(testkit::CallRequest::default()))
             .await;
         assert_eq!(
             late.expect_err("30 ms cannot cover three 20 ms hops")

@@ -131,7 +131,7 @@ async fn the_ledger_passes_through_nginx_unchanged() {
     let nginx = Nginx::grpc_proxy(b, &Config::default())
         .await
         .expect("nginx must run here (scripts/test-all installs it)");
-    let mut client = probe::probe_client::ProbeClient::new(
+    let mut client = testkit::probe_client::ProbeClient::new(
         deadline_lab::net::connect_layered(nginx.addr())
             .await
             .expect("nginx listens"),
@@ -140,7 +140,7 @@ async fn the_ledger_passes_through_nginx_unchanged() {
     for _ in 0..5 {
         let status = Scope::background()
             .with_timeout(Duration::from_millis(600))
-            .enter(client.call(probe::CallRequest::default()))
+            .enter(client.call(testkit::CallRequest::default()))
             .await
             .expect_err("B stalls");
         assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");

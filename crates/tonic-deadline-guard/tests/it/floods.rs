@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use probe::flood::{self, Shape};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::flood::{self, Shape};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
@@ -70,7 +70,7 @@ async fn flood_trial(
     honest: &mut Client,
     shape: Shape,
     connections: usize,
-    tls: Option<&Arc<probe::tls::Pki>>,
+    tls: Option<&Arc<testkit::tls::Pki>>,
 ) -> (Duration, Duration, usize) {
     let (spinning, threads) = spinners(connections);
     let mut quiet = Vec::new();
@@ -167,7 +167,7 @@ async fn floods_are_cut_off(shape: Shape, connections: usize) {
 async fn floods_are_cut_off_over(
     shape: Shape,
     connections: usize,
-    tls: Option<Arc<probe::tls::Pki>>,
+    tls: Option<Arc<testkit::tls::Pki>>,
 ) {
     let _machine = MACHINE.lock().await;
     let (listener, addr) = loopback().await;
@@ -196,7 +196,7 @@ async fn floods_are_cut_off_over(
                 .tls_config(
                     ClientTlsConfig::new()
                         .ca_certificate(Certificate::from_pem(&pki.ca_pem))
-                        .domain_name(probe::tls::SERVER_NAME),
+                        .domain_name(testkit::tls::SERVER_NAME),
                 )
                 .expect("the client takes the certificate");
             ProbeClient::new(endpoint.connect().await.expect("connects over TLS"))
@@ -242,7 +242,7 @@ async fn a_flood_slower_than_the_accept_loop_is_cut_off_too() {
 /// hyper's own bound, so a guard that could not read TLS would never).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rapid_reset_flood_over_tls_is_cut_off_and_an_honest_tls_client_keeps_its_latency() {
-    let pki = Arc::new(probe::tls::Pki::new());
+    let pki = Arc::new(testkit::tls::Pki::new());
     floods_are_cut_off_over(Shape::FAST, 1, Some(pki.clone())).await;
     floods_are_cut_off_over(Shape::at(2_000).one_per_write(), 1, Some(pki)).await;
 }

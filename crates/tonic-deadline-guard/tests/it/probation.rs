@@ -11,9 +11,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use probe::CallRequest;
-use probe::flood::{self, Shape};
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::flood::{self, Shape};
+use testkit::probe_client::ProbeClient;
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tonic_deadline_guard::ResetGuard;
@@ -79,8 +79,8 @@ async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
     tokio::spawn(serve_with(free_guard, listener));
     let free = reconnecting_flood(free_addr, WINDOW).await.len();
 
-    probe::logs::capture();
-    let said = || probe::logs::warnings_about("reset streams early again").len();
+    testkit::logs::capture();
+    let said = || testkit::logs::warnings_about("reset streams early again").len();
     let said_before = said();
     let (listener, addr) = loopback().await;
     let counts = Counts::default();
@@ -141,7 +141,7 @@ async fn a_flood_that_reconnects_is_held_and_its_neighbours_are_not() {
     // Said once (and at most once every 10 s), naming the address.
     assert_eq!(said(), said_before + 1, "the guard says it holds one");
     assert!(
-        probe::logs::warnings_about("reset streams early again")
+        testkit::logs::warnings_about("reset streams early again")
             .iter()
             .all(|w| w.contains("127.0.0.1")),
         "the warning names the address"

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
 
-use probe::probe_server::{Probe, ProbeServer};
-use probe::{CallReply, CallRequest};
+use testkit::probe_server::{Probe, ProbeServer};
+use testkit::{CallReply, CallRequest};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};

@@ -9,7 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Events, Node, PATIENCE, code, connect, serve};
-use probe::CallRequest;
+use testkit::CallRequest;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};

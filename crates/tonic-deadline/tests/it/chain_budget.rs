@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
@@ -55,7 +55,7 @@ struct Hop {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Hop {
+impl testkit::CallOnly for Hop {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let Some((next, handler)) = &self.next else {
@@ -77,7 +77,7 @@ impl probe::CallOnly for Hop {
     }
 }
 
-async fn serve(hop: impl probe::CallOnly) -> std::net::SocketAddr {
+async fn serve(hop: impl testkit::CallOnly) -> std::net::SocketAddr {
     let (listener, addr) = loopback().await;
     tokio::spawn(
         Server::builder()
@@ -200,7 +200,7 @@ async fn a_handler_that_recovers_answers_ok_unmarked() {
 struct Up(Arc<AtomicU32>);
 
 #[tonic::async_trait]
-impl probe::CallOnly for Up {
+impl testkit::CallOnly for Up {
     async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(Response::new(CallReply::default()))

@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tonic::transport::{Endpoint, Server, Uri};
 use tonic::{Code, Status};
 use tonic_deadline::client::{ReadyChannel, WaitForReady, capture_scope};

@@ -9,8 +9,8 @@ use common::{
     Events, Node, PATIENCE, channel, code, connect, connect_lazy, cut_message_server,
     dropping_server, loopback, serve,
 };
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use tokio::time::Instant;
 use tonic_deadline::{Cause, Scope, ServerDeadlineLayer};
 

@@ -367,7 +367,7 @@ async fn a_grpc_call_from_an_axum_handler_carries_what_is_left() {
             "/edge",
             get(|State(mut client): State<common::Client>| async move {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                match client.call(probe::CallRequest::default()).await {
+                match client.call(testkit::CallRequest::default()).await {
                     Ok(reply) => reply.into_inner().hops[0].remaining_us.to_string(),
                     Err(status) => format!("error {status}"),
                 }

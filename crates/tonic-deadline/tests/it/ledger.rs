@@ -12,9 +12,9 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::{Probe, ProbeServer};
+use testkit::{CallReply, CallRequest};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
@@ -39,7 +39,7 @@ struct Hop {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Hop {
+impl testkit::CallOnly for Hop {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
         match &self.next {
             Some(next) => next.clone().call(request.into_inner()).await,

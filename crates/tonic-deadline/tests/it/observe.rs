@@ -6,8 +6,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Client, Events, Node, PATIENCE, channel, code, serve};
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use tonic_deadline::observe::{Metrics, ScopeEnding, Stage};
 use tonic_deadline::{ClientDeadlineLayer, Scope, ServerDeadlineLayer};
 

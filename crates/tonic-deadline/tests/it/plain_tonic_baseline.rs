@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{Events, Node, loopback, raw_call, raw_client};
-use probe::CallRequest;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 

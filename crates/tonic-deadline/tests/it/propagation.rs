@@ -7,7 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Events, Node, PATIENCE, code, connect, serve};
-use probe::CallRequest;
+use testkit::CallRequest;
 use tonic_deadline::timeout_header::decode;
 use tonic_deadline::{Scope, ServerDeadlineLayer};
 

@@ -17,10 +17,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use probe::CallRequest;
-use probe::flood::{self, Shape};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::flood::{self, Shape};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Endpoint, Server};

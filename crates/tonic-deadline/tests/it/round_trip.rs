@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{Events, Node, loopback, serve};
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;

@@ -14,9 +14,9 @@ use std::time::Duration;
 use common::{Event, Events, Node, PATIENCE, channel, code, connect, loopback, serve, serve_on};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{Request, Response};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
+use testkit::{CallReply, CallRequest};
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;
@@ -136,7 +136,7 @@ struct Relay {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Relay {
+impl testkit::CallOnly for Relay {
     async fn call(
         &self,
         request: tonic::Request<CallRequest>,
@@ -266,7 +266,7 @@ fn assert_kept(way: &str, seen: &Seen) {
 
 #[tokio::test]
 async fn tokio_spawn_in_a_handler_loses_the_scope_and_is_counted_and_warned() {
-    probe::logs::capture();
+    testkit::logs::capture();
     let metrics = Metrics::new();
     let layer = ClientDeadlineLayer::new().metrics(&metrics);
     let seen = through(Way::TokioSpawn, async |addr| boxed(layer.layer(lazy(addr)))).await;
@@ -285,7 +285,7 @@ async fn tokio_spawn_in_a_handler_loses_the_scope_and_is_counted_and_warned() {
         1,
         "the lost scope must be counted"
     );
-    let warned = probe::logs::warnings_about("/probe.v1.Probe/Call");
+    let warned = testkit::logs::warnings_about("/probe.v1.Probe/Call");
     assert!(
         warned
             .iter()
@@ -372,7 +372,7 @@ async fn unscoped_call_is_refused_under_deny_with_a_status_naming_the_fix() {
 async fn the_unscoped_policy_is_the_clients_setting_not_the_process() {
     // Two clients in one process, calling one server: what each does with a
     // call that finds no scope is its own layer's setting, nothing else.
-    probe::logs::capture();
+    testkit::logs::capture();
     let (_events, tx) = Events::new();
     let sink = serve(ServerDeadlineLayer::new(), Node::new("B", &tx)).await;
     let reported = Metrics::new();
@@ -383,7 +383,7 @@ async fn the_unscoped_policy_is_the_clients_setting_not_the_process() {
         .expect("an unscoped call goes out under the default policy");
     assert_eq!(reported.unscoped_calls(), 1, "the default counts it");
     assert!(
-        probe::logs::warnings_about("without a scope")
+        testkit::logs::warnings_about("without a scope")
             .iter()
             .any(|w| w.contains("/Call")),
         "and warns, naming the method"
@@ -419,7 +419,7 @@ async fn the_unscoped_policy_is_the_clients_setting_not_the_process() {
 
 #[tokio::test]
 async fn buffer_above_the_layer_loses_the_scope_and_is_reported() {
-    probe::logs::capture();
+    testkit::logs::capture();
     let metrics = Metrics::new();
     let layer = ClientDeadlineLayer::new().metrics(&metrics);
     let seen = through(Way::Direct, async |addr| {
@@ -438,7 +438,7 @@ async fn buffer_above_the_layer_loses_the_scope_and_is_reported() {
         "a Buffer above the layer runs `call` on its worker, outside the scope"
     );
     assert_eq!(metrics.unscoped_calls(), 1, "and the break must be counted");
-    assert!(!probe::logs::warnings_about("without a scope").is_empty());
+    assert!(!testkit::logs::warnings_about("without a scope").is_empty());
 }
 
 #[tokio::test]
@@ -722,7 +722,7 @@ async fn capped_step() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Boxing {
+impl testkit::CallOnly for Boxing {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,
@@ -831,7 +831,7 @@ impl Drop for Guard {
 }
 
 #[tonic::async_trait]
-impl probe::CallOnly for Cleaning {
+impl testkit::CallOnly for Cleaning {
     async fn call(
         &self,
         _: tonic::Request<CallRequest>,

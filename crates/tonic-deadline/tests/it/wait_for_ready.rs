@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::{Request, Response};
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::body::Body;

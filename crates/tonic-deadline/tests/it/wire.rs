@@ -13,7 +13,7 @@ use common::{
     DATA, Events, HEADERS, Node, PATIENCE, code, connect, decode_reply, frame_counting_proxy,
     raw_call, raw_client, serve, silent_server, with_deadlines,
 };
-use probe::CallRequest;
+use testkit::CallRequest;
 use tokio::time::Instant;
 use tonic_deadline::timeout_header::decode;
 use tonic_deadline::{Scope, ServerDeadlineLayer};

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderMap;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
-use probe::{CallReply, CallRequest};
 use prost::Message;
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::{Probe, ProbeServer};
+use testkit::{CallReply, CallRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -233,7 +233,7 @@ impl Node {
         self
     }
 
-    fn enter<T>(&self, request: &Request<T>) -> (ExitGuard, probe::Hop) {
+    fn enter<T>(&self, request: &Request<T>) -> (ExitGuard, testkit::Hop) {
         let scope = Scope::try_current();
         let metadata = request.metadata().clone().into_headers();
         let header = metadata
@@ -267,11 +267,11 @@ impl Node {
             events: self.events.clone(),
             completed: false,
         };
-        let report = probe::Hop {
+        let report = testkit::Hop {
             service: self.name.to_owned(),
             remaining_us,
             header,
-            ..probe::Hop::default()
+            ..testkit::Hop::default()
         };
         (guard, report)
     }
@@ -337,7 +337,7 @@ impl Probe for Node {
 pub(crate) struct Ticks {
     interval: tokio::time::Interval,
     left: u32,
-    report: probe::Hop,
+    report: testkit::Hop,
     guard: ExitGuard,
 }
 

@@ -3,8 +3,8 @@
 //! The layers wrap the HTTP bodies, under tonic's codec: what is compressed
 //! passes through them as bytes.
 
-use probe::CallRequest;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codec::CompressionEncoding;

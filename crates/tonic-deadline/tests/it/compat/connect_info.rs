@@ -2,7 +2,7 @@
 //! `TcpConnectInfo` over TCP, `UdsConnectInfo` over a Unix socket, with
 //! either client transport on the other end.
 
-use probe::probe_server::ProbeServer;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::{TcpConnectInfo, UdsConnectInfo};
 use tonic::transport::{Endpoint, Server};
@@ -52,7 +52,7 @@ async fn a_handler_behind_the_layer_sees_the_tcp_connect_info() {
 }
 
 async fn within_budget_call(client: &mut super::Client, what: &str) {
-    super::within(super::BUDGET, client.call(probe::CallRequest::default()))
+    super::within(super::BUDGET, client.call(testkit::CallRequest::default()))
         .await
         .unwrap_or_else(|status| panic!("{what}: the call must succeed, got {status:?}"));
 }
@@ -86,7 +86,7 @@ async fn a_handler_behind_the_layer_sees_the_unix_socket_connect_info() {
                     .service(ReadyChannel::builder(&unix).unix_socket(&path).lazy()),
             ),
         };
-        let mut client = probe::probe_client::ProbeClient::new(stack);
+        let mut client = testkit::probe_client::ProbeClient::new(stack);
         assert_call_keeps_the_budget(&mut client, &mut sightings, &what).await;
         within_budget_call(&mut client, &what).await;
         let seen = sightings.next().await;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hyper_util::rt::TokioIo;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tokio::net::TcpStream;
 use tonic::transport::{Endpoint, Server, Uri};
 use tonic_deadline::client::ReadyChannel;

@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::body::Body;
 use tonic::service::interceptor::{InterceptedService, InterceptorLayer};
@@ -59,7 +59,7 @@ async fn call<T>(
     client: &mut ProbeClient<T>,
     budget: Duration,
     request: CallRequest,
-) -> Result<tonic::Response<probe::CallReply>, Status>
+) -> Result<tonic::Response<testkit::CallReply>, Status>
 where
     T: tonic::client::GrpcService<Body>,
     T::Error: Into<BoxError>,

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use probe::CallRequest;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;

@@ -7,9 +7,9 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;

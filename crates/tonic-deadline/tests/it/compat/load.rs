@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
 use tonic::body::Body;

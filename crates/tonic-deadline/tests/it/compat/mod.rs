@@ -32,9 +32,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Extensions, Request, Response};
-use probe::probe_client::ProbeClient;
-use probe::probe_server::{Probe, ProbeServer};
-use probe::{CallReply, CallRequest};
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::{Probe, ProbeServer};
+use testkit::{CallReply, CallRequest};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::TcpListenerStream;

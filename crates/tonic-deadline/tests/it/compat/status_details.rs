@@ -4,7 +4,7 @@
 //! and in trailers, unary and streaming.
 
 use bytes::Bytes;
-use probe::CallRequest;
+use testkit::CallRequest;
 use tokio_stream::StreamExt;
 use tonic::metadata::{BinaryMetadataValue, MetadataMap};
 use tonic::{Code, Status};

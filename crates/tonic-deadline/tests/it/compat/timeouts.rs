@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use probe::CallRequest;
+use testkit::CallRequest;
 use tokio::time::Instant;
 use tonic::Code;
 use tonic_deadline::Scope;

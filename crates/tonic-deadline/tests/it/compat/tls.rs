@@ -3,7 +3,7 @@
 //! `ReadyChannel` dials TCP and tonic performs the handshake after its
 //! connector returns, as it does for its own `Channel`.
 
-use probe::probe_server::ProbeServer;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig};
@@ -49,7 +49,7 @@ async fn tls_carries_calls_and_their_budget_through_both_layers_over_either_tran
         let what = format!("TLS, {transport}");
         let mut client = transport.client(&endpoint);
         assert_call_keeps_the_budget(&mut client, &mut sightings, &what).await;
-        super::within(super::BUDGET, client.call(probe::CallRequest::default()))
+        super::within(super::BUDGET, client.call(testkit::CallRequest::default()))
             .await
             .unwrap_or_else(|status| panic!("{what}: the call must succeed, got {status:?}"));
         let seen = sightings.next().await;
@@ -74,7 +74,7 @@ async fn tls_carries_calls_and_their_budget_through_both_layers_over_either_tran
 /// and its address.
 #[tokio::test]
 async fn the_reset_guard_terminates_tls_and_handlers_see_the_clients_certificate_and_address() {
-    let pki = probe::tls::Pki::new();
+    let pki = testkit::tls::Pki::new();
     let (seer, mut sightings) = Seer::new(Answer::Echo);
     let (listener, addr) = loopback().await;
     let guard = ResetGuard::new();
@@ -98,14 +98,14 @@ async fn the_reset_guard_terminates_tls_and_handlers_see_the_clients_certificate
                     &pki.client_cert_pem,
                     &pki.client_key_pem,
                 ))
-                .domain_name(probe::tls::SERVER_NAME),
+                .domain_name(testkit::tls::SERVER_NAME),
         )
         .expect("the client must take the certificates");
     for transport in Transport::BOTH {
         let what = format!("TLS through the reset guard, {transport}");
         let mut client = transport.client(&endpoint);
         assert_call_keeps_the_budget(&mut client, &mut sightings, &what).await;
-        super::within(super::BUDGET, client.call(probe::CallRequest::default()))
+        super::within(super::BUDGET, client.call(testkit::CallRequest::default()))
             .await
             .unwrap_or_else(|status| panic!("{what}: the call must succeed, got {status:?}"));
         let seen = sightings.next().await;
@@ -133,12 +133,12 @@ async fn the_reset_guard_terminates_tls_and_handlers_see_the_clients_certificate
         .tls_config(
             ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&pki.ca_pem))
-                .domain_name(probe::tls::SERVER_NAME),
+                .domain_name(testkit::tls::SERVER_NAME),
         )
         .expect("the client must take the certificate");
     let refused = Transport::Channel
         .client(&anonymous)
-        .call(probe::CallRequest::default())
+        .call(testkit::CallRequest::default())
         .await
         .expect_err("a client without a certificate must not be served");
     // TLS 1.3: the client learns it from the server's alert after its side
@@ -157,9 +157,9 @@ async fn the_reset_guard_terminates_tls_and_handlers_see_the_clients_certificate
 /// naming the fix) and counts it; it is never served unguarded.
 #[tokio::test]
 async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly() {
-    probe::logs::capture();
-    let errors_before = probe::logs::errors_about("incoming_tls").len();
-    let pki = probe::tls::Pki::new();
+    testkit::logs::capture();
+    let errors_before = testkit::logs::errors_about("incoming_tls").len();
+    let pki = testkit::tls::Pki::new();
     let (seer, _sightings) = Seer::new(Answer::Echo);
     let (listener, addr) = loopback().await;
     let metrics = Metrics::new();
@@ -181,19 +181,19 @@ async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly()
         .tls_config(
             ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&pki.ca_pem))
-                .domain_name(probe::tls::SERVER_NAME),
+                .domain_name(testkit::tls::SERVER_NAME),
         )
         .expect("the client must take the certificate");
     for _ in 0..3 {
         let refused = Transport::Channel
             .client(&endpoint)
-            .call(probe::CallRequest::default())
+            .call(testkit::CallRequest::default())
             .await
             .expect_err("a connection the guard cannot read must not be served");
         assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     }
     assert_eq!(metrics.unguarded_servers(), 1, "counted, once");
-    let errors = probe::logs::errors_about("incoming_tls");
+    let errors = testkit::logs::errors_about("incoming_tls");
     assert_eq!(errors.len(), errors_before + 1, "said once, at the first");
 }
 
@@ -201,7 +201,7 @@ async fn tls_set_on_tonics_server_around_the_guard_is_refused_and_said_plainly()
 /// `serve_tls`, as short to write as tonic's `tls_config`.
 #[tokio::test]
 async fn a_guarded_router_serves_tls_on_an_address_it_binds() {
-    let pki = probe::tls::Pki::new();
+    let pki = testkit::tls::Pki::new();
     let (seer, mut sightings) = Seer::new(Answer::Echo);
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let addr = free.local_addr().expect("its address");
@@ -221,7 +221,7 @@ async fn a_guarded_router_serves_tls_on_an_address_it_binds() {
         .tls_config(
             ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&pki.ca_pem))
-                .domain_name(probe::tls::SERVER_NAME),
+                .domain_name(testkit::tls::SERVER_NAME),
         )
         .expect("the client must take the certificate");
     let mut client = Transport::ReadyChannel.client(&endpoint);

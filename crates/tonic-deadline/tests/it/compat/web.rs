@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use probe::CallRequest;
-use probe::probe_client::ProbeClient;
-use probe::probe_server::ProbeServer;
+use testkit::CallRequest;
+use testkit::probe_client::ProbeClient;
+use testkit::probe_server::ProbeServer;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;

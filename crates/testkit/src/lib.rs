@@ -1,9 +1,10 @@
-//! The `probe.v1.Probe` service definition, generated from `proto/` into
-//! `src/generated/` (checked by [`codegen`] in the `generated` test), and
-//! a Rapid Reset flood from a raw client ([`flood`]), in the clear or over
-//! TLS with certificates made for the run ([`tls`]). HTTP/2 frames are read
-//! with the reset guard's frame module, `tonic_deadline_guard::frames`,
-//! the one of the workspace.
+//! What the workspace's tests and the lab share: the `probe.v1.Probe`
+//! service they call, generated from `proto/` into `src/generated/`
+//! (checked by [`codegen`] in the `generated` test); a Rapid Reset flood
+//! from a raw client ([`flood`]), in the clear or over TLS with
+//! certificates made for the run ([`tls`]); and what a test binary logged
+//! ([`logs`]). HTTP/2 frames are read with the reset guard's frame module,
+//! `tonic_deadline_guard::frames`, the one of the workspace.
 //!
 //! Shared by the library's integration tests and by `deadline-lab`.
 
@@ -33,7 +34,7 @@ pub type ReplyStream = std::pin::Pin<
 /// writes the two refusals once.
 ///
 /// ```
-/// use probe::{CallOnly, CallReply, CallRequest};
+/// use testkit::{CallOnly, CallReply, CallRequest};
 /// use tonic::{Request, Response, Status};
 ///
 /// struct Echo;
@@ -46,7 +47,7 @@ pub type ReplyStream = std::pin::Pin<
 ///     }
 /// }
 ///
-/// let _server = probe::probe_server::ProbeServer::new(Echo);
+/// let _server = testkit::probe_server::ProbeServer::new(Echo);
 /// ```
 #[tonic::async_trait]
 pub trait CallOnly: Send + Sync + 'static {

@@ -6,7 +6,7 @@
 //! ```no_run
 //! // In a crate's tests: fails if `src/generated/` is stale, and with
 //! // `REGENERATE=1` in the environment rewrites it instead.
-//! probe::codegen::check(
+//! testkit::codegen::check(
 //!     std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
 //!     &["probe.proto"],
 //!     "probe.v1",

@@ -4,10 +4,10 @@
 //! [`errors_about`] read what it caught.
 //!
 //! ```
-//! probe::logs::capture();
+//! testkit::logs::capture();
 //! tracing::warn!("a connection reset streams early again");
-//! assert_eq!(probe::logs::warnings_about("reset streams early").len(), 1);
-//! assert!(probe::logs::errors_about("reset streams early").is_empty());
+//! assert_eq!(testkit::logs::warnings_about("reset streams early").len(), 1);
+//! assert!(testkit::logs::errors_about("reset streams early").is_empty());
 //! ```
 
 use std::sync::{Mutex, OnceLock};
