@@ -66,13 +66,13 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use tree::{Node, Wait};
 
 pub use cause::{Cause, Ended};
+pub use current::Entered;
 pub use join_set::JoinSet;
 pub use task::{detach, note_if_outlived, spawn};
 
@@ -516,10 +516,10 @@ impl Scope {
     ///
     /// The future returned holds its own clone of the scope, and wraps
     /// `future` where it is: no state machine around it, so a large future
-    /// (a call's) is not moved once more on its first poll. It is tokio's
-    /// task-local future, named so that a layer can keep it in a field.
-    pub fn enter<F: Future>(&self, future: F) -> TaskLocalFuture<Scope, F> {
-        current::CURRENT.scope(self.clone(), future)
+    /// (a call's) is not moved once more on its first poll. It is named,
+    /// [`Entered`], so that a layer can keep it in a field.
+    pub fn enter<F: Future>(&self, future: F) -> Entered<F> {
+        Entered::new(self.clone(), future)
     }
 
     /// Runs `f` with this scope as the current scope, synchronously: for a
@@ -533,7 +533,7 @@ impl Scope {
     /// assert!(grpc_deadline::Scope::try_current().is_none());
     /// ```
     pub fn enter_sync<R>(&self, f: impl FnOnce() -> R) -> R {
-        current::CURRENT.sync_scope(self.clone(), f)
+        current::enter_sync(self, f)
     }
 
     /// Runs `future` as the current scope and stops it when the scope ends.

@@ -46,7 +46,7 @@ where
 
 impl Scope {
     fn enter_owned<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
-        super::current::CURRENT.scope(self, future)
+        super::current::Entered::new(self, future)
     }
 }
 

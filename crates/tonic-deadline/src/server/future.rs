@@ -5,7 +5,6 @@ use std::task::{Context, Poll};
 
 use http::Response;
 use pin_project_lite::pin_project;
-use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
 use super::body::{ServerBody, Web};
@@ -14,7 +13,7 @@ use super::ledger_entry::Entry;
 use super::observer::Observation;
 use super::protocol::{Answer, Grpc, Protocol};
 use super::timer::LazyTimer;
-use crate::scope::{Cause, Scope};
+use crate::scope::{Cause, Entered, Scope};
 use crate::wire;
 
 pin_project! {
@@ -66,7 +65,7 @@ pin_project! {
             // `DEADLINE_EXCEEDED`.
             entry: Option<Entry>,
             #[pin]
-            inner: TaskLocalFuture<Scope, F>,
+            inner: Entered<F>,
         },
     }
 }
@@ -88,7 +87,7 @@ impl<F, P> ResponseFuture<F, P> {
     }
 
     pub(super) fn running(
-        inner: TaskLocalFuture<Scope, F>,
+        inner: Entered<F>,
         scope: Scope,
         timer: Option<(Instant, Instant)>,
         observed: Option<Box<dyn Observation>>,
