@@ -55,10 +55,15 @@ pub struct Args {
     /// Runs of each stall case.
     #[arg(long, default_value_t = RUNS)]
     runs: usize,
+    /// Calls in flight at once: each wave reaches the stalled hop's
+    /// deadline in the same millisecond, and its answers race their
+    /// callers' timers together.
+    #[arg(long, default_value_t = AT_ONCE)]
+    at_once: usize,
 }
 
-/// Calls in flight at once.
-const CONCURRENCY: usize = 25;
+/// Calls in flight at once by default.
+pub const AT_ONCE: usize = 25;
 
 /// The experiment's result.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,15 +180,15 @@ fn channel(addr: std::net::SocketAddr) -> anyhow::Result<tonic::transport::Chann
     Ok(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy())
 }
 
-/// Runs `call` `runs` times, [`CONCURRENCY`] at once, each under a root
+/// Runs `call` `runs` times, `at_once` at a time, each under a root
 /// scope of `budget`, once the chain's connections are made (by as many
 /// calls, not counted).
-async fn runs<F, Fut>(runs: usize, budget: Duration, call: F) -> Vec<Run>
+async fn runs<F, Fut>(runs: usize, at_once: usize, budget: Duration, call: F) -> Vec<Run>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<(), Status>>,
 {
-    let warm: Vec<_> = (0..CONCURRENCY)
+    let warm: Vec<_> = (0..at_once)
         .map(|_| Scope::background().with_timeout(budget).enter(call()))
         .collect();
     futures_util::future::join_all(warm).await;
@@ -203,7 +208,7 @@ where
                 }
             }
         })
-        .buffer_unordered(CONCURRENCY)
+        .buffer_unordered(at_once)
         .collect()
         .await
 }
@@ -273,10 +278,14 @@ const RETRIED_SPANS: usize = 7;
 ///
 /// When a system cannot start, or the traced call's spans do not reach
 /// `receiver`.
-pub async fn measure(n: usize, receiver: &Receiver) -> anyhow::Result<LedgerResult> {
-    let mut rows = cases(n, Some(REPLY_RESERVE), Some(receiver)).await?;
-    rows.extend(cases(n, None, None).await?);
-    rows.push(four_processes(n).await?);
+pub async fn measure(
+    n: usize,
+    at_once: usize,
+    receiver: &Receiver,
+) -> anyhow::Result<LedgerResult> {
+    let mut rows = cases(n, at_once, Some(REPLY_RESERVE), Some(receiver)).await?;
+    rows.extend(cases(n, at_once, None, None).await?);
+    rows.push(four_processes(n, at_once).await?);
     Ok(LedgerResult { rows })
 }
 
@@ -291,7 +300,7 @@ pub const FOUR_PROCESSES: &str = "four processes, D stalls, defaults";
 /// # Errors
 ///
 /// When a hop's process cannot start.
-async fn four_processes(n: usize) -> anyhow::Result<Row> {
+async fn four_processes(n: usize, at_once: usize) -> anyhow::Result<Row> {
     let exe = crate::process::lab_exe()?;
     let mut hops = Vec::new();
     let mut next: Option<std::net::SocketAddr> = None;
@@ -312,7 +321,7 @@ async fn four_processes(n: usize) -> anyhow::Result<Row> {
         let mut root = root.clone();
         async move { root.call(testkit::CallRequest::default()).await.map(drop) }
     };
-    let four = runs(n, Duration::from_millis(600), call).await;
+    let four = runs(n, at_once, Duration::from_millis(600), call).await;
     let mut row = row(FOUR_PROCESSES, "/probe.v1.Probe/Call", None, &four);
     // Every hop serves the same method: D's is the fourth line.
     let whole = |l: &Ledger| l.hops().len() == 4;
@@ -337,6 +346,7 @@ async fn four_processes(n: usize) -> anyhow::Result<Row> {
 /// of each is traced.
 async fn cases(
     n: usize,
+    at_once: usize,
     reserve: Option<Duration>,
     receiver: Option<&Receiver>,
 ) -> anyhow::Result<Vec<Row>> {
@@ -365,7 +375,7 @@ async fn cases(
         let request = push(true);
         async move { client.push(request).await.map(drop) }
     };
-    let im_runs = runs(n, im::CLIENT_BUDGET, im_call).await;
+    let im_runs = runs(n, at_once, im::CLIENT_BUDGET, im_call).await;
     let mut im_row = row(
         &named("IM route stalls"),
         "/lab.v1.Route/GetRoute",
@@ -407,7 +417,7 @@ async fn cases(
         }
     };
     let shop_budget = Duration::from_secs(1);
-    let shop_runs = runs(n, shop_budget, shop_call).await;
+    let shop_runs = runs(n, at_once, shop_budget, shop_call).await;
     let mut shop_row = row(
         &named("shop pricing late"),
         "/lab.v1.Pricing/Quote",
@@ -451,7 +461,7 @@ async fn cases(
         async move { root.call(testkit::CallRequest::default()).await.map(drop) }
     };
     let retried_budget = Duration::from_millis(300);
-    let retried_runs = runs(n, retried_budget, retried_call).await;
+    let retried_runs = runs(n, at_once, retried_budget, retried_call).await;
     let mut retried = row(
         &named("a retried call"),
         "/probe.v1.Probe/Call",
@@ -491,9 +501,17 @@ async fn cases(
 /// # Errors
 ///
 /// When the child fails or prints something else than the result.
-async fn run_child(n: usize) -> anyhow::Result<LedgerResult> {
-    let runs = n.to_string();
-    let args = ["experiment", "ledger", "--runs", &runs, "--json"];
+async fn run_child(n: usize, at_once: usize) -> anyhow::Result<LedgerResult> {
+    let (runs, at_once) = (n.to_string(), at_once.to_string());
+    let args = [
+        "experiment",
+        "ledger",
+        "--runs",
+        &runs,
+        "--at-once",
+        &at_once,
+        "--json",
+    ];
     let out = crate::process::run(&crate::process::lab_exe()?, &args).await?;
     Ok(serde_json::from_str(&out)?)
 }
@@ -503,26 +521,30 @@ impl Experiment for LedgerResult {
     const LIGHT: bool = true;
     const ABOUT: &'static str = "Where the budget of a DEADLINE_EXCEEDED went: the ledger the root caller receives for the IM chain with route stalled, the shop with pricing late and a retried call, over many runs";
     const PRINTS: &'static str =
-        "the ledger a root caller receives with a `DEADLINE_EXCEEDED` in three stall cases, `N` runs each (100), and one call of each traced beside its ledger ([more](#experiment-ledger))";
+        "the ledger a root caller receives with a `DEADLINE_EXCEEDED` in three stall cases, `RUNS` runs each (100), `AT_ONCE` calls in flight at once (25), and one call of each traced beside its ledger ([more](#experiment-ledger))";
     const COLLECTS_SPANS: bool = true;
     const SECTION: Option<Section> = Some(Section::Ledger);
     type Args = Args;
 
     fn demo_args() -> Args {
-        Args { runs: DEMO_RUNS }
+        Args {
+            runs: DEMO_RUNS,
+            at_once: AT_ONCE,
+        }
     }
 
     async fn run(args: Args, spans: Spans) -> anyhow::Result<Self> {
         let n = args.runs.clamp(1, 100_000);
+        let at_once = args.at_once.clamp(1, 1_000);
         match spans {
-            Spans::ChildProcess => run_child(n).await,
+            Spans::ChildProcess => run_child(n, at_once).await,
             Spans::Collected(receiver) => {
                 let receiver = receiver.ok_or_else(|| {
                     anyhow::anyhow!(
                         "the ledger traces its calls with its own OTLP receiver; none runs"
                     )
                 })?;
-                measure(n, &receiver).await
+                measure(n, at_once, &receiver).await
             }
         }
     }
